@@ -1,0 +1,122 @@
+/**
+ * @file kvc_checksum.h
+ * @brief kvconnect SPEC v1 checksum kernels: the C ABI shared by the CPU kernel, the CUDA kernel,
+ *        the N-API addon and the TypeScript reference (packages/checksum/src/plan.ts builds the
+ *        same tables byte for byte).
+ *
+ * A rank's KV cache group is compiled once (at cache registration) into a table of entries; an
+ * engine step then sums many rows (one row = one block of one request in one group) in one call.
+ * Every entry adds its contributions into one output column of each row's output:
+ *   out[row.out_offset + entry.column] += sum of x * m * (2j + 1)   (mod 2^64)
+ * All integers are unsigned and wrap mod 2^64 (SPEC section 2: "all arithmetic on checksums is
+ * modulo 2^64"). All multi-byte values in memory are little-endian; the kernels assume a
+ * little-endian host (x86-64, aarch64) and device.
+ *
+ * Entry kinds (SPEC sections 2 and 3):
+ *  - KVC_ENTRY_ATTN: one part of a token cache (the K bytes, the V bytes, or the whole cell).
+ *    Logical cell of (block, head h, token t): parts concatenated in order; this part holds cell
+ *    bytes [byte_start, byte_start + byte_count). Address of byte b of the part:
+ *      offset + block_id*block_stride + (t / kblock_tokens)*kblock_stride
+ *             + (t % kblock_tokens)*token_stride + h*outer_stride + b
+ *    Piece p of the cell = cell bytes [8p, 8p+8) read LE; a piece split over two parts is the
+ *    sum of each part's bytes shifted to their place (the contribution is linear in the bytes).
+ *    m = 2*(factor_base + h) + 1 with factor_base = layer*65536 + global head of local head 0;
+ *    j = (row.first_token + t) * cell_pieces + p, for t < row.valid_tokens.
+ *  - KVC_ENTRY_ROWS: one TP-split segment of a state. Local row i (i < outer_count) starts at
+ *    offset + block_id*block_stride + i*outer_stride; its elements are the row-major walk of
+ *    elem_count[0..2] with byte strides elem_stride[0..2] (unused dims: count 1), each read as a LE
+ *    unsigned integer of elem_bytes (2 or 4), zero-extended: x; j = element index;
+ *    m = 2*(factor_base + i) + 1 with factor_base = layer*65536 + segmentStart + shard*localSize.
+ *    Rows are not token based: row.first_token and row.valid_tokens are ignored.
+ *  - KVC_ENTRY_STREAM: one covered state of a state layer without a split declaration, contiguous
+ *    in memory: byte_count bytes at offset + block_id*block_stride, placed at bytes
+ *    [byte_start, byte_start + byte_count) of the rank's byte stream. Piece k = stream bytes
+ *    [8k, 8k+8) read LE, j = k, m = 2*factor_base + 1 (factor_base = layer*65536 + headOffset + tpRank).
+ *
+ * Errors: functions return KVC_OK (0) or a negative KVC_E* code; they never abort.
+ */
+#ifndef KVC_CHECKSUM_H
+#define KVC_CHECKSUM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVC_ABI_VERSION 1u
+
+#define KVC_ENTRY_ATTN 1u
+#define KVC_ENTRY_ROWS 2u
+#define KVC_ENTRY_STREAM 3u
+
+#define KVC_OK 0
+#define KVC_EINVAL (-1)      /* malformed table or row (unknown kind, zero counts, bad widths) */
+#define KVC_ERANGE (-2)      /* a row's block id >= entry num_blocks, or a group index out of range */
+#define KVC_ECUDA (-3)       /* a CUDA runtime call failed (CUDA functions only) */
+#define KVC_ENOCUDA (-4)     /* built without CUDA, or no device */
+
+/** One entry of a group's table: 128 bytes, little-endian, no padding (checked by static_assert). */
+typedef struct kvc_entry {
+  uint64_t offset;          /**< bytes from the region's start to (block 0, head/row 0, token 0, byte 0) */
+  uint64_t factor_base;     /**< layer*65536 + global head/row of local head/row 0 */
+  int64_t block_stride;     /**< bytes between consecutive block ids */
+  int64_t outer_stride;     /**< ATTN: bytes between heads; ROWS: bytes between rows */
+  int64_t kblock_stride;    /**< ATTN: bytes between the kernel blocks of one block */
+  int64_t token_stride;     /**< ATTN: bytes between tokens of one kernel block */
+  int64_t elem_stride[3];   /**< ROWS: byte strides of the element dims, row-major */
+  uint32_t elem_count[3];   /**< ROWS: element dim sizes (1 for unused dims) */
+  uint32_t kind;            /**< KVC_ENTRY_* */
+  uint32_t region;          /**< index of the memory region the offsets are relative to */
+  uint32_t column;          /**< output column (the replica key's index in the group) */
+  uint32_t outer_count;     /**< ATTN: local heads; ROWS: local rows of the segment; STREAM: 1 */
+  uint32_t kblock_tokens;   /**< ATTN: tokens per kernel block (the block size when not split) */
+  uint32_t byte_start;      /**< ATTN: first cell byte of this part; STREAM: first stream byte */
+  uint32_t byte_count;      /**< ATTN: bytes of this part per cell; STREAM: bytes of this state */
+  uint32_t cell_pieces;     /**< ATTN: P = cellBytes / 8 */
+  uint32_t elem_bytes;      /**< ROWS: 2 or 4 */
+  uint32_t num_blocks;      /**< block ids [0, num_blocks) are valid for this entry */
+  uint32_t reserved;
+} kvc_entry;
+
+/** One row of a step: 24 bytes (six uint32, little-endian). */
+typedef struct kvc_row {
+  uint32_t group;           /**< index of the group table (see kvc_tables) */
+  uint32_t block_id;        /**< physical block id in the group's caches */
+  uint32_t first_token;     /**< request position of the block's first token (position * blockSize) */
+  uint32_t valid_tokens;    /**< tokens of this block below numTokens (0..blockSize) */
+  uint32_t out_offset;      /**< index of this row's column 0 in the output array */
+  uint32_t reserved;
+} kvc_row;
+
+/** The tables of several groups: entries of group g are entries[group_start[g] .. group_start[g+1]). */
+typedef struct kvc_tables {
+  const kvc_entry* entries;
+  const uint32_t* group_start;  /**< n_groups + 1 values */
+  uint32_t n_groups;
+} kvc_tables;
+
+/**
+ * Sums rows on the CPU. regions[r] is the host address of region r and region_bytes[r] its size in
+ * bytes (n_regions of them). Before reading anything it checks every entry of every group
+ * (kind, counts, widths; its extent for block ids < num_blocks inside its region: kvc_entry_extent)
+ * and every row (group < n_groups, block_id < num_blocks of the group's entries,
+ * out_offset + column < out_len), so no input can make it read or write out of bounds.
+ * out (out_len uint64) is added to, not cleared. Returns KVC_OK, KVC_EINVAL or KVC_ERANGE; on an
+ * error nothing has been written.
+ */
+int kvc_sum_rows_cpu(const kvc_tables* tables, const uint8_t* const* regions,
+                     const uint64_t* region_bytes, uint32_t n_regions, const kvc_row* rows,
+                     size_t n_rows, uint64_t* out, size_t out_len);
+
+/**
+ * The lowest and one-past-highest byte offsets (relative to the region) an entry can read for any
+ * block id in [0, num_blocks). Returns KVC_OK or KVC_EINVAL (negative extent, overflow, bad kind).
+ */
+int kvc_entry_extent(const kvc_entry* e, uint64_t* lo, uint64_t* hi);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVC_CHECKSUM_H */

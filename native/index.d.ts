@@ -1,0 +1,2 @@
+export declare const addon: any;
+export declare const loadError: Error | null;

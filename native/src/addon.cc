@@ -1,0 +1,4 @@
+// placeholder: replaced by the addon
+#include <napi.h>
+Napi::Object Init(Napi::Env env, Napi::Object exports) { return exports; }
+NODE_API_MODULE(kvconnect_native, Init)
