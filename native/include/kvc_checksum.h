@@ -21,7 +21,7 @@
  *    Piece p of the cell = cell bytes [8p, 8p+8) read LE; a piece split over two parts is the
  *    sum of each part's bytes shifted to their place (the contribution is linear in the bytes).
  *    m = 2*(factor_base + h) + 1 with factor_base = layer*65536 + global head of local head 0;
- *    j = (row.first_token + t) * cell_pieces + p, for t < row.valid_tokens.
+ *    j = (row.first_token + t) * cell_pieces + p, for t < row.valid_tokens (<= block_tokens).
  *  - KVC_ENTRY_ROWS: one TP-split segment of a state. Local row i (i < outer_count) starts at
  *    offset + block_id*block_stride + i*outer_stride; its elements are the row-major walk of
  *    elem_count[0..2] with byte strides elem_stride[0..2] (unused dims: count 1), each read as a LE
@@ -77,7 +77,9 @@ typedef struct kvc_entry {
   uint32_t cell_pieces;     /**< ATTN: P = cellBytes / 8 */
   uint32_t elem_bytes;      /**< ROWS: 2 or 4 */
   uint32_t num_blocks;      /**< block ids [0, num_blocks) are valid for this entry */
-  uint32_t reserved;
+  uint32_t block_tokens;    /**< ATTN: tokens per block; a row's valid_tokens must be <= this
+                                 (KVC_ERANGE otherwise); the extent covers tokens [0, block_tokens).
+                                 ROWS and STREAM: 0 */
 } kvc_entry;
 
 /** One row of a step: 24 bytes (six uint32, little-endian). */
@@ -115,6 +117,83 @@ int kvc_sum_rows_cpu(const kvc_tables* tables, const uint8_t* const* regions,
  * block id in [0, num_blocks). Returns KVC_OK or KVC_EINVAL (negative extent, overflow, bad kind).
  */
 int kvc_entry_extent(const kvc_entry* e, uint64_t* lo, uint64_t* hi);
+
+/** kvc_diag.at: where a check failed. */
+#define KVC_AT_NONE 0u   /* no failure */
+#define KVC_AT_ARGS 1u   /* the arguments (a NULL pointer, an output overlapping the inputs) */
+#define KVC_AT_GROUP 2u  /* group_start[index] */
+#define KVC_AT_ENTRY 3u  /* entries[index] (index counts from entries[0], not from the group) */
+#define KVC_AT_ROW 4u    /* rows[index] */
+
+/** What a failed check found: filled by kvc_check_rows and kvc_sum_rows_cpu_diag (24 bytes). */
+typedef struct kvc_diag {
+  int32_t code;             /**< KVC_OK or the KVC_E* code returned */
+  uint32_t at;              /**< KVC_AT_*: what index refers to */
+  uint64_t index;           /**< index of the failing entry, row or group_start element */
+  const char* reason;       /**< static NUL-terminated English text ("ok" on success); never NULL */
+} kvc_diag;
+
+/**
+ * Checks tables and rows against region sizes without reading any region (so it serves device
+ * regions too): what kvc_sum_rows_cpu checks before summing.
+ *  - tables: group_start non-decreasing (KVC_EINVAL, at GROUP); every entry in
+ *    [group_start[0], group_start[n_groups]) valid by itself (kvc_entry_check; KVC_EINVAL, at ENTRY),
+ *    region < n_regions and its extent's hi <= region_bytes[region] (KVC_ERANGE, at ENTRY), and the
+ *    bytes one block reads through it (ATTN outer_count*block_tokens*byte_count, ROWS
+ *    outer_count*prod(elem_count)*elem_bytes, STREAM byte_count) <= region_bytes[region]
+ *    (KVC_EINVAL: overlapping strides; bounds the work of a call);
+ *  - rows (KVC_ERANGE, at ROW): group < n_groups, and for every entry of the group: block_id <
+ *    num_blocks, out_offset + column < out_len, and for ATTN valid_tokens <= block_tokens.
+ * @param tables        the group tables (entries may be NULL when there are none)
+ * @param region_bytes  size in bytes of each region (n_regions values)
+ * @param n_regions     number of regions
+ * @param rows          n_rows rows (may be NULL when n_rows is 0)
+ * @param n_rows        number of rows
+ * @param out_len       number of uint64 in the output the rows address
+ * @param diag          if not NULL, receives the code, the failing index and a reason
+ * @return KVC_OK, KVC_EINVAL or KVC_ERANGE
+ */
+int kvc_check_rows(const kvc_tables* tables, const uint64_t* region_bytes, uint32_t n_regions,
+                   const kvc_row* rows, size_t n_rows, size_t out_len, kvc_diag* diag);
+
+/**
+ * kvc_sum_rows_cpu with a diagnostic: the same checks (kvc_check_rows, plus NULL region addresses
+ * and an output overlapping the tables, rows or region lists: KVC_EINVAL, at ARGS), the same sums.
+ * The output may overlap a region (the sums then read what was written; memory-safe, meaningless).
+ * @param diag  if not NULL, receives the code, the failing index and a reason
+ * @return KVC_OK, KVC_EINVAL or KVC_ERANGE; on an error nothing has been written
+ */
+int kvc_sum_rows_cpu_diag(const kvc_tables* tables, const uint8_t* const* regions,
+                          const uint64_t* region_bytes, uint32_t n_regions, const kvc_row* rows,
+                          size_t n_rows, uint64_t* out, size_t out_len, kvc_diag* diag);
+
+/**
+ * Checks one entry by itself: kind, non-zero counts (num_blocks, outer_count, kblock_tokens,
+ * block_tokens, cell_pieces, byte_count, elem_count), ATTN block_tokens a multiple of
+ * kblock_tokens and byte_start + byte_count <= cell_pieces*8, ROWS elem_bytes in {2, 4},
+ * STREAM outer_count == 1, block_tokens == 0 for ROWS and STREAM, and an extent in [0, 2^64).
+ * @param e  the entry
+ * @return NULL when valid, else a static NUL-terminated reason
+ */
+const char* kvc_entry_check(const kvc_entry* e);
+
+/**
+ * Plain wrapping sum of n_words little-endian uint64 words at p (any alignment): the benchmark
+ * baseline of the kernels.
+ * @param p        the words (n_words * 8 bytes)
+ * @param n_words  number of words
+ * @return sum of the words mod 2^64
+ */
+uint64_t kvc_plain_sum64(const uint8_t* p, size_t n_words);
+
+/**
+ * Weighted sum of n_words little-endian uint64 words at p (any alignment):
+ * sum of x_j * (2j + 1) mod 2^64, the kernel's inner loop over one contiguous slice with m = 1.
+ * @param p        the words (n_words * 8 bytes)
+ * @param n_words  number of words
+ * @return the weighted sum mod 2^64
+ */
+uint64_t kvc_weighted_sum64(const uint8_t* p, size_t n_words);
 
 #ifdef __cplusplus
 }

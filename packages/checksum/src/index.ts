@@ -1,1 +1,31 @@
+/**
+ * @kvconnect/checksum: SPEC v1 KV checksums. Cache views over strided memory, planning (layer
+ * numbers, head offsets, replica keys, fingerprints), block values on the `ts`, `native` and
+ * `cuda` backends, the payload codec, and the verifier.
+ * @packageDocumentation
+ */
 export * from './types.js';
+export * from './views.js';
+export {
+  HEADS_PER_LAYER,
+  parseLayerName,
+  fingerprintOf,
+  fingerprintOfText,
+  planGroup,
+  packTables,
+  entryExtent,
+  type Entry,
+  type GroupPlan,
+  type GroupSpec,
+  type PlannedCache,
+  type RankContext,
+  type Role,
+  type SkipReason,
+} from './plan.js';
+export * from './backend.js';
+export { tsBackend } from './backend-ts.js';
+export { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
+export { BlockChecksummer, StepRows, selectBackend, type BlockRun } from './compute.js';
+export * from './payload.js';
+export * from './verify.js';
+export { runVectors, type CaseResult } from './conformance.js';

@@ -1,0 +1,90 @@
+/**
+ * `kvconnect-checksum`: the checksum package's command line.
+ * - `verify-vectors FILE`: runs a vectors file through every available backend; one line per
+ *   case, a last line `N passed, N failed`; exit 1 on any failure.
+ * - `decode-payload DATA`: decodes a payload given as hex or base64 (SPEC 6) and prints it as JSON
+ *   (uint64 as decimal strings); a bad payload prints `PayloadError: reason` and exits 1.
+ * @module
+ */
+import { readFileSync } from 'node:fs';
+import { Command, CommanderError } from 'commander';
+import type { ChecksumBackend } from './backend.js';
+import { tsBackend } from './backend-ts.js';
+import { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
+import { runVectors } from './conformance.js';
+import { decodePayload, PayloadError } from './payload.js';
+
+/** The backends this process can run: ts always, native when the addon loads. */
+export function availableBackends(): { backends: ChecksumBackend[]; notes: string[] } {
+  const native = loadNativeBackend();
+  return native ? { backends: [tsBackend, native], notes: [] } : { backends: [tsBackend], notes: [`native backend not available: ${nativeUnavailableReason()}`] };
+}
+
+/** Hex (even length, [0-9a-f]) or standard base64 text -> bytes. @throws PayloadError('base64'). */
+export function parsePayloadText(data: string): Uint8Array {
+  const s = data.trim();
+  if (/^([0-9a-fA-F]{2})*$/.test(s)) return new Uint8Array(Buffer.from(s, 'hex'));
+  if (/^[A-Za-z0-9+/]*={0,2}$/.test(s) && s.length % 4 === 0) return new Uint8Array(Buffer.from(s, 'base64'));
+  throw new PayloadError('base64', 'payload text is neither hex nor standard base64');
+}
+
+/** JSON text of a payload with uint64 as decimal strings. */
+function payloadJson(bytes: Uint8Array): string {
+  const p = decodePayload(bytes);
+  return JSON.stringify(
+    { numTokens: p.numTokens, producerTpSize: p.producerTpSize, groups: p.groups.map((g) => ({ ...g, fingerprint: g.fingerprint.toString(), values: Array.from(g.values, String) })) },
+    null,
+    2,
+  );
+}
+
+/**
+ * Runs the CLI with `argv` (without node and script). Writes to stdout/stderr.
+ * @returns the exit code.
+ */
+export async function main(argv: string[], out: (s: string) => void = (s) => process.stdout.write(s + '\n'), err: (s: string) => void = (s) => process.stderr.write(s + '\n')): Promise<number> {
+  let code = 0;
+  const program = new Command('kvconnect-checksum')
+    .description('kvconnect KV checksums (SPEC v1): conformance vectors and payload inspection')
+    .exitOverride()
+    .configureOutput({ writeOut: (s) => out(s.trimEnd()), writeErr: (s) => err(s.trimEnd()) });
+  program
+    .command('verify-vectors')
+    .description('run a conformance vectors file through every available backend')
+    .argument('<file>', 'vectors JSON (format of shared/vectors/README.md)')
+    .action((file: string) => {
+      const vectors = JSON.parse(readFileSync(file, 'utf8'));
+      const { backends, notes } = availableBackends();
+      for (const n of notes) err(n);
+      const results = runVectors(vectors, backends);
+      let passed = 0;
+      for (const r of results) {
+        if (r.ok) passed++;
+        out(`${r.ok ? 'ok  ' : 'FAIL'} ${r.section}${r.backend ? ` [${r.backend}]` : ''}: ${r.title}${r.ok ? '' : ` -- ${r.detail}`}`);
+      }
+      const failed = results.length - passed;
+      out(`${passed} passed, ${failed} failed`);
+      code = failed > 0 || results.length === 0 ? 1 : 0;
+    });
+  program
+    .command('decode-payload')
+    .description('decode a checksum payload given as hex or base64 and print it as JSON')
+    .argument('<data>', 'the payload bytes, hex or standard base64')
+    .action((data: string) => {
+      try {
+        out(payloadJson(parsePayloadText(data)));
+      } catch (e) {
+        if (!(e instanceof PayloadError)) throw e;
+        err(`PayloadError: ${e.message}`);
+        code = 1;
+      }
+    });
+  try {
+    await program.parseAsync(argv, { from: 'user' });
+  } catch (e) {
+    if (e instanceof CommanderError) return e.exitCode === 0 ? 0 : 2;
+    err(`error: ${(e as Error).message}`);
+    return 1;
+  }
+  return code;
+}

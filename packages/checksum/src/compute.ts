@@ -1,0 +1,201 @@
+/**
+ * One engine step's block values: which rows to sum (SPEC 2: block positions, valid tokens),
+ * one backend call for every request and group of the step, and the per-worker records
+ * (partials per replica key) the verifier takes (SPEC 8).
+ * @module
+ */
+import { ROW_WORDS, type BackendName, type ChecksumBackend, type PackedTables } from './backend.js';
+import { tsBackend } from './backend-ts.js';
+import { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
+import { packTables, planGroup, type GroupPlan, type GroupSpec, type RankContext } from './plan.js';
+import { replicaKeyString, type WorkerGroupRecord } from './types.js';
+
+/** The blocks of one request in one group to sum in this step. */
+export interface BlockRun {
+  /** Index of the group in the checksummer's groups (not the group id). */
+  group: number;
+  /**
+   * Physical block ids of consecutive block positions `start, start+1, ...` (attention), or the
+   * one running-state block (state groups).
+   */
+  blockIds: ArrayLike<number>;
+  /** Block position of `blockIds[0]` (attention; state groups: 0). */
+  start: number;
+  /** The request's tokens whose KV the blocks hold (SPEC 2 numTokens). */
+  numTokens: number;
+}
+
+/** Where a run's values are in the step output. */
+interface RunSlot {
+  group: number;
+  start: number;
+  nBlocks: number;
+  outOffset: number;
+  columns: number;
+}
+
+/**
+ * Builds a step's `kvc_row` array. Buffers grow and are reused across steps, so a step allocates
+ * nothing once they are large enough.
+ */
+export class StepRows {
+  private buf = new Uint32Array(ROW_WORDS * 64);
+  private n = 0;
+  private outLen = 0;
+  readonly runs: RunSlot[] = [];
+
+  constructor(private readonly plans: readonly GroupPlan[]) {}
+
+  /** Forgets the previous step. */
+  reset(): void {
+    this.n = 0;
+    this.outLen = 0;
+    this.runs.length = 0;
+  }
+
+  /**
+   * Adds one request's blocks of one group. Blocks holding no valid token get no row (their
+   * values are 0). A skipped or empty plan adds no rows but keeps the run's place.
+   * @returns the run's index.
+   * @throws RangeError for a group index out of range, a negative start or numTokens, or a state
+   *   run without exactly one block.
+   */
+  add(run: BlockRun): number {
+    const plan = this.plans[run.group];
+    if (!plan) throw new RangeError(`group index ${run.group} of ${this.plans.length}`);
+    if (!(Number.isSafeInteger(run.start) && run.start >= 0 && Number.isSafeInteger(run.numTokens) && run.numTokens >= 0)) {
+      throw new RangeError(`bad run: start ${run.start}, numTokens ${run.numTokens}`);
+    }
+    const columns = plan.columns.length;
+    const isState = plan.kind === 'state' || plan.kind === 'state-local';
+    if (isState && run.blockIds.length !== 1) throw new RangeError(`a state group sums one running-state block, got ${run.blockIds.length}`);
+    const nBlocks = run.blockIds.length;
+    const slot: RunSlot = { group: run.group, start: isState ? 0 : run.start, nBlocks, outOffset: this.outLen, columns };
+    this.outLen += nBlocks * columns;
+    this.runs.push(slot);
+    if (columns > 0 && plan.skipReason === null) {
+      const B = plan.blockSize;
+      for (let i = 0; i < nBlocks; i++) {
+        const first = isState ? 0 : (run.start + i) * B;
+        const valid = isState ? 0 : Math.max(0, Math.min(B, run.numTokens - first));
+        if (!isState && valid === 0) continue;
+        this.push(run.group, run.blockIds[i], first, valid, slot.outOffset + i * columns);
+      }
+    }
+    return this.runs.length - 1;
+  }
+
+  private push(group: number, blockId: number, first: number, valid: number, out: number): void {
+    if (this.n + ROW_WORDS > this.buf.length) {
+      const b = new Uint32Array(this.buf.length * 2);
+      b.set(this.buf);
+      this.buf = b;
+    }
+    if (!(Number.isSafeInteger(blockId) && blockId >= 0 && blockId <= 0xffffffff)) throw new RangeError(`block id ${blockId}`);
+    if (first > 0xffffffff) throw new RangeError(`token position ${first} past 2^32`);
+    const b = this.buf;
+    const k = this.n;
+    b[k] = group;
+    b[k + 1] = blockId;
+    b[k + 2] = first;
+    b[k + 3] = valid;
+    b[k + 4] = out;
+    b[k + 5] = 0;
+    this.n += ROW_WORDS;
+  }
+
+  /** The step's rows (a view of the reused buffer, valid until the next `add`/`reset`). */
+  get rows(): Uint32Array {
+    return this.buf.subarray(0, this.n);
+  }
+
+  /** uint64 values the step's output holds. */
+  get outLength(): number {
+    return this.outLen;
+  }
+
+  /** The record of run `i` from the step output: partials per replica key, one per block. */
+  record(i: number, out: BigUint64Array): WorkerGroupRecord {
+    const s = this.runs[i];
+    const plan = this.plans[s.group];
+    const partials = new Map<string, BigUint64Array>();
+    if (plan.skipReason === null) {
+      plan.columns.forEach((key, c) => {
+        const v = new BigUint64Array(s.nBlocks);
+        for (let b = 0; b < s.nBlocks; b++) v[b] = out[s.outOffset + b * s.columns + c];
+        partials.set(replicaKeyString(key), v);
+      });
+    }
+    return plan.skipReason === null
+      ? { start: s.start, nBlocks: s.nBlocks, skipped: false, partials }
+      : { start: s.start, nBlocks: s.nBlocks, skipped: true, skipReason: plan.skipReason, partials };
+  }
+}
+
+let warnedFallback = false;
+
+/**
+ * The backend to use: `native` when the addon loaded, else `ts` (said once, as a process
+ * warning). `KVCONNECT_CHECKSUM_BACKEND=ts|native` forces one.
+ * @throws Error when `native` is asked for and the addon is not available.
+ */
+export function selectBackend(name: BackendName | 'auto' = (process.env.KVCONNECT_CHECKSUM_BACKEND as BackendName | undefined) ?? 'auto'): ChecksumBackend {
+  if (name === 'ts') return tsBackend;
+  const native = loadNativeBackend();
+  if (name === 'native') {
+    if (!native) throw new Error(`native checksum backend not available: ${nativeUnavailableReason()}`);
+    return native;
+  }
+  if (name !== 'auto') throw new Error(`checksum backend ${String(name)} is not a host backend (use ts, native or auto)`);
+  if (native) return native;
+  if (!warnedFallback) {
+    warnedFallback = true;
+    process.emitWarning(`kvconnect: native checksum addon not available (${nativeUnavailableReason()}); using the TypeScript backend`, 'KvconnectWarning');
+  }
+  return tsBackend;
+}
+
+/**
+ * A rank's block checksums: plans its groups once (at cache registration) and sums the rows of
+ * each engine step with one backend call.
+ */
+export class BlockChecksummer {
+  readonly plans: GroupPlan[];
+  readonly tables: PackedTables;
+  readonly backend: ChecksumBackend;
+  private readonly step: StepRows;
+  private out = new BigUint64Array(0);
+
+  /**
+   * @param groups the rank's caches per group, in the engine's group order (run.group indexes it).
+   * @param rank TP rank and size, and the role (producer: replica 0; consumer: every replica).
+   * @param regions the memory the views' `region` indexes point into.
+   * @param backend `auto` (default), `ts`, `native`, or a backend object.
+   */
+  constructor(
+    groups: readonly GroupSpec[],
+    readonly rank: RankContext,
+    readonly regions: readonly Uint8Array[],
+    backend: BackendName | 'auto' | ChecksumBackend = 'auto',
+  ) {
+    this.plans = groups.map((g) => planGroup(g, rank));
+    this.tables = packTables(this.plans);
+    this.backend = typeof backend === 'object' ? backend : selectBackend(backend);
+    this.step = new StepRows(this.plans);
+  }
+
+  /**
+   * Sums one step's runs; returns one record per run, in order.
+   * @throws RangeError for runs outside the caches (block ids past numBlocks, bad groups).
+   */
+  compute(runs: readonly BlockRun[]): WorkerGroupRecord[] {
+    const s = this.step;
+    s.reset();
+    for (const r of runs) s.add(r);
+    if (this.out.length < s.outLength) this.out = new BigUint64Array(Math.max(s.outLength, this.out.length * 2));
+    const out = this.out.subarray(0, s.outLength);
+    out.fill(0n);
+    if (s.rows.length > 0) this.backend.sumRows(this.tables, this.regions, s.rows, out);
+    return runs.map((_, i) => s.record(i, out));
+  }
+}

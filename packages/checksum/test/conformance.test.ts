@@ -1,0 +1,44 @@
+/**
+ * Conformance: every checksum case of ../shared/vectors (read from that path) on every available
+ * backend, as producer (replica 0) and consumer (every replica); fingerprints; and a check that the
+ * runner itself reports a wrong expectation.
+ */
+import { describe, expect, it } from 'vitest';
+import { tsBackend } from '../src/backend-ts.js';
+import { loadNativeBackend, nativeUnavailableReason } from '../src/backend-native.js';
+import { runVectors } from '../src/conformance.js';
+import type { ChecksumBackend } from '../src/backend.js';
+import { loadVectors, VECTORS_PATH } from './vectors.js';
+
+const native = loadNativeBackend();
+if (!native) console.warn(`native backend not loaded (${nativeUnavailableReason()}): vectors run on ts only`);
+const backends: ChecksumBackend[] = native ? [tsBackend, native] : [tsBackend];
+
+describe(`conformance vectors (${VECTORS_PATH})`, () => {
+  const vectors = loadVectors();
+  const results = runVectors(vectors, backends);
+
+  it('covers every section of the file', () => {
+    const sections = new Set(results.map((r) => r.section));
+    for (const s of ['attention', 'state', 'stateLocal', 'fingerprint', 'payload', 'payloadAccepts', 'payloadRejects', 'verification']) expect(sections).toContain(s);
+    const perBackend = (vectors.attention.length + vectors.state.length + vectors.stateLocal.length) * 2;
+    expect(results.filter((r) => r.backend === 'ts')).toHaveLength(perBackend);
+  });
+
+  for (const r of results) {
+    it(`${r.section}: ${r.title}${r.backend ? ` [${r.backend}]` : ''}`, () => {
+      expect(r.detail ?? 'ok').toBe('ok');
+      expect(r.ok).toBe(true);
+    });
+  }
+
+  it('reports a case whose expected value is wrong', () => {
+    const bad = structuredClone(vectors);
+    const v = bad.attention[0];
+    v.ranks[0].partials['1:0'][0] = (BigInt(v.ranks[0].partials['1:0'][0]) ^ 1n).toString();
+    bad.fingerprint[0].fp = '1';
+    bad.verification[0].expected.verdict = 'mismatch';
+    const r = runVectors({ attention: [v], fingerprint: [bad.fingerprint[0]], verification: [bad.verification[0]] }, [tsBackend]);
+    expect(r.filter((x) => !x.ok).map((x) => x.section).sort()).toEqual(['attention', 'attention', 'fingerprint', 'verification']);
+  });
+});
