@@ -1,0 +1,333 @@
+/**
+ * The consumer scheduler's verification of one load (SPEC 8): compares the producer's payload with
+ * what the consumer's workers summed, group by group, and returns a {@link Verdict}.
+ *
+ * Pure and total: no I/O, no logging, and no exception for any input the types allow. Where the
+ * SPEC is silent (odd records a correct worker never produces), this file picks the fail-safe
+ * reading, named at the place it is made; none of them can turn a load `verified`.
+ * @module
+ */
+
+import {
+  parseReplicaKey,
+  type ChecksumPayload,
+  type ConsumerGroup,
+  type ConsumerLoad,
+  type PayloadGroup,
+  type ReplicaKey,
+  type UnverifiedReason,
+  type Verdict,
+  type WorkerRecord,
+} from './types.js';
+
+/** Reduces to uint64: every checksum sum is modulo 2^64 (SPEC, preamble). */
+const u64 = (x: bigint): bigint => BigInt.asUintN(64, x);
+
+/**
+ * How one scheduled group came out of SPEC 8 steps 1-7.
+ * - `ignored`: skipped on both sides (step 1);
+ * - `left-out`: state-local across TP sizes (step 2);
+ * - `unverified`: the first reason that applied;
+ * - `compared`: values were compared; `bad` = mismatching consumer block positions, sorted;
+ * - `empty`: an attention group whose loaded blocks hold no valid consumer token (nothing compared).
+ */
+type GroupOutcome =
+  | { kind: 'ignored' }
+  | { kind: 'left-out' }
+  | { kind: 'unverified'; reason: UnverifiedReason }
+  | { kind: 'compared'; bad: number[] }
+  | { kind: 'empty' };
+
+/** What every group check reads besides its own two sides. */
+interface LoadContext {
+  /** The producer's `numTokens` (payload). */
+  readonly producerTokens: number;
+  readonly producerTpSize: number;
+  /** The consumer's `numTokens` (load). */
+  readonly consumerTokens: number;
+  readonly consumerTpSize: number;
+  /** One record per (PP rank, TP rank) of the consumer's grid (see {@link gridWorkers}). */
+  readonly workers: readonly WorkerRecord[];
+}
+
+/**
+ * Verifies one load (SPEC 8).
+ *
+ * @param payload - the producer's decoded payload (SPEC 6); `null` when none arrived, `'malformed'`
+ *   when the decoder rejected the bytes. Its `numTokens` is the producer's token count and its
+ *   groups' `blockSize` the producer's block sizes.
+ * @param load - the consumer's side: its own `numTokens`, TP x PP grid, the groups its scheduler
+ *   scheduled (checked in this order) and one record per worker with, per group, the rows it summed
+ *   and its partial block values per replica key `"R:r"`.
+ * @returns the verdict; `mismatches` and `unverified` are in group check order, `leftOut` lists the
+ *   state-local groups not compared because the TP sizes differ (the caller logs them once).
+ *
+ * Load-level checks come first (`no-payload`, `malformed-payload`, `workers-missing`) and end the
+ * check. Then each scheduled group gets at most one reason, or is compared: state groups by their
+ * one value at block position 0, attention groups in chunks of `max(Bp, Bd)` tokens, per replica
+ * check. A group with a reason reports no mismatch.
+ *
+ * Stricter than the upstream design in one place (SPEC 8, last paragraph): a loaded block holding
+ * valid consumer tokens that no compared chunk covers makes its group `uncovered-tokens` instead of
+ * being left unchecked while the load verifies.
+ *
+ * Choices where the SPEC is silent, all fail-safe:
+ * - worker records outside the `ppSize x tpSize` grid are not workers of this load and are ignored,
+ *   and of several records for one (PP rank, TP rank) the first counts (a duplicate neither fills a
+ *   missing worker nor is summed twice);
+ * - a partial array whose length is not the record's `nBlocks` is `rows-differ`;
+ * - a replica key that does not parse as `"R:r"` with `0 <= r < R` is `replica-missing`;
+ * - a block size that is not a positive integer is `block-size`;
+ * - an attention group whose loaded blocks hold no valid consumer token compares nothing, so alone it
+ *   gives `nothing-to-verify`;
+ * - a mismatch names the loaded blocks of the chunk that hold valid consumer tokens (loaded blocks
+ *   without one are ignored, SPEC 8 step 7).
+ */
+export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: ConsumerLoad): Verdict {
+  if (payload === null) return loadUnverified('no-payload');
+  if (payload === 'malformed') return loadUnverified('malformed-payload');
+  const workers = gridWorkers(load);
+  if (workers.length < load.tpSize * load.ppSize) return loadUnverified('workers-missing');
+
+  const ctx: LoadContext = {
+    producerTokens: payload.numTokens,
+    producerTpSize: payload.producerTpSize,
+    consumerTokens: load.numTokens,
+    consumerTpSize: load.tpSize,
+    workers,
+  };
+  const producerGroups = new Map<number, PayloadGroup>();
+  for (const g of payload.groups) if (!producerGroups.has(g.groupId)) producerGroups.set(g.groupId, g);
+
+  const verdict: Verdict = { verdict: 'verified', mismatches: [], unverified: [], leftOut: [] };
+  let compared = false;
+  for (const group of load.groups) {
+    const outcome = checkGroup(group, producerGroups.get(group.groupId), ctx);
+    switch (outcome.kind) {
+      case 'left-out':
+        verdict.leftOut.push(group.groupId);
+        break;
+      case 'unverified':
+        verdict.unverified.push({ groupId: group.groupId, reason: outcome.reason });
+        break;
+      case 'compared':
+        compared = true;
+        if (outcome.bad.length > 0) verdict.mismatches.push({ groupId: group.groupId, positions: outcome.bad });
+        break;
+      case 'ignored':
+      case 'empty':
+        break;
+    }
+  }
+  if (!compared && verdict.unverified.length === 0) {
+    verdict.unverified.push({ groupId: null, reason: 'nothing-to-verify' });
+  }
+  if (verdict.mismatches.length > 0) verdict.verdict = 'mismatch';
+  else if (verdict.unverified.length > 0) verdict.verdict = 'unverified';
+  return verdict;
+}
+
+/**
+ * One line for logs: the verdict, then each mismatched group with its consumer block positions,
+ * each unverified reason (with its group, if any) and each left-out group, in check order. For example
+ * `mismatch: group 0 blocks [2,3]; group 1 fingerprint; group 4 left out (state-local across TP sizes)`
+ * or `unverified: no-payload`.
+ */
+export function verdictSummary(v: Verdict): string {
+  const parts = [
+    ...v.mismatches.map((m) => `group ${m.groupId} blocks [${m.positions.join(',')}]`),
+    ...v.unverified.map((u) => (u.groupId === null ? u.reason : `group ${u.groupId} ${u.reason}`)),
+    ...v.leftOut.map((g) => `group ${g} left out (state-local across TP sizes)`),
+  ];
+  return parts.length === 0 ? v.verdict : `${v.verdict}: ${parts.join('; ')}`;
+}
+
+/** A verdict ended by a load-level reason (SPEC 8, "Load level"). */
+function loadUnverified(reason: UnverifiedReason): Verdict {
+  return { verdict: 'unverified', mismatches: [], unverified: [{ groupId: null, reason }], leftOut: [] };
+}
+
+/**
+ * The first record of each (PP rank, TP rank) inside the load's grid, in record order. Counting
+ * these against TP x PP is the `workers-missing` check; they are also the records summed.
+ */
+function gridWorkers(load: ConsumerLoad): WorkerRecord[] {
+  const inGrid = (rank: number, size: number): boolean => Number.isInteger(rank) && rank >= 0 && rank < size;
+  const seen = new Set<string>();
+  const out: WorkerRecord[] = [];
+  for (const w of load.workers) {
+    const place = `${w.ppRank}/${w.tpRank}`;
+    if (!inGrid(w.ppRank, load.ppSize) || !inGrid(w.tpRank, load.tpSize) || seen.has(place)) continue;
+    seen.add(place);
+    out.push(w);
+  }
+  return out;
+}
+
+/** SPEC 8 steps 1-7 for one scheduled group; the first reason that applies ends the check. */
+function checkGroup(group: ConsumerGroup, producer: PayloadGroup | undefined, ctx: LoadContext): GroupOutcome {
+  const records = ctx.workers.map((w) => w.groups.get(group.groupId));
+  // Step 1: a worker that could not cover the group makes the consumer's group skipped.
+  const consumerSkipped = group.skipped || records.some((r) => r?.skipped === true);
+  if (consumerSkipped && producer === undefined) return { kind: 'ignored' };
+  if (consumerSkipped || producer === undefined) return { kind: 'unverified', reason: 'covered-one-side' };
+  // Step 2.
+  if (group.kind === 'state-local' && ctx.producerTpSize !== ctx.consumerTpSize) return { kind: 'left-out' };
+  // Step 3.
+  if (u64(producer.fingerprint) !== u64(group.fingerprint)) return { kind: 'unverified', reason: 'fingerprint' };
+  // Step 4: the records must hold exactly the scheduled rows, every partial one value per row.
+  const partials: Array<Map<string, BigUint64Array>> = [];
+  for (const r of records) {
+    if (r === undefined || r.start !== group.start || r.nBlocks !== group.nBlocks) {
+      return { kind: 'unverified', reason: 'rows-differ' };
+    }
+    for (const values of r.partials.values()) {
+      if (values.length !== group.nBlocks) return { kind: 'unverified', reason: 'rows-differ' };
+    }
+    partials.push(r.partials);
+  }
+  // Step 5.
+  const checks = replicaChecks(partials, group.nBlocks);
+  if (checks === null) return { kind: 'unverified', reason: 'replica-missing' };
+  // Steps 6 and 7.
+  return group.kind === 'attention'
+    ? compareAttention(group, producer, checks, ctx)
+    : compareState(group, producer, checks);
+}
+
+/**
+ * SPEC 8 step 5. Returns, for each check `k` in `0 .. maxR-1`, the consumer's value of each loaded
+ * block (index = offset from the group's `start`): over every worker, the sum of the partials whose
+ * key `(R, r)` has `r == k mod R`. Returns `null` (`replica-missing`) when no key is present, a key
+ * does not parse, or an `R` is seen without every replica `0 .. R-1`.
+ */
+function replicaChecks(partials: ReadonlyArray<Map<string, BigUint64Array>>, nBlocks: number): bigint[][] | null {
+  // Per key present: the key and its per-block sum over every worker.
+  const byKey = new Map<string, { key: ReplicaKey; sums: bigint[] }>();
+  for (const map of partials) {
+    for (const [name, values] of map) {
+      let entry = byKey.get(name);
+      if (entry === undefined) {
+        let key: ReplicaKey;
+        try {
+          key = parseReplicaKey(name);
+        } catch {
+          return null;
+        }
+        entry = { key, sums: new Array<bigint>(nBlocks).fill(0n) };
+        byKey.set(name, entry);
+      }
+      for (let i = 0; i < nBlocks; i++) entry.sums[i] = u64(entry.sums[i] + values[i]);
+    }
+  }
+  if (byKey.size === 0) return null;
+
+  const replicasSeen = new Map<number, Set<number>>();
+  for (const { key } of byKey.values()) {
+    const set = replicasSeen.get(key.replicas) ?? new Set<number>();
+    set.add(key.replica);
+    replicasSeen.set(key.replicas, set);
+  }
+  for (const [replicas, seen] of replicasSeen) if (seen.size !== replicas) return null;
+
+  const maxR = Math.max(...replicasSeen.keys());
+  const checks: bigint[][] = [];
+  for (let k = 0; k < maxR; k++) {
+    const check = new Array<bigint>(nBlocks).fill(0n);
+    for (const { key, sums } of byKey.values()) {
+      if (key.replica !== k % key.replicas) continue;
+      for (let i = 0; i < nBlocks; i++) check[i] = u64(check[i] + sums[i]);
+    }
+    checks.push(check);
+  }
+  return checks;
+}
+
+/**
+ * SPEC 8 step 6 (kinds `state` and `state-local`): the payload holds exactly one value, at block
+ * position 0, and the consumer exactly one row, at position 0; every check must equal that value.
+ */
+function compareState(group: ConsumerGroup, producer: PayloadGroup, checks: bigint[][]): GroupOutcome {
+  if (producer.start !== 0 || producer.values.length !== 1 || group.start !== 0 || group.nBlocks !== 1) {
+    return { kind: 'unverified', reason: 'uncovered-tokens' };
+  }
+  const expected = producer.values[0];
+  return { kind: 'compared', bad: checks.some((check) => check[0] !== expected) ? [0] : [] };
+}
+
+/** Block positions `first .. last` (inclusive) of one side that hold valid tokens of a chunk. */
+interface BlockSpan {
+  readonly first: number;
+  readonly last: number;
+}
+
+/**
+ * The blocks of size `blockSize` that hold the `valid` valid tokens of chunk `k` (of `chunkTokens`
+ * tokens, a multiple of `blockSize`): the chunk's first block up to the block of its last valid token.
+ */
+function chunkBlocks(k: number, chunkTokens: number, blockSize: number, valid: number): BlockSpan {
+  const first = (k * chunkTokens) / blockSize;
+  return { first, last: first + Math.ceil(valid / blockSize) - 1 };
+}
+
+/** `min(C, max(0, numTokens - k*C))`: one side's valid tokens in chunk `k` (SPEC 8 step 7). */
+function validTokens(numTokens: number, k: number, chunkTokens: number): number {
+  return Math.min(chunkTokens, Math.max(0, numTokens - k * chunkTokens));
+}
+
+/**
+ * SPEC 8 step 7 (kind `attention`): regroups both sides into chunks of `C = max(Bp, Bd)` tokens and
+ * compares every chunk that holds a loaded consumer block with valid consumer tokens. Coverage of
+ * every such chunk is checked before any value is compared, so one uncovered chunk makes the whole
+ * group `uncovered-tokens` without a mismatch.
+ */
+function compareAttention(
+  group: ConsumerGroup,
+  producer: PayloadGroup,
+  checks: bigint[][],
+  ctx: LoadContext,
+): GroupOutcome {
+  const bp = producer.blockSize;
+  const bd = group.blockSize;
+  const positive = (n: number): boolean => Number.isSafeInteger(n) && n > 0;
+  if (!positive(bp) || !positive(bd)) return { kind: 'unverified', reason: 'block-size' };
+  const c = Math.max(bp, bd);
+  if (c % bp !== 0 || c % bd !== 0) return { kind: 'unverified', reason: 'block-size' };
+  if ((group.start * bd) % c !== 0) return { kind: 'unverified', reason: 'unaligned-prefix' };
+
+  // Chunks holding a loaded consumer block with a valid consumer token, ascending. Loaded blocks
+  // are consecutive, so their chunks are too.
+  const chunks: number[] = [];
+  for (let pos = Math.max(group.start, 0); pos < group.start + group.nBlocks && pos * bd < ctx.consumerTokens; pos++) {
+    const k = Math.floor((pos * bd) / c);
+    if (chunks[chunks.length - 1] !== k) chunks.push(k);
+  }
+  if (chunks.length === 0) return { kind: 'empty' };
+
+  // Coverage: equal valid-token counts, and each side holds every block with valid tokens of the chunk.
+  const spans: Array<{ p: BlockSpan; d: BlockSpan }> = [];
+  for (const k of chunks) {
+    const valid = validTokens(ctx.consumerTokens, k, c);
+    if (validTokens(ctx.producerTokens, k, c) !== valid) return { kind: 'unverified', reason: 'uncovered-tokens' };
+    const p = chunkBlocks(k, c, bp, valid);
+    const d = chunkBlocks(k, c, bd, valid);
+    const producerHolds = p.first >= producer.start && p.last < producer.start + producer.values.length;
+    const consumerHolds = d.first >= group.start && d.last < group.start + group.nBlocks;
+    if (!producerHolds || !consumerHolds) return { kind: 'unverified', reason: 'uncovered-tokens' };
+    spans.push({ p, d });
+  }
+
+  // Values: blocks past a side's numTokens are outside its span, so they count as zero.
+  const bad: number[] = [];
+  for (const { p, d } of spans) {
+    let expected = 0n;
+    for (let pos = p.first; pos <= p.last; pos++) expected = u64(expected + producer.values[pos - producer.start]);
+    const differs = checks.some((check) => {
+      let got = 0n;
+      for (let pos = d.first; pos <= d.last; pos++) got = u64(got + check[pos - group.start]);
+      return got !== expected;
+    });
+    if (differs) for (let pos = d.first; pos <= d.last; pos++) bad.push(pos);
+  }
+  return { kind: 'compared', bad };
+}
