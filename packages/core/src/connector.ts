@@ -1,0 +1,235 @@
+/**
+ * The KV connector API (modelled on vLLM's KV connector v1): a scheduler half that runs in the
+ * engine's scheduler, and a worker half that runs in each worker (one per TP rank and PP stage).
+ * This file is the contract between host engines and connectors: who calls each hook, when,
+ * whether it may block, and who frees blocks.
+ *
+ * The engine step, as every host engine runs it:
+ *  1. Scheduler: `schedule()` admits requests. For a new request it calls
+ *     {@link KVConnectorScheduler.getNumNewMatchedTokens}; after allocating blocks it calls
+ *     {@link KVConnectorScheduler.updateStateAfterAlloc}. It then builds the step's
+ *     {@link SchedulerOutput}, including {@link KVConnectorScheduler.buildConnectorMeta} and the KV
+ *     checksum scheduler's `buildStepMeta()`.
+ *  2. Workers (each TP rank of each PP stage, stages in order): `bindConnectorMetadata`,
+ *     `startLoadKv` (non-blocking: starts async loads), the forward pass (calling
+ *     `waitForLayerLoad` before a layer reads KV and `saveKvLayer` after it writes KV), `waitForSave`,
+ *     then `getTransferResults` and `clearConnectorMetadata`. Worker hooks never wait on the network
+ *     inside a step: transfers complete asynchronously and are reported by a later
+ *     `getTransferResults`.
+ *  3. Scheduler: `updateFromOutput` with every worker's {@link KVConnectorOutput};
+ *     {@link KVConnectorScheduler.updateConnectorOutput}; finished requests go through
+ *     {@link KVConnectorScheduler.requestFinished}.
+ *
+ * Blocks: the engine's KV cache manager owns every block. A connector never frees a block; when
+ * `requestFinished` returns `delayFree: true` the engine keeps the request's blocks until a worker
+ * reports the request in `finishedSending` (the consumer read them, or the lease expired).
+ * @module
+ */
+import type { GroupSpec, RankContext } from '@kvconnect/checksum';
+
+/** The role of an engine in P/D (vLLM `kv_role`). */
+export type KVRole = 'kv_producer' | 'kv_consumer' | 'kv_both';
+
+/**
+ * `kv_transfer_params` of a request: the connector-specific JSON object that travels with a
+ * request through the proxy (vLLM's field). Well-known keys:
+ * - `do_remote_decode` (producer side: keep the KV for a remote decoder);
+ * - `do_remote_prefill` (consumer side: load the KV from the producer);
+ * - `kv_checksums` (NIXL pull carrier: standard base64 of the checksum payload, SPEC 7).
+ */
+export type KVTransferParams = Record<string, unknown>;
+
+/** Block ids of a request per KV cache group: `blocks[g][i]` = block at position `i` of group `g`. */
+export type BlockIdsPerGroup = number[][];
+
+/** What connectors and the checksum scheduler see of a request. */
+export interface ConnectorRequest {
+  readonly requestId: string;
+  readonly promptTokenIds: readonly number[];
+  /** Tokens whose KV is computed or loaded so far. */
+  readonly numComputedTokens: number;
+  /** Prompt plus generated tokens so far. */
+  readonly numTokens: number;
+  readonly kvTransferParams?: KVTransferParams;
+}
+
+/** A KV cache group as the engine's KV cache manager defines it (same order on every side). */
+export interface KVCacheGroupConfig {
+  /** Group index (SPEC: groupId). */
+  groupId: number;
+  /** Attention groups are token based; state groups hold one running-state block per request. */
+  kind: 'full-attention' | 'sliding-window' | 'state';
+  /** Tokens per block (state groups: the engine's block size for bookkeeping). */
+  blockSize: number;
+  /** The layer names of the group (model-wide, all PP stages). */
+  layerNames: string[];
+  /** Sliding window in tokens (sliding-window groups). */
+  slidingWindow?: number;
+}
+
+/** How KV checksums travel for a request (SPEC 7). */
+export type KVChecksumCarrier = 'kv_transfer_params' | 'connector' | null;
+
+/** Result of {@link KVConnectorScheduler.getNumNewMatchedTokens}. */
+export interface MatchedTokens {
+  /** Tokens beyond `numComputedTokens` the connector can provide; null = not known yet (ask again next step). */
+  count: number | null;
+  /** True when the tokens arrive asynchronously (the request waits for them, `WAITING_FOR_REMOTE_KVS`). */
+  loadAsync: boolean;
+}
+
+/** Result of {@link KVConnectorScheduler.requestFinished}. */
+export interface RequestFinishedResult {
+  /** Keep the request's blocks until a worker reports it in `finishedSending`. */
+  delayFree: boolean;
+  /** `kv_transfer_params` to return to the client/proxy (producer side). */
+  kvTransferParams?: KVTransferParams;
+}
+
+/** A step's scheduler output as workers see it (fields connectors need). */
+export interface SchedulerOutput {
+  readonly stepId: number;
+  /** Tokens scheduled per request in this step. */
+  readonly numScheduledTokens: ReadonlyMap<string, number>;
+  /** Requests finished since the previous step (their blocks may be freed soon). */
+  readonly finishedRequestIds: ReadonlySet<string>;
+  /** The connector's metadata for this step ({@link KVConnectorScheduler.buildConnectorMeta}). */
+  readonly kvConnectorMetadata: KVConnectorMetadata | null;
+  /** The KV checksum scheduler's metadata for this step (opaque to connectors). */
+  readonly kvChecksumMetadata: unknown;
+}
+
+/** Scheduler-to-worker metadata of one connector (connector-defined). */
+export type KVConnectorMetadata = unknown;
+
+/** What one worker reports after a step (vLLM `KVConnectorOutput`). */
+export interface KVConnectorOutput {
+  ppRank: number;
+  tpRank: number;
+  /** Requests whose KV this worker finished sending (the producer may free their blocks). */
+  finishedSending: Set<string>;
+  /** Requests whose KV this worker finished loading. */
+  finishedRecving: Set<string>;
+  /** Blocks whose load failed (the scheduler applies the load failure policy to their requests). */
+  invalidBlockIds: Set<number>;
+  /** Checksum payloads a connector carried (SPEC 7, `connector` carrier), by request id. */
+  kvChecksums: Map<string, Uint8Array>;
+  /** The KV checksum worker's report for this step (opaque here; see checksum-worker). */
+  kvChecksumReport?: unknown;
+}
+
+/** A worker's registered KV caches, as views over its memory (@kvconnect/checksum). */
+export interface WorkerKVCaches {
+  readonly rank: Omit<RankContext, 'role'>;
+  readonly ppRank: number;
+  readonly ppSize: number;
+  /** The memory regions the views index (host memory; device regions are engine specific). */
+  readonly regions: readonly Uint8Array[];
+  /** This worker's caches per group, in group order (a PP stage without a group's layers: empty). */
+  readonly groups: readonly GroupSpec[];
+  /** Group configs, same order. */
+  readonly groupConfigs: readonly KVCacheGroupConfig[];
+}
+
+/** Transfer results since the previous call ({@link KVConnectorWorker.getTransferResults}). */
+export interface TransferResults {
+  finishedSending: Set<string>;
+  finishedRecving: Set<string>;
+  invalidBlockIds: Set<number>;
+  kvChecksums: Map<string, Uint8Array>;
+}
+
+/**
+ * The scheduler half of a connector. Runs on the engine's scheduler; its hooks must not block
+ * (no waiting on the network; return what is known now).
+ */
+export interface KVConnectorScheduler {
+  /**
+   * Called by `schedule()` for a waiting request. Returns how many tokens past
+   * `numComputedTokens` (the local prefix-cache hit) the connector can load.
+   */
+  getNumNewMatchedTokens(request: ConnectorRequest, numComputedTokens: number): MatchedTokens;
+  /** Called after the engine allocated the request's blocks (all groups), with the external token count. */
+  updateStateAfterAlloc(request: ConnectorRequest, blocks: BlockIdsPerGroup, numExternalTokens: number): void;
+  /** Called once per step after scheduling; the result reaches every worker's `bindConnectorMetadata`. */
+  buildConnectorMeta(output: Omit<SchedulerOutput, 'kvConnectorMetadata' | 'kvChecksumMetadata'>): KVConnectorMetadata;
+  /** Called with every worker's output of a step, after `updateFromOutput` collected them. */
+  updateConnectorOutput(outputs: readonly KVConnectorOutput[]): void;
+  /** Called when a request finishes (stopped, length, aborted, error), before its blocks are freed. */
+  requestFinished(request: ConnectorRequest, blocks: BlockIdsPerGroup, reason: FinishReason): RequestFinishedResult;
+  /** Where this connector carries KV checksums for `request` (SPEC 7); null: it cannot. */
+  kvChecksumCarrier(request: ConnectorRequest): KVChecksumCarrier;
+  /**
+   * Producer, `connector` carrier: the encoded checksum payload of a finished request whose KV is
+   * about to be sent. Called after `requestFinished`. The connector moves the bytes with the KV.
+   */
+  sendKvChecksums?(request: ConnectorRequest, payload: Uint8Array): void;
+  /** Releases resources (sockets, timers). */
+  shutdown?(): Promise<void> | void;
+}
+
+/** Why a request finished. */
+export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
+
+/** The worker half of a connector: one instance per worker (TP rank x PP stage). */
+export interface KVConnectorWorker {
+  /** Called once at start with the worker's caches (memory and views). */
+  registerKvCaches(caches: WorkerKVCaches): void | Promise<void>;
+  /** Called at the start of each step with the connector's metadata. */
+  bindConnectorMetadata(meta: KVConnectorMetadata): void;
+  /** Starts this step's loads; must not wait for them. */
+  startLoadKv(output: SchedulerOutput): void;
+  /** Called before layer `layerName` reads KV in the forward pass (layer-wise loading). */
+  waitForLayerLoad?(layerName: string): void;
+  /** Called after layer `layerName` wrote this step's KV (layer-wise saving). */
+  saveKvLayer?(layerName: string): void;
+  /** Called after the forward pass. */
+  waitForSave?(): void;
+  /** Transfers that completed since the previous call; never waits. */
+  getTransferResults(): TransferResults;
+  /** Called at the end of each step. */
+  clearConnectorMetadata(): void;
+  /** Releases resources. */
+  shutdown?(): Promise<void> | void;
+}
+
+/** A connector: its two halves, created by a registered factory. */
+export interface KVConnectorFactory {
+  /** The registered name (`kv_connector`). */
+  readonly name: string;
+  createScheduler(config: KVTransferConfig, ctx: SchedulerContext): KVConnectorScheduler;
+  createWorker(config: KVTransferConfig, ctx: WorkerContext): KVConnectorWorker;
+}
+
+/** What a connector's scheduler half knows about its engine. */
+export interface SchedulerContext {
+  engineId: string;
+  tpSize: number;
+  ppSize: number;
+  groupConfigs: readonly KVCacheGroupConfig[];
+}
+
+/** What a connector's worker half knows about its engine. */
+export interface WorkerContext {
+  engineId: string;
+  tpRank: number;
+  tpSize: number;
+  ppRank: number;
+  ppSize: number;
+}
+
+/** The KV transfer config (vLLM `kv_transfer_config`), validated by `parseKVTransferConfig`. */
+export interface KVTransferConfig {
+  kv_connector: string;
+  kv_role: KVRole;
+  /** Default false. */
+  enable_kv_checksum: boolean;
+  /** Default false (fail-open: log and use the KV). */
+  kv_checksum_fail_closed: boolean;
+  /** Default 'recompute'. */
+  kv_load_failure_policy: 'fail' | 'recompute';
+  /** Connector-specific options. */
+  kv_connector_extra_config: Record<string, unknown>;
+  /** A module to import that registers `kv_connector` (third-party connectors). */
+  kv_connector_module_path?: string;
+}
