@@ -1,0 +1,569 @@
+/**
+ * Checksum payload codec, version 1 (SPEC 6), and its base64 form for the NIXL pull carrier
+ * (SPEC 7).
+ *
+ * Wire shape (MessagePack arrays, not maps):
+ *
+ * ```
+ * [1, [numTokens, producerTpSize, [[groupId, fingerprint, blockSize, start, values], ...]]]
+ * ```
+ *
+ * MessagePack integers and length headers are big-endian; `values` is a bin of `8 * n` bytes
+ * holding the block values as little-endian uint64.
+ *
+ * The decoder reads untrusted bytes from a peer (or from a client, through
+ * `kv_transfer_params`). It is written by hand for this one fixed shape: it never recurses,
+ * checks the size limit before parsing and every declared length against the bytes left
+ * before allocating, and reports every defect as a {@link PayloadError}.
+ * @module
+ */
+
+import type { ChecksumPayload, PayloadGroup } from './types.js';
+
+/** Payload version this module writes and the only one it reads (SPEC 6). */
+export const PAYLOAD_VERSION = 1;
+
+/** Largest accepted payload, in bytes of raw MessagePack (SPEC 6): 16 MiB. */
+export const MAX_PAYLOAD_BYTES = 16 * 1024 * 1024;
+
+/** Most groups one payload may hold (SPEC 6). */
+export const MAX_PAYLOAD_GROUPS = 4096;
+
+/**
+ * Why a payload was rejected; a stable, machine-friendly code for metrics and logs.
+ *
+ * - `version`: a version other than {@link PAYLOAD_VERSION};
+ * - `arity`: an array with the wrong number of elements;
+ * - `type`: another MessagePack type (float, nil, bool, str, map, ext, ...) where an integer,
+ *   array or bin is expected, or an input that is not bytes;
+ * - `negative`: a negative integer;
+ * - `integer-too-large`: an integer other than the fingerprint above `Number.MAX_SAFE_INTEGER`;
+ * - `tp-size-zero`, `block-size-zero`: `producerTpSize` or a `blockSize` is 0;
+ * - `duplicate-group`: a repeated `groupId`;
+ * - `values-length`: a `values` bin whose length is not a multiple of 8;
+ * - `too-many-groups`: more than {@link MAX_PAYLOAD_GROUPS} groups;
+ * - `too-large`: more than {@link MAX_PAYLOAD_BYTES} bytes (or a base64 text longer than
+ *   such a payload's);
+ * - `truncated`: the bytes end inside the payload;
+ * - `trailing-bytes`: bytes after the payload;
+ * - `base64`: the base64 carrier text is not canonical standard base64 with padding.
+ */
+export type PayloadErrorReason =
+  | 'version'
+  | 'arity'
+  | 'type'
+  | 'negative'
+  | 'integer-too-large'
+  | 'tp-size-zero'
+  | 'block-size-zero'
+  | 'duplicate-group'
+  | 'values-length'
+  | 'too-many-groups'
+  | 'too-large'
+  | 'truncated'
+  | 'trailing-bytes'
+  | 'base64';
+
+/**
+ * The one error type of payload decoding (SPEC 6): a rejected payload makes the load
+ * unverified (`malformed-payload`, SPEC 8), never a crash.
+ */
+export class PayloadError extends Error {
+  /** Machine-friendly code of the defect; the message says where it is, for humans. */
+  readonly reason: PayloadErrorReason;
+
+  /**
+   * @param reason - the defect's code.
+   * @param message - a human description (field and byte offset where known).
+   */
+  constructor(reason: PayloadErrorReason, message: string) {
+    super(`invalid KV checksum payload (${reason}): ${message}`);
+    this.name = 'PayloadError';
+    this.reason = reason;
+  }
+}
+
+const TWO_POW_32 = 2 ** 32;
+const TWO_POW_32_N = 1n << 32n;
+const UINT64_MAX = (1n << 64n) - 1n;
+/** Length of standard base64 (with padding) of a {@link MAX_PAYLOAD_BYTES} payload. */
+const MAX_BASE64_CHARS = 4 * Math.ceil(MAX_PAYLOAD_BYTES / 3);
+/** Block values travel LE; on an LE host a BigUint64Array's bytes are already wire bytes. */
+const HOST_IS_LE = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+// ---------------------------------------------------------------------------------------------
+// Encoder
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Encodes a payload with minimal MessagePack forms (SPEC 6): the shortest integer family
+ * (positive fixint, uint 8/16/32/64), fixarray or array 16, and bin 8/16/32 holding the
+ * `values` as LE uint64. The result is a fresh `Uint8Array` (not a Node `Buffer`).
+ *
+ * Cost: one pass over the groups to validate and size, one to write; each group's values are
+ * copied as one block of bytes.
+ *
+ * @param p - the payload; `groups` in the order they are to travel.
+ * @returns the payload bytes, at most {@link MAX_PAYLOAD_BYTES}.
+ * @throws TypeError if a field has the wrong JS type (a `number` field that is not a number,
+ *   a `fingerprint` that is not a bigint, `values` that are not a `BigUint64Array`).
+ * @throws RangeError if a number is negative or not a safe integer, `producerTpSize` or a
+ *   `blockSize` is 0, a `fingerprint` is outside [0, 2^64), two groups share a `groupId`,
+ *   there are more than {@link MAX_PAYLOAD_GROUPS} groups, or the encoding would exceed
+ *   {@link MAX_PAYLOAD_BYTES}.
+ */
+export function encodePayload(p: ChecksumPayload): Uint8Array {
+  checkCount('numTokens', p.numTokens, 0);
+  checkCount('producerTpSize', p.producerTpSize, 1);
+  if (!Array.isArray(p.groups)) throw new TypeError('groups must be an array');
+  if (p.groups.length > MAX_PAYLOAD_GROUPS) {
+    throw new RangeError(`${p.groups.length} groups: at most ${MAX_PAYLOAD_GROUPS} allowed`);
+  }
+
+  // [version, [numTokens, producerTpSize, [groups...]]]: two one-byte fixarray headers.
+  let size = 2 + uintSize(PAYLOAD_VERSION) + uintSize(p.numTokens) + uintSize(p.producerTpSize);
+  size += arrayHeaderSize(p.groups.length);
+  const seen = new Set<number>();
+  for (const [i, g] of p.groups.entries()) {
+    checkCount(`groups[${i}].groupId`, g.groupId, 0);
+    checkCount(`groups[${i}].blockSize`, g.blockSize, 1);
+    checkCount(`groups[${i}].start`, g.start, 0);
+    if (typeof g.fingerprint !== 'bigint') throw new TypeError(`groups[${i}].fingerprint must be a bigint`);
+    if (g.fingerprint < 0n || g.fingerprint > UINT64_MAX) {
+      throw new RangeError(`groups[${i}].fingerprint ${g.fingerprint} is not a uint64`);
+    }
+    if (!(g.values instanceof BigUint64Array)) throw new TypeError(`groups[${i}].values must be a BigUint64Array`);
+    if (seen.has(g.groupId)) throw new RangeError(`groupId ${g.groupId} appears twice`);
+    seen.add(g.groupId);
+    size += 1 + uintSize(g.groupId) + fingerprintSize(g.fingerprint) + uintSize(g.blockSize) + uintSize(g.start);
+    size += binHeaderSize(g.values.byteLength) + g.values.byteLength;
+  }
+  if (size > MAX_PAYLOAD_BYTES) {
+    throw new RangeError(`payload of ${size} bytes exceeds the ${MAX_PAYLOAD_BYTES}-byte limit`);
+  }
+
+  const w = new Writer(size);
+  w.arrayHeader(2);
+  w.uint(PAYLOAD_VERSION);
+  w.arrayHeader(3);
+  w.uint(p.numTokens);
+  w.uint(p.producerTpSize);
+  w.arrayHeader(p.groups.length);
+  for (const g of p.groups) {
+    w.arrayHeader(5);
+    w.uint(g.groupId);
+    w.fingerprint(g.fingerprint);
+    w.uint(g.blockSize);
+    w.uint(g.start);
+    w.values(g.values);
+  }
+  return w.bytes;
+}
+
+/**
+ * {@link encodePayload}, then standard base64 with padding: the `kv_transfer_params.kv_checksums`
+ * value of the NIXL pull carrier (SPEC 7).
+ * @throws TypeError, RangeError as {@link encodePayload}.
+ */
+export function encodePayloadBase64(p: ChecksumPayload): string {
+  const bytes = encodePayload(p);
+  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('base64');
+}
+
+/** Throws unless `v` is a safe integer >= `min`. */
+function checkCount(field: string, v: number, min: number): void {
+  if (typeof v !== 'number') throw new TypeError(`${field} must be a number, got ${typeof v}`);
+  if (!Number.isSafeInteger(v) || v < min) {
+    throw new RangeError(`${field} must be a safe integer >= ${min}, got ${v}`);
+  }
+}
+
+/** Bytes of the minimal MessagePack form of a non-negative safe integer. */
+function uintSize(n: number): number {
+  if (n < 0x80) return 1;
+  if (n < 0x100) return 2;
+  if (n < 0x10000) return 3;
+  if (n < TWO_POW_32) return 5;
+  return 9;
+}
+
+function fingerprintSize(fp: bigint): number {
+  return fp < TWO_POW_32_N ? uintSize(Number(fp)) : 9;
+}
+
+function arrayHeaderSize(n: number): number {
+  return n < 16 ? 1 : 3; // array 16 covers every count up to MAX_PAYLOAD_GROUPS
+}
+
+function binHeaderSize(n: number): number {
+  if (n < 0x100) return 2;
+  if (n < 0x10000) return 3;
+  return 5;
+}
+
+/** Writes minimal MessagePack forms into a buffer sized in advance. */
+class Writer {
+  readonly bytes: Uint8Array;
+  private readonly view: DataView;
+  private pos = 0;
+
+  constructor(size: number) {
+    this.bytes = new Uint8Array(size);
+    this.view = new DataView(this.bytes.buffer);
+  }
+
+  /** A non-negative safe integer. */
+  uint(n: number): void {
+    const { view } = this;
+    if (n < 0x80) {
+      view.setUint8(this.pos++, n);
+    } else if (n < 0x100) {
+      view.setUint8(this.pos, 0xcc);
+      view.setUint8(this.pos + 1, n);
+      this.pos += 2;
+    } else if (n < 0x10000) {
+      view.setUint8(this.pos, 0xcd);
+      view.setUint16(this.pos + 1, n);
+      this.pos += 3;
+    } else if (n < TWO_POW_32) {
+      view.setUint8(this.pos, 0xce);
+      view.setUint32(this.pos + 1, n);
+      this.pos += 5;
+    } else {
+      view.setUint8(this.pos, 0xcf);
+      view.setUint32(this.pos + 1, Math.floor(n / TWO_POW_32));
+      view.setUint32(this.pos + 5, n >>> 0);
+      this.pos += 9;
+    }
+  }
+
+  /** A uint64. */
+  fingerprint(fp: bigint): void {
+    if (fp < TWO_POW_32_N) {
+      this.uint(Number(fp));
+      return;
+    }
+    this.view.setUint8(this.pos, 0xcf);
+    this.view.setBigUint64(this.pos + 1, fp);
+    this.pos += 9;
+  }
+
+  /** fixarray or array 16 header. */
+  arrayHeader(n: number): void {
+    if (n < 16) {
+      this.view.setUint8(this.pos++, 0x90 | n);
+    } else {
+      this.view.setUint8(this.pos, 0xdc);
+      this.view.setUint16(this.pos + 1, n);
+      this.pos += 3;
+    }
+  }
+
+  /** bin 8/16/32 of the values' LE bytes. */
+  values(values: BigUint64Array): void {
+    const n = values.byteLength;
+    const { view } = this;
+    if (n < 0x100) {
+      view.setUint8(this.pos, 0xc4);
+      view.setUint8(this.pos + 1, n);
+      this.pos += 2;
+    } else if (n < 0x10000) {
+      view.setUint8(this.pos, 0xc5);
+      view.setUint16(this.pos + 1, n);
+      this.pos += 3;
+    } else {
+      view.setUint8(this.pos, 0xc6);
+      view.setUint32(this.pos + 1, n);
+      this.pos += 5;
+    }
+    const out = this.bytes.subarray(this.pos, this.pos + n);
+    out.set(new Uint8Array(values.buffer, values.byteOffset, n));
+    if (!HOST_IS_LE) swapUint64Bytes(out);
+    this.pos += n;
+  }
+}
+
+/** Reverses the bytes of each 8-byte word in place (host order <-> LE on a big-endian host). */
+function swapUint64Bytes(b: Uint8Array): void {
+  for (let i = 0; i < b.length; i += 8) b.subarray(i, i + 8).reverse();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoder
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Decodes and validates a payload from untrusted bytes (SPEC 6).
+ *
+ * Accepts every MessagePack integer family (positive fixint, uint 8-64, int 8-64 holding a
+ * value >= 0), every array family (fixarray, array 16/32) and every bin family (bin 8/16/32);
+ * integers are big-endian as MessagePack defines them, `values` bytes are LE uint64.
+ * `numTokens`, `producerTpSize`, `groupId`, `blockSize` and `start` must be at most
+ * `Number.MAX_SAFE_INTEGER`; `fingerprint` is a full uint64.
+ *
+ * The size limit is checked before parsing; declared lengths are checked against the bytes
+ * left before anything is allocated, so memory stays proportional to the input. Each group's
+ * `values` is a fresh `BigUint64Array` owning its memory (the input may be unaligned, or a
+ * pooled `Buffer`); the input is not kept.
+ *
+ * @param bytes - the raw payload (a `Uint8Array` or Node `Buffer`).
+ * @returns the payload, groups in wire order.
+ * @throws PayloadError for anything else, and nothing else: see {@link PayloadErrorReason}.
+ *   An input that is not a `Uint8Array` is rejected with reason `type`.
+ */
+export function decodePayload(bytes: Uint8Array): ChecksumPayload {
+  if (!(bytes instanceof Uint8Array)) {
+    throw new PayloadError('type', `expected bytes (Uint8Array), got ${describeValue(bytes)}`);
+  }
+  if (bytes.length > MAX_PAYLOAD_BYTES) {
+    throw new PayloadError('too-large', `${bytes.length} bytes exceeds the ${MAX_PAYLOAD_BYTES}-byte limit`);
+  }
+  const r = new Reader(bytes);
+
+  r.fixedArray('payload', 2);
+  const version = r.int('version');
+  if (version !== PAYLOAD_VERSION) {
+    throw new PayloadError('version', `version ${version} is not supported (expected ${PAYLOAD_VERSION})`);
+  }
+  r.fixedArray('body', 3);
+  const numTokens = r.count('numTokens');
+  const producerTpSize = r.count('producerTpSize');
+  if (producerTpSize === 0) throw new PayloadError('tp-size-zero', 'producerTpSize is 0');
+
+  const nGroups = r.arrayHeader('groups');
+  if (nGroups > MAX_PAYLOAD_GROUPS) {
+    throw new PayloadError('too-many-groups', `${nGroups} groups: at most ${MAX_PAYLOAD_GROUPS} allowed`);
+  }
+  const groups: PayloadGroup[] = [];
+  const seen = new Set<number>();
+  for (let i = 0; i < nGroups; i++) {
+    r.fixedArray(`groups[${i}]`, 5);
+    const groupId = r.count(`groups[${i}].groupId`);
+    if (seen.has(groupId)) throw new PayloadError('duplicate-group', `groupId ${groupId} appears twice`);
+    seen.add(groupId);
+    const fingerprint = r.uint64(`groups[${i}].fingerprint`);
+    const blockSize = r.count(`groups[${i}].blockSize`);
+    if (blockSize === 0) throw new PayloadError('block-size-zero', `groups[${i}].blockSize is 0`);
+    const start = r.count(`groups[${i}].start`);
+    const values = r.values(`groups[${i}].values`);
+    groups.push({ groupId, fingerprint, blockSize, start, values });
+  }
+  r.end();
+  return { numTokens, producerTpSize, groups };
+}
+
+/**
+ * Decodes the NIXL pull carrier's `kv_checksums` text (SPEC 7): canonical standard base64 with
+ * padding (no whitespace, no URL-safe alphabet, zero unused bits), then {@link decodePayload}.
+ * Its length is checked against the limit before decoding.
+ *
+ * @param s - the text, as found in `kv_transfer_params` (untrusted; a non-string is rejected).
+ * @throws PayloadError (reason `base64` for bad text, `too-large` for an over-long one, else as
+ *   {@link decodePayload}), and nothing else.
+ */
+export function decodePayloadBase64(s: string): ChecksumPayload {
+  if (typeof s !== 'string') throw new PayloadError('base64', `expected a base64 string, got ${describeValue(s)}`);
+  if (s.length > MAX_BASE64_CHARS) {
+    throw new PayloadError('too-large', `${s.length} base64 characters exceeds the ${MAX_PAYLOAD_BYTES}-byte limit`);
+  }
+  const bytes = Buffer.from(s, 'base64');
+  // Node's decoder skips bad characters and tolerates missing padding; only text that is the
+  // exact encoding of what it decoded is canonical standard base64.
+  if (bytes.toString('base64') !== s) {
+    throw new PayloadError('base64', 'not canonical standard base64 with padding');
+  }
+  return decodePayload(bytes);
+}
+
+function describeValue(v: unknown): string {
+  return v === null ? 'null' : typeof v;
+}
+
+/** Names a MessagePack type byte for error messages. */
+function describeTag(tag: number): string {
+  if (tag <= 0x7f || (tag >= 0xcc && tag <= 0xd3) || tag >= 0xe0) return 'integer';
+  if (tag <= 0x8f || tag === 0xde || tag === 0xdf) return 'map';
+  if (tag <= 0x9f || tag === 0xdc || tag === 0xdd) return 'array';
+  if (tag <= 0xbf || (tag >= 0xd9 && tag <= 0xdb)) return 'str';
+  if (tag === 0xc0) return 'nil';
+  if (tag === 0xc2 || tag === 0xc3) return 'bool';
+  if (tag >= 0xc4 && tag <= 0xc6) return 'bin';
+  if (tag === 0xca || tag === 0xcb) return 'float';
+  if (tag === 0xc1) return 'the never-used byte';
+  return 'ext';
+}
+
+/**
+ * A cursor over the payload bytes. Every read checks the bytes left first and throws
+ * {@link PayloadError}; `field` names what is being read, for the message.
+ */
+class Reader {
+  private readonly view: DataView;
+  private pos = 0;
+
+  constructor(private readonly bytes: Uint8Array) {
+    this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  }
+
+  /** Ensures `n` more bytes exist. */
+  private need(field: string, n: number): void {
+    if (this.bytes.length - this.pos < n) {
+      const end = this.bytes.length;
+      throw new PayloadError('truncated', `${field}: payload ends at byte ${end}, ${n} more bytes needed`);
+    }
+  }
+
+  private wrongType(field: string, expected: string, tag: number): PayloadError {
+    const hex = tag.toString(16).padStart(2, '0');
+    const found = `${describeTag(tag)} (0x${hex})`;
+    return new PayloadError('type', `${field} at byte ${this.pos - 1}: expected ${expected}, found ${found}`);
+  }
+
+  private negative(field: string): PayloadError {
+    return new PayloadError('negative', `${field} is negative`);
+  }
+
+  /** Reads the type byte. */
+  private tag(field: string): number {
+    this.need(field, 1);
+    return this.bytes[this.pos++];
+  }
+
+  /**
+   * Any integer family holding a value >= 0; the value as a double (exact up to 2^53, and
+   * above `Number.MAX_SAFE_INTEGER` whenever the integer is).
+   */
+  int(field: string): number {
+    const tag = this.tag(field);
+    if (tag <= 0x7f) return tag;
+    if (tag >= 0xe0) throw this.negative(field); // negative fixint: -32..-1
+    const { view } = this;
+    let value: number;
+    switch (tag) {
+      case 0xcc:
+        this.need(field, 1);
+        value = view.getUint8(this.pos);
+        this.pos += 1;
+        return value;
+      case 0xcd:
+        this.need(field, 2);
+        value = view.getUint16(this.pos);
+        this.pos += 2;
+        return value;
+      case 0xce:
+        this.need(field, 4);
+        value = view.getUint32(this.pos);
+        this.pos += 4;
+        return value;
+      case 0xcf:
+        this.need(field, 8);
+        value = view.getUint32(this.pos) * TWO_POW_32 + view.getUint32(this.pos + 4);
+        this.pos += 8;
+        return value;
+      case 0xd0:
+        this.need(field, 1);
+        value = view.getInt8(this.pos);
+        this.pos += 1;
+        break;
+      case 0xd1:
+        this.need(field, 2);
+        value = view.getInt16(this.pos);
+        this.pos += 2;
+        break;
+      case 0xd2:
+        this.need(field, 4);
+        value = view.getInt32(this.pos);
+        this.pos += 4;
+        break;
+      case 0xd3:
+        this.need(field, 8);
+        value = view.getInt32(this.pos) * TWO_POW_32 + view.getUint32(this.pos + 4);
+        this.pos += 8;
+        break;
+      default:
+        throw this.wrongType(field, 'an integer', tag);
+    }
+    if (value < 0) throw this.negative(field);
+    return value;
+  }
+
+  /** An integer in [0, `Number.MAX_SAFE_INTEGER`]. */
+  count(field: string): number {
+    const value = this.int(field);
+    if (value > Number.MAX_SAFE_INTEGER) {
+      throw new PayloadError('integer-too-large', `${field} exceeds Number.MAX_SAFE_INTEGER`);
+    }
+    return value;
+  }
+
+  /** An integer in [0, 2^64), exactly. */
+  uint64(field: string): bigint {
+    this.need(field, 1);
+    const tag = this.bytes[this.pos];
+    if (tag !== 0xcf && tag !== 0xd3) return BigInt(this.int(field));
+    this.need(field, 9);
+    const value = this.view.getBigUint64(this.pos + 1);
+    if (tag === 0xd3 && value >= 1n << 63n) throw this.negative(field);
+    this.pos += 9;
+    return value;
+  }
+
+  /** Any array header; returns the declared element count (not yet checked against the bytes). */
+  arrayHeader(field: string): number {
+    const tag = this.tag(field);
+    if (tag >= 0x90 && tag <= 0x9f) return tag & 0x0f;
+    if (tag === 0xdc) {
+      this.need(field, 2);
+      const n = this.view.getUint16(this.pos);
+      this.pos += 2;
+      return n;
+    }
+    if (tag === 0xdd) {
+      this.need(field, 4);
+      const n = this.view.getUint32(this.pos);
+      this.pos += 4;
+      return n;
+    }
+    throw this.wrongType(field, 'an array', tag);
+  }
+
+  /** An array header declaring exactly `n` elements. */
+  fixedArray(field: string, n: number): void {
+    const count = this.arrayHeader(field);
+    if (count !== n) throw new PayloadError('arity', `${field} has ${count} elements, expected ${n}`);
+  }
+
+  /** Any bin family holding `8 * k` bytes, copied into a fresh BigUint64Array of k LE values. */
+  values(field: string): BigUint64Array {
+    const tag = this.tag(field);
+    let headerBytes: number;
+    if (tag === 0xc4) headerBytes = 1;
+    else if (tag === 0xc5) headerBytes = 2;
+    else if (tag === 0xc6) headerBytes = 4;
+    else throw this.wrongType(field, 'a bin', tag);
+    this.need(field, headerBytes);
+    const n =
+      headerBytes === 1
+        ? this.view.getUint8(this.pos)
+        : headerBytes === 2
+          ? this.view.getUint16(this.pos)
+          : this.view.getUint32(this.pos);
+    this.pos += headerBytes;
+    this.need(field, n);
+    if (n % 8 !== 0) throw new PayloadError('values-length', `${field} holds ${n} bytes, not a multiple of 8`);
+    const values = new BigUint64Array(n / 8);
+    const out = new Uint8Array(values.buffer);
+    out.set(this.bytes.subarray(this.pos, this.pos + n));
+    if (!HOST_IS_LE) swapUint64Bytes(out);
+    this.pos += n;
+    return values;
+  }
+
+  /** Ensures every byte was read. */
+  end(): void {
+    const left = this.bytes.length - this.pos;
+    if (left !== 0) {
+      throw new PayloadError('trailing-bytes', `${left} bytes after the payload's end at byte ${this.pos}`);
+    }
+  }
+}
