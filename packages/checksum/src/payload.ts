@@ -15,6 +15,12 @@
  * `kv_transfer_params`). It is written by hand for this one fixed shape: it never recurses,
  * checks the size limit before parsing and every declared length against the bytes left
  * before allocating, and reports every defect as a {@link PayloadError}.
+ *
+ * Why not a MessagePack library (ARCHITECTURE asks for one where it does the job): this payload is
+ * the wire contract kvconnect exists for. Generic decoders recurse on nesting, allocate what a
+ * header declares, accept maps, floats and trailing bytes, and do not produce the minimal forms
+ * the conformance vectors fix byte for byte; checking their output afterwards would still leave
+ * the allocation and recursion hazards. Side-channel messages elsewhere use msgpackr.
  * @module
  */
 
