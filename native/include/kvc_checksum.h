@@ -106,7 +106,18 @@ typedef struct kvc_tables {
  * and every row (group < n_groups, block_id < num_blocks of the group's entries,
  * out_offset + column < out_len), so no input can make it read or write out of bounds.
  * out (out_len uint64) is added to, not cleared. Returns KVC_OK, KVC_EINVAL or KVC_ERANGE; on an
- * error nothing has been written.
+ * error nothing has been written. The full list of checks is kvc_check_rows's (plus NULL pointers
+ * and out overlapping the tables, rows or region lists: KVC_EINVAL); kvc_sum_rows_cpu_diag also
+ * says which entry or row failed and why. Single-threaded; regions are only read.
+ * @param tables        the group tables
+ * @param regions       host address of each region (n_regions of them)
+ * @param region_bytes  size in bytes of each region
+ * @param n_regions     number of regions
+ * @param rows          the rows to sum (may be NULL when n_rows is 0)
+ * @param n_rows        number of rows
+ * @param out           the output, added to (may be NULL when out_len is 0)
+ * @param out_len       number of uint64 in out
+ * @return KVC_OK, KVC_EINVAL or KVC_ERANGE
  */
 int kvc_sum_rows_cpu(const kvc_tables* tables, const uint8_t* const* regions,
                      const uint64_t* region_bytes, uint32_t n_regions, const kvc_row* rows,
@@ -115,6 +126,14 @@ int kvc_sum_rows_cpu(const kvc_tables* tables, const uint8_t* const* regions,
 /**
  * The lowest and one-past-highest byte offsets (relative to the region) an entry can read for any
  * block id in [0, num_blocks). Returns KVC_OK or KVC_EINVAL (negative extent, overflow, bad kind).
+ * Computed exactly (128-bit arithmetic) from the count and stride of every dimension: ATTN blocks,
+ * heads, block_tokens / kblock_tokens kernel blocks, kblock_tokens tokens, byte_count bytes; ROWS
+ * blocks, rows, the three element dims, elem_bytes; STREAM blocks, byte_count bytes. The entry
+ * must pass kvc_entry_check (an invalid entry gives KVC_EINVAL; kvc_entry_check says why).
+ * @param e   the entry
+ * @param lo  receives the lowest byte offset read
+ * @param hi  receives one past the highest byte offset read
+ * @return KVC_OK or KVC_EINVAL (lo and hi are then unchanged)
  */
 int kvc_entry_extent(const kvc_entry* e, uint64_t* lo, uint64_t* hi);
 

@@ -1,0 +1,671 @@
+// C ABI tests of the CPU checksum kernel (include/kvc_checksum.h). No Node needed.
+// Every expected value is computed here independently of the kernel: hand-computed literals from
+// SPEC sections 2 and 3, and a naive reference that reads one byte at a time through the header's
+// address formulas and multiplies every contribution x * m * (2j + 1) separately.
+// Prints one line per failure and a last line "N passed, N failed"; exits 1 on any failure.
+#include "kvc_checksum.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+static int g_pass = 0, g_fail = 0;
+
+#define CHECK(cond, ...)                                          \
+  do {                                                            \
+    if (cond) {                                                   \
+      ++g_pass;                                                   \
+    } else {                                                      \
+      ++g_fail;                                                   \
+      std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      std::printf(__VA_ARGS__);                                   \
+      std::printf("\n");                                          \
+    }                                                             \
+  } while (0)
+
+typedef unsigned long long ull;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed ? seed : 1) {}
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  uint32_t below(uint32_t n) { return (uint32_t)(next() % n); }
+};
+
+static kvc_entry blank() {
+  kvc_entry e;
+  std::memset(&e, 0, sizeof e);
+  e.elem_count[0] = e.elem_count[1] = e.elem_count[2] = 1;
+  return e;
+}
+
+static kvc_row row(uint32_t group, uint32_t block_id, uint32_t first_token, uint32_t valid, uint32_t out_offset) {
+  kvc_row r = {group, block_id, first_token, valid, out_offset, 0};
+  return r;
+}
+
+// One call of kvc_sum_rows_cpu_diag over a single region.
+struct Call {
+  std::vector<kvc_entry> entries;
+  std::vector<uint32_t> group_start;
+  std::vector<const uint8_t*> regions;
+  std::vector<uint64_t> region_bytes;
+  std::vector<kvc_row> rows;
+  std::vector<uint64_t> out;
+  kvc_diag diag;
+
+  int run() {
+    kvc_tables t = {entries.data(), group_start.data(), (uint32_t)(group_start.size() - 1)};
+    std::memset(&diag, 0, sizeof diag);
+    return kvc_sum_rows_cpu_diag(&t, regions.data(), region_bytes.data(), (uint32_t)regions.size(),
+                                 rows.data(), rows.size(), out.data(), out.size(), &diag);
+  }
+};
+
+// ---- naive references ----------------------------------------------------------------------
+
+static uint64_t addr_attn(const kvc_entry& e, uint32_t blk, uint64_t h, uint64_t t, uint64_t b) {
+  return e.offset + (uint64_t)blk * (uint64_t)e.block_stride + (t / e.kblock_tokens) * (uint64_t)e.kblock_stride +
+         (t % e.kblock_tokens) * (uint64_t)e.token_stride + h * (uint64_t)e.outer_stride + b;
+}
+
+// SPEC 2 through the header's ATTN formula, one byte at a time.
+static uint64_t ref_attn(const kvc_entry& e, const uint8_t* region, const kvc_row& r) {
+  uint64_t s = 0;
+  for (uint64_t h = 0; h < e.outer_count; ++h) {
+    uint64_t m = 2 * (e.factor_base + h) + 1;
+    for (uint64_t t = 0; t < r.valid_tokens; ++t) {
+      for (uint64_t p = 0; p < e.cell_pieces; ++p) {
+        uint64_t x = 0;
+        for (uint64_t c = 8 * p; c < 8 * p + 8; ++c) {
+          if (c < e.byte_start || c >= (uint64_t)e.byte_start + e.byte_count) continue;
+          x |= (uint64_t)region[addr_attn(e, r.block_id, h, t, c - e.byte_start)] << (8 * (c % 8));
+        }
+        uint64_t j = ((uint64_t)r.first_token + t) * e.cell_pieces + p;
+        s += x * m * (2 * j + 1);
+      }
+    }
+  }
+  return s;
+}
+
+// SPEC 3 rows through the header's ROWS formula.
+static uint64_t ref_rows(const kvc_entry& e, const uint8_t* region, const kvc_row& r) {
+  uint64_t s = 0;
+  for (uint64_t i = 0; i < e.outer_count; ++i) {
+    uint64_t m = 2 * (e.factor_base + i) + 1;
+    uint64_t j = 0;
+    for (uint64_t a = 0; a < e.elem_count[0]; ++a)
+      for (uint64_t b = 0; b < e.elem_count[1]; ++b)
+        for (uint64_t c = 0; c < e.elem_count[2]; ++c, ++j) {
+          uint64_t ad = e.offset + (uint64_t)r.block_id * (uint64_t)e.block_stride + i * (uint64_t)e.outer_stride +
+                        a * (uint64_t)e.elem_stride[0] + b * (uint64_t)e.elem_stride[1] + c * (uint64_t)e.elem_stride[2];
+          uint64_t x = 0;
+          for (uint32_t k = 0; k < e.elem_bytes; ++k) x |= (uint64_t)region[ad + k] << (8 * k);
+          s += x * m * (2 * j + 1);
+        }
+  }
+  return s;
+}
+
+// SPEC 3 (no split): a byte stream read as 8-byte LE pieces, j = piece index.
+static uint64_t ref_stream(const std::vector<uint8_t>& stream, uint64_t factor_base) {
+  uint64_t s = 0, m = 2 * factor_base + 1;
+  for (uint64_t k = 0; 8 * k < stream.size(); ++k) {
+    uint64_t x = 0;
+    for (uint64_t b = 0; b < 8 && 8 * k + b < stream.size(); ++b) x |= (uint64_t)stream[8 * k + b] << (8 * b);
+    s += x * m * (2 * k + 1);
+  }
+  return s;
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+// SPEC 2 by hand: 1 layer (3), 2 local heads at global heads 1 and 2, P = 2, one block of 2
+// tokens, the second block position (first_token = 2). Pieces hold small numbers:
+//   head h, token t, piece p: x = 10*h + 2*t + p + 1.
+// m(h) = 2*(3*65536 + 1 + h) + 1 = 393219 + 2h; j = (2 + t)*2 + p.
+static void test_hand_attn() {
+  std::vector<uint64_t> words(2 * 2 * 2);  // [heads, tokens, pieces], HND
+  for (int h = 0; h < 2; ++h)
+    for (int t = 0; t < 2; ++t)
+      for (int p = 0; p < 2; ++p) words[(h * 2 + t) * 2 + p] = 10 * h + 2 * t + p + 1;
+  // head 0: x = 1,2,3,4 at j = 4,5,6,7: 1*9 + 2*11 + 3*13 + 4*15 = 130; * 393219
+  // head 1: x = 11,12,13,14:            11*9 + 12*11 + 13*13 + 14*15 = 610; * 393221
+  const uint64_t want2 = 130ull * 393219ull + 610ull * 393221ull;
+  // only the first token valid: head 0: 1*9 + 2*11 = 31; head 1: 11*9 + 12*11 = 231
+  const uint64_t want1 = 31ull * 393219ull + 231ull * 393221ull;
+
+  Call c;
+  kvc_entry e = blank();
+  e.kind = KVC_ENTRY_ATTN;
+  e.factor_base = 3 * 65536 + 1;
+  e.block_stride = 64;
+  e.outer_stride = 32;
+  e.token_stride = 16;
+  e.kblock_tokens = 2;
+  e.kblock_stride = 32;
+  e.block_tokens = 2;
+  e.outer_count = 2;
+  e.byte_count = 16;
+  e.cell_pieces = 2;
+  e.num_blocks = 1;
+  c.entries = {e};
+  c.group_start = {0, 1};
+  c.regions = {(const uint8_t*)words.data()};
+  c.region_bytes = {64};
+  c.rows = {row(0, 0, 2, 2, 0), row(0, 0, 2, 1, 1), row(0, 0, 2, 0, 2)};
+  c.out = {5, 0, 7};  // added to, not cleared
+  int rc = c.run();
+  CHECK(rc == KVC_OK, "rc %d (%s)", rc, c.diag.reason);
+  CHECK(c.out[0] == 5 + want2, "got %llu want %llu", (ull)c.out[0], (ull)(5 + want2));
+  CHECK(c.out[1] == want1, "got %llu want %llu", (ull)c.out[1], (ull)want1);
+  CHECK(c.out[2] == 7, "valid_tokens 0 adds nothing: %llu", (ull)c.out[2]);
+
+  // The same cells split into K (bytes 0..5) and V (bytes 5..16) parts: the piece straddling the
+  // parts is the sum of both parts' bytes at their places, so the value is unchanged.
+  std::vector<uint8_t> kv(2 * 2 * 16);  // K region [heads, tokens, 5], V region [heads, tokens, 11]
+  const uint8_t* src = (const uint8_t*)words.data();
+  for (int h = 0; h < 2; ++h)
+    for (int t = 0; t < 2; ++t)
+      for (int b = 0; b < 16; ++b) {
+        uint8_t v = src[(h * 2 + t) * 16 + b];
+        if (b < 5) kv[(h * 2 + t) * 5 + b] = v;
+        else kv[20 + (h * 2 + t) * 11 + (b - 5)] = v;
+      }
+  kvc_entry k = e, v = e;
+  k.outer_stride = 10; k.token_stride = 5; k.kblock_stride = 10; k.block_stride = 20; k.byte_count = 5;
+  v.offset = 20; v.outer_stride = 22; v.token_stride = 11; v.kblock_stride = 22; v.block_stride = 44;
+  v.byte_start = 5; v.byte_count = 11;
+  Call d;
+  d.entries = {k, v};
+  d.group_start = {0, 2};
+  d.regions = {kv.data()};
+  d.region_bytes = {kv.size()};
+  d.rows = {row(0, 0, 2, 2, 0)};
+  d.out = {0};
+  rc = d.run();
+  CHECK(rc == KVC_OK, "rc %d (%s)", rc, d.diag.reason);
+  CHECK(d.out[0] == want2, "split K/V at byte 5: got %llu want %llu", (ull)d.out[0], (ull)want2);
+}
+
+// SPEC 3 by hand: one bf16-width row segment, 2 rows of 3 elements, layer 1, segmentStart 4.
+static void test_hand_rows() {
+  const uint16_t el[6] = {1, 2, 3, 0xffff, 5, 6};  // row 0: 1 2 3; row 1: 65535 5 6
+  // row 0: m = 2*(65536 + 4) + 1 = 131081; 1*1 + 2*3 + 3*5 = 22
+  // row 1: m = 131083; 65535*1 + 5*3 + 6*5 = 65580
+  const uint64_t want = 22ull * 131081ull + 65580ull * 131083ull;
+  kvc_entry e = blank();
+  e.kind = KVC_ENTRY_ROWS;
+  e.factor_base = 65536 + 4;
+  e.outer_count = 2;
+  e.outer_stride = 6;
+  e.elem_count[2] = 3;
+  e.elem_stride[2] = 2;
+  e.elem_bytes = 2;
+  e.num_blocks = 1;
+  e.column = 1;
+  Call c;
+  c.entries = {e};
+  c.group_start = {0, 1};
+  c.regions = {(const uint8_t*)el};
+  c.region_bytes = {12};
+  c.rows = {row(0, 0, 99, 0, 0)};  // first_token and valid_tokens are ignored by ROWS
+  c.out = {0, 0};
+  int rc = c.run();
+  CHECK(rc == KVC_OK, "rc %d (%s)", rc, c.diag.reason);
+  CHECK(c.out[1] == want && c.out[0] == 0, "got %llu want %llu", (ull)c.out[1], (ull)want);
+
+  // 4-byte elements, a [2,2] row walked column-major through strides (transposed view):
+  // elements in walk order: a[0][0], a[1][0], a[0][1], a[1][1] with memory a = {7, 8, 9, 10}.
+  const uint32_t f[4] = {7, 8, 0xfffffff0u, 10};
+  // walk: f[0]=7 (j0), f[2] (j1), f[1]=8 (j2), f[3]=10 (j3); m = 2*0+1 = 1
+  const uint64_t want4 = 7ull * 1 + 0xfffffff0ull * 3 + 8ull * 5 + 10ull * 7;
+  kvc_entry g = blank();
+  g.kind = KVC_ENTRY_ROWS;
+  g.outer_count = 1;
+  g.elem_count[1] = 2; g.elem_stride[1] = 4;
+  g.elem_count[2] = 2; g.elem_stride[2] = 8;
+  g.elem_bytes = 4;
+  g.num_blocks = 1;
+  Call d;
+  d.entries = {g};
+  d.group_start = {0, 1};
+  d.regions = {(const uint8_t*)f};
+  d.region_bytes = {16};
+  d.rows = {row(0, 0, 0, 0, 0)};
+  d.out = {0};
+  rc = d.run();
+  CHECK(rc == KVC_OK, "rc %d (%s)", rc, d.diag.reason);
+  CHECK(d.out[0] == want4, "got %llu want %llu", (ull)d.out[0], (ull)want4);
+}
+
+// SPEC 3 (no split) by hand: states of 12 and 6 bytes make an 18-byte stream.
+static void test_hand_stream() {
+  uint8_t a[12], b[6];
+  for (int i = 0; i < 12; ++i) a[i] = (uint8_t)(i + 1);
+  for (int i = 0; i < 6; ++i) b[i] = (uint8_t)(0xf0 + i);
+  uint8_t s[18];
+  std::memcpy(s, a, 12);
+  std::memcpy(s + 12, b, 6);
+  uint64_t x0, x1 = 0, x2 = 0;
+  std::memcpy(&x0, s, 8);
+  std::memcpy(&x1, s + 8, 8);
+  std::memcpy(&x2, s + 16, 2);
+  const uint64_t fb = 6ull * 65536 + 1;  // layer 6, tpRank 1
+  const uint64_t want = (x0 * 1 + x1 * 3 + x2 * 5) * (2 * fb + 1);
+  std::vector<uint8_t> region(32);
+  std::memcpy(region.data() + 3, a, 12);   // unaligned addresses
+  std::memcpy(region.data() + 17, b, 6);
+  kvc_entry e = blank();
+  e.kind = KVC_ENTRY_STREAM;
+  e.factor_base = fb;
+  e.outer_count = 1;
+  e.num_blocks = 1;
+  e.offset = 3;
+  e.byte_start = 0;
+  e.byte_count = 12;
+  kvc_entry f = e;
+  f.offset = 17;
+  f.byte_start = 12;
+  f.byte_count = 6;
+  Call c;
+  c.entries = {e, f};
+  c.group_start = {0, 2};
+  c.regions = {region.data()};
+  c.region_bytes = {region.size()};
+  c.rows = {row(0, 0, 0, 0, 0)};
+  c.out = {0};
+  int rc = c.run();
+  CHECK(rc == KVC_OK, "rc %d (%s)", rc, c.diag.reason);
+  CHECK(c.out[0] == want, "got %llu want %llu", (ull)c.out[0], (ull)want);
+}
+
+// Random ATTN geometries (HND, NHD, K/V split, kernel blocks, unaligned parts and addresses,
+// negative strides) against the naive reference.
+static void test_random_attn() {
+  Rng rng(12345);
+  int bad = 0, cases = 0;
+  for (int it = 0; it < 400; ++it) {
+    const uint32_t P = 1 + (rng.below(2) ? rng.below(6) : rng.below(40)), heads = 1 + rng.below(3), nblocks = 1 + rng.below(3);
+    const uint32_t kbt = 1 + rng.below(3), nkb = 1 + rng.below(3), bt = kbt * nkb;
+    const uint32_t cell = 8 * P;
+    // part: whole cell, an aligned part, or any byte range
+    uint32_t bs = 0, bc = cell;
+    switch (rng.below(3)) {
+      case 1: bs = 8 * rng.below(P); bc = 8 * (1 + rng.below(P - bs / 8)); break;
+      case 2: bs = rng.below(cell); bc = 1 + rng.below(cell - bs); break;
+      default: break;
+    }
+    // physical layouts of [blocks, kblocks, ?, ?, bc] with padding
+    const uint32_t pad = rng.below(2) * (1 + rng.below(9));
+    const uint64_t cellb = bc + pad;
+    int64_t ts, os, kbs, bstr;
+    if (rng.below(2)) {  // HND: [block][kblock][head][token][cell]
+      ts = (int64_t)cellb; os = (int64_t)(cellb * kbt); kbs = os * heads; bstr = kbs * nkb;
+    } else {  // NHD: [block][kblock][token][head][cell]
+      os = (int64_t)cellb; ts = os * heads; kbs = ts * kbt; bstr = kbs * nkb;
+    }
+    const uint64_t total = (uint64_t)bstr * nblocks;
+    const uint32_t lead = rng.below(9);
+    std::vector<uint8_t> buf(total + lead + 8);
+    for (auto& x : buf) x = (uint8_t)rng.next();
+    kvc_entry e = blank();
+    e.kind = KVC_ENTRY_ATTN;
+    e.factor_base = rng.below(4) * 65536ull + rng.below(100);
+    e.outer_count = heads;
+    e.outer_stride = os;
+    e.token_stride = ts;
+    e.kblock_tokens = kbt;
+    e.kblock_stride = kbs;
+    e.block_tokens = bt;
+    e.block_stride = bstr;
+    e.byte_start = bs;
+    e.byte_count = bc;
+    e.cell_pieces = P;
+    e.num_blocks = nblocks;
+    e.offset = lead;
+    if (rng.below(4) == 0) {  // blocks in reverse order
+      e.block_stride = -bstr;
+      e.offset = lead + (uint64_t)bstr * (nblocks - 1);
+    }
+    Call c;
+    c.entries = {e};
+    c.group_start = {0, 1};
+    c.regions = {buf.data()};
+    c.region_bytes = {buf.size()};
+    std::vector<uint64_t> want;
+    for (uint32_t b = 0; b < nblocks; ++b) {
+      kvc_row r = row(0, b, rng.below(1000) * bt, rng.below(bt + 1), b);
+      c.rows.push_back(r);
+      want.push_back(ref_attn(e, buf.data(), r));
+    }
+    c.out.assign(nblocks, 0);
+    int rc = c.run();
+    ++cases;
+    if (rc != KVC_OK || c.out != want) {
+      if (++bad <= 3)
+        std::printf("  attn case %d: rc %d (%s) P=%u heads=%u kbt=%u nkb=%u bs=%u bc=%u pad=%u\n", it, rc,
+                    c.diag.reason, P, heads, kbt, nkb, bs, bc, pad);
+    }
+  }
+  CHECK(bad == 0, "%d of %d random ATTN cases differ from the reference", bad, cases);
+}
+
+static void test_random_rows() {
+  Rng rng(777);
+  int bad = 0, cases = 0;
+  for (int it = 0; it < 300; ++it) {
+    const uint32_t w = rng.below(2) ? 2 : 4;
+    const uint32_t d0 = 1 + rng.below(3), d1 = 1 + rng.below(4), d2 = 1 + rng.below(9);
+    const uint32_t nrows = 1 + rng.below(4), nblocks = 1 + rng.below(3);
+    // a state [nrows, d0, d1, d2] per block, walked in a random dim order (a permuted view)
+    const int64_t st2 = w, st1 = st2 * d2, st0 = st1 * d1, rs = st0 * d0, bstr = rs * nrows + rng.below(5);
+    kvc_entry e = blank();
+    e.kind = KVC_ENTRY_ROWS;
+    e.factor_base = rng.below(3) * 65536ull + rng.below(50);
+    e.outer_count = nrows;
+    e.outer_stride = rs;
+    uint32_t cnt[3] = {d0, d1, d2};
+    int64_t str[3] = {st0, st1, st2};
+    int perm = (int)rng.below(3);
+    if (perm == 1) { std::swap(cnt[1], cnt[2]); std::swap(str[1], str[2]); }
+    if (perm == 2) { std::swap(cnt[0], cnt[2]); std::swap(str[0], str[2]); }
+    for (int d = 0; d < 3; ++d) { e.elem_count[d] = cnt[d]; e.elem_stride[d] = str[d]; }
+    e.elem_bytes = w;
+    e.block_stride = bstr;
+    e.num_blocks = nblocks;
+    e.offset = rng.below(7);  // unaligned element addresses
+    const uint64_t size = e.offset + (uint64_t)bstr * nblocks + 8;
+    if (rng.below(3) == 0) {  // rows in reverse order, and the innermost dim reversed
+      e.outer_stride = -rs;
+      e.offset += (uint64_t)rs * (nrows - 1);
+      e.offset += (uint64_t)e.elem_stride[2] * (e.elem_count[2] - 1);
+      e.elem_stride[2] = -e.elem_stride[2];
+    }
+    std::vector<uint8_t> buf(size);
+    for (auto& x : buf) x = (uint8_t)rng.next();
+    Call c;
+    c.entries = {e};
+    c.group_start = {0, 1};
+    c.regions = {buf.data()};
+    c.region_bytes = {buf.size()};
+    std::vector<uint64_t> want;
+    for (uint32_t b = 0; b < nblocks; ++b) {
+      kvc_row r = row(0, b, 0, 0, b);
+      c.rows.push_back(r);
+      want.push_back(ref_rows(e, buf.data(), r));
+    }
+    c.out.assign(nblocks, 0);
+    int rc = c.run();
+    ++cases;
+    if ((rc != KVC_OK || c.out != want) && ++bad <= 3)
+      std::printf("  rows case %d: rc %d (%s)\n", it, rc, c.diag.reason);
+  }
+  CHECK(bad == 0, "%d of %d random ROWS cases differ from the reference", bad, cases);
+}
+
+static void test_random_stream() {
+  Rng rng(99);
+  int bad = 0;
+  for (int it = 0; it < 200; ++it) {
+    const uint32_t nstates = 1 + rng.below(4);
+    std::vector<uint32_t> sizes;
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < nstates; ++i) { sizes.push_back(1 + rng.below(40)); total += sizes.back(); }
+    std::vector<uint8_t> region(total + 64);
+    for (auto& x : region) x = (uint8_t)rng.next();
+    std::vector<uint8_t> stream;
+    Call c;
+    uint64_t fb = rng.below(1000);
+    uint32_t at = rng.below(5), pos = 0;
+    for (uint32_t i = 0; i < nstates; ++i) {
+      kvc_entry e = blank();
+      e.kind = KVC_ENTRY_STREAM;
+      e.factor_base = fb;
+      e.outer_count = 1;
+      e.num_blocks = 1;
+      e.offset = at;
+      e.byte_start = pos;
+      e.byte_count = sizes[i];
+      c.entries.push_back(e);
+      stream.insert(stream.end(), region.begin() + at, region.begin() + at + sizes[i]);
+      at += sizes[i] + rng.below(3);
+      pos += sizes[i];
+    }
+    c.group_start = {0, (uint32_t)c.entries.size()};
+    c.regions = {region.data()};
+    c.region_bytes = {region.size()};
+    c.rows = {row(0, 0, 0, 0, 0)};
+    c.out = {0};
+    int rc = c.run();
+    if ((rc != KVC_OK || c.out[0] != ref_stream(stream, fb)) && ++bad <= 3)
+      std::printf("  stream case %d: rc %d (%s)\n", it, rc, c.diag.reason);
+  }
+  CHECK(bad == 0, "%d random STREAM cases differ from the reference", bad);
+}
+
+// A valid one-group call that each error test breaks in one place.
+static Call good_call(std::vector<uint8_t>& buf) {
+  buf.assign(2 * 2 * 4 * 16, 0x5a);  // 2 blocks of [2 heads, 4 tokens, 16 bytes]
+  kvc_entry e = blank();
+  e.kind = KVC_ENTRY_ATTN;
+  e.outer_count = 2; e.outer_stride = 64;
+  e.kblock_tokens = 4; e.kblock_stride = 128; e.token_stride = 16;
+  e.block_tokens = 4; e.block_stride = 128;
+  e.byte_count = 16; e.cell_pieces = 2; e.num_blocks = 2;
+  Call c;
+  c.entries = {e};
+  c.group_start = {0, 1};
+  c.regions = {buf.data()};
+  c.region_bytes = {buf.size()};
+  c.rows = {row(0, 0, 0, 4, 0), row(0, 1, 4, 2, 1)};
+  c.out = {11, 22};
+  return c;
+}
+
+template <class F>
+static void expect_error(const char* what, int code, uint32_t at, uint64_t index, const char* why, F breaker) {
+  std::vector<uint8_t> buf;
+  Call c = good_call(buf);
+  breaker(c);
+  int rc = c.run();
+  CHECK(rc == code, "%s: rc %d want %d (%s)", what, rc, code, c.diag.reason);
+  CHECK(c.diag.code == code && c.diag.at == at && c.diag.index == index && c.diag.reason != nullptr,
+        "%s: diag code %d at %u index %llu", what, c.diag.code, c.diag.at, (ull)c.diag.index);
+  CHECK(c.diag.reason && std::strstr(c.diag.reason, why), "%s: reason \"%s\" lacks \"%s\"", what, c.diag.reason, why);
+  CHECK(c.out.empty() || (c.out[0] == 11 && (c.out.size() < 2 || c.out[1] == 22)), "%s: out written on error", what);
+}
+
+static void test_errors() {
+  {
+    std::vector<uint8_t> buf;
+    Call c = good_call(buf);
+    CHECK(c.run() == KVC_OK, "the good call fails: %s", c.diag.reason);
+    CHECK(c.diag.code == KVC_OK && c.diag.at == KVC_AT_NONE, "diag on success");
+  }
+  const int EI = KVC_EINVAL, ER = KVC_ERANGE;
+  const uint32_t ENT = KVC_AT_ENTRY, ROW = KVC_AT_ROW;
+  expect_error("unknown kind", EI, ENT, 0, "unknown entry kind", [](Call& c) { c.entries[0].kind = 9; });
+  expect_error("kind 0", EI, ENT, 0, "unknown entry kind", [](Call& c) { c.entries[0].kind = 0; });
+  expect_error("num_blocks 0", EI, ENT, 0, "num_blocks is 0", [](Call& c) { c.entries[0].num_blocks = 0; });
+  expect_error("heads 0", EI, ENT, 0, "outer_count (local heads) is 0", [](Call& c) { c.entries[0].outer_count = 0; });
+  expect_error("kblock_tokens 0", EI, ENT, 0, "kblock_tokens is 0", [](Call& c) { c.entries[0].kblock_tokens = 0; });
+  expect_error("block_tokens 0", EI, ENT, 0, "block_tokens is 0", [](Call& c) { c.entries[0].block_tokens = 0; });
+  expect_error("block_tokens % kblock", EI, ENT, 0, "not a multiple of kblock_tokens", [](Call& c) { c.entries[0].kblock_tokens = 3; });
+  expect_error("cell_pieces 0", EI, ENT, 0, "cell_pieces is 0", [](Call& c) { c.entries[0].cell_pieces = 0; });
+  expect_error("byte_count 0", EI, ENT, 0, "byte_count is 0", [](Call& c) { c.entries[0].byte_count = 0; });
+  expect_error("part past cell", EI, ENT, 0, "exceeds the cell", [](Call& c) { c.entries[0].byte_start = 1; });
+  expect_error("part past cell (u32 wrap)", EI, ENT, 0, "exceeds the cell", [](Call& c) {
+    c.entries[0].byte_start = 0xfffffff8u;
+    c.entries[0].byte_count = 16;
+  });
+  expect_error("ROWS elem_bytes 3", EI, ENT, 0, "elem_bytes is not 2 or 4", [](Call& c) {
+    kvc_entry& e = c.entries[0];
+    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 3;
+  });
+  expect_error("ROWS elem_bytes 8", EI, ENT, 0, "elem_bytes is not 2 or 4", [](Call& c) {
+    kvc_entry& e = c.entries[0];
+    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 8;
+  });
+  expect_error("ROWS elem_count 0", EI, ENT, 0, "an elem_count is 0", [](Call& c) {
+    kvc_entry& e = c.entries[0];
+    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 2; e.elem_count[1] = 0;
+  });
+  expect_error("ROWS block_tokens != 0", EI, ENT, 0, "block_tokens is not 0", [](Call& c) {
+    kvc_entry& e = c.entries[0];
+    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 2; e.block_tokens = 1;
+  });
+  expect_error("STREAM outer_count 2", EI, ENT, 0, "outer_count is not 1", [](Call& c) {
+    kvc_entry& e = c.entries[0];
+    e = blank(); e.kind = KVC_ENTRY_STREAM; e.outer_count = 2; e.num_blocks = 2; e.byte_count = 8;
+  });
+  expect_error("STREAM byte_count 0", EI, ENT, 0, "byte_count is 0", [](Call& c) {
+    kvc_entry& e = c.entries[0];
+    e = blank(); e.kind = KVC_ENTRY_STREAM; e.outer_count = 1; e.num_blocks = 2;
+  });
+  expect_error("negative extent", EI, ENT, 0, "starts before its region", [](Call& c) { c.entries[0].block_stride = -128; });
+  expect_error("extent overflows 2^64", EI, ENT, 0, "overflows 64 bits", [](Call& c) {
+    c.entries[0].offset = UINT64_MAX - 100;
+  });
+  expect_error("huge strides overflow 2^64", EI, ENT, 0, "overflows 64 bits", [](Call& c) {
+    c.entries[0].block_stride = INT64_MAX;
+    c.entries[0].num_blocks = 0xffffffffu;
+  });
+  expect_error("extent past region", ER, ENT, 0, "exceeds its region", [](Call& c) { c.region_bytes[0] -= 1; });
+  expect_error("offset past region", ER, ENT, 0, "exceeds its region", [](Call& c) { c.entries[0].offset = 1; });
+  expect_error("num_blocks past region", ER, ENT, 0, "exceeds its region", [](Call& c) { c.entries[0].num_blocks = 3; });
+  expect_error("region index past", ER, ENT, 0, "region index is past", [](Call& c) { c.entries[0].region = 1; });
+  expect_error("second entry bad", ER, ENT, 1, "exceeds its region", [](Call& c) {
+    c.entries.push_back(c.entries[0]);
+    c.entries[1].token_stride = 17;
+    c.group_start[1] = 2;
+  });
+  expect_error("overlapping strides (work bound)", EI, ENT, 0, "more bytes per block", [](Call& c) {
+    c.entries[0].outer_stride = 0;
+    c.entries[0].token_stride = 0;
+    c.entries[0].kblock_stride = 0;
+    c.entries[0].block_stride = 0;
+    c.entries[0].outer_count = 1000;
+  });
+  expect_error("group_start decreasing", EI, KVC_AT_GROUP, 1, "non-decreasing", [](Call& c) {
+    c.group_start = {1, 0};
+  });
+  expect_error("row group past", ER, ROW, 1, "group index is past", [](Call& c) { c.rows[1].group = 1; });
+  expect_error("row block id past", ER, ROW, 1, "block_id is past", [](Call& c) { c.rows[1].block_id = 2; });
+  expect_error("row out past", ER, ROW, 0, "past the output", [](Call& c) { c.rows[0].out_offset = 2; });
+  expect_error("row out + column past", ER, ROW, 1, "past the output", [](Call& c) { c.entries[0].column = 1; });
+  expect_error("row out_offset + column wraps u32", ER, ROW, 0, "past the output", [](Call& c) {
+    c.entries[0].column = 0xffffffffu;
+    c.rows[0].out_offset = 1;
+    c.rows[1].out_offset = 0xffffffffu;
+  });
+  expect_error("row valid past block_tokens", ER, ROW, 0, "valid_tokens exceeds", [](Call& c) { c.rows[0].valid_tokens = 5; });
+  expect_error("out shorter", ER, ROW, 1, "past the output", [](Call& c) { c.out.resize(1); });
+  {
+    // NULL output and NULL region addresses
+    std::vector<uint8_t> buf;
+    Call c = good_call(buf);
+    kvc_tables t = {c.entries.data(), c.group_start.data(), 1};
+    kvc_diag d;
+    int rc = kvc_sum_rows_cpu_diag(&t, c.regions.data(), c.region_bytes.data(), 1, c.rows.data(), 2, nullptr, 2, &d);
+    CHECK(rc == KVC_EINVAL && d.at == KVC_AT_ARGS, "out NULL: rc %d", rc);
+    const uint8_t* none[1] = {nullptr};
+    rc = kvc_sum_rows_cpu_diag(&t, none, c.region_bytes.data(), 1, c.rows.data(), 2, c.out.data(), 2, &d);
+    CHECK(rc == KVC_EINVAL && d.at == KVC_AT_ENTRY && c.out[0] == 11, "region NULL: rc %d", rc);
+  }
+  {
+    // out overlapping the rows
+    std::vector<uint8_t> buf;
+    Call c = good_call(buf);
+    kvc_tables t = {c.entries.data(), c.group_start.data(), 1};
+    std::vector<uint64_t> mem(16, 0);
+    kvc_row* rows = (kvc_row*)mem.data();
+    rows[0] = c.rows[0];
+    rows[1] = c.rows[1];
+    kvc_diag d;
+    int rc = kvc_sum_rows_cpu_diag(&t, c.regions.data(), c.region_bytes.data(), 1, rows, 2, mem.data() + 2, 4, &d);
+    CHECK(rc == KVC_EINVAL && d.at == KVC_AT_ARGS, "out overlapping rows: rc %d", rc);
+    rc = kvc_sum_rows_cpu_diag(&t, c.regions.data(), c.region_bytes.data(), 1, rows, 2, mem.data() + 6, 4, &d);
+    CHECK(rc == KVC_OK, "out right after rows: rc %d (%s)", rc, d.reason);
+  }
+  {
+    // no rows: tables still checked; kvc_sum_rows_cpu (no diag) gives the same codes
+    std::vector<uint8_t> buf;
+    Call c = good_call(buf);
+    c.entries[0].kind = 7;
+    kvc_tables t = {c.entries.data(), c.group_start.data(), 1};
+    int rc = kvc_sum_rows_cpu(&t, c.regions.data(), c.region_bytes.data(), 1, nullptr, 0, nullptr, 0);
+    CHECK(rc == KVC_EINVAL, "bad table with no rows: rc %d", rc);
+    c.entries[0].kind = KVC_ENTRY_ATTN;
+    rc = kvc_sum_rows_cpu(&t, c.regions.data(), c.region_bytes.data(), 1, nullptr, 0, nullptr, 0);
+    CHECK(rc == KVC_OK, "no rows: rc %d", rc);
+    rc = kvc_sum_rows_cpu(nullptr, c.regions.data(), c.region_bytes.data(), 1, nullptr, 0, nullptr, 0);
+    CHECK(rc == KVC_EINVAL, "NULL tables: rc %d", rc);
+    c.rows[1].block_id = 9;
+    rc = kvc_sum_rows_cpu(&t, c.regions.data(), c.region_bytes.data(), 1, c.rows.data(), 2, c.out.data(), 2);
+    CHECK(rc == KVC_ERANGE && c.out[0] == 11, "kvc_sum_rows_cpu row error: rc %d", rc);
+  }
+}
+
+static void test_extent() {
+  uint64_t lo = 1, hi = 1;
+  kvc_entry e = blank();
+  e.kind = KVC_ENTRY_ATTN;
+  e.offset = 1000;
+  e.block_stride = 4096; e.num_blocks = 3;
+  e.outer_count = 4; e.outer_stride = -256;  // heads in reverse
+  e.kblock_tokens = 2; e.block_tokens = 6; e.kblock_stride = 1024; e.token_stride = 32;
+  e.byte_start = 8; e.byte_count = 24; e.cell_pieces = 4;
+  // lo = 1000 - 3*256 = 232; hi = 1000 + 2*4096 + 2*1024 + 1*32 + 24 = 11296
+  int rc = kvc_entry_extent(&e, &lo, &hi);
+  CHECK(rc == KVC_OK && lo == 232 && hi == 11296, "ATTN extent rc %d [%llu, %llu)", rc, (ull)lo, (ull)hi);
+  kvc_entry r = blank();
+  r.kind = KVC_ENTRY_ROWS;
+  r.offset = 10; r.num_blocks = 2; r.block_stride = 100;
+  r.outer_count = 3; r.outer_stride = 20;
+  r.elem_count[0] = 2; r.elem_stride[0] = -4; r.elem_count[2] = 5; r.elem_stride[2] = 2; r.elem_bytes = 2;
+  // lo = 10 - 4 = 6; hi = 10 + 100 + 40 + 8 + 2 = 160
+  rc = kvc_entry_extent(&r, &lo, &hi);
+  CHECK(rc == KVC_OK && lo == 6 && hi == 160, "ROWS extent rc %d [%llu, %llu)", rc, (ull)lo, (ull)hi);
+  kvc_entry s = blank();
+  s.kind = KVC_ENTRY_STREAM;
+  s.offset = 5; s.num_blocks = 4; s.block_stride = 64; s.outer_count = 1; s.byte_start = 100; s.byte_count = 40;
+  rc = kvc_entry_extent(&s, &lo, &hi);
+  CHECK(rc == KVC_OK && lo == 5 && hi == 5 + 3 * 64 + 40, "STREAM extent rc %d [%llu, %llu)", rc, (ull)lo, (ull)hi);
+  s.kind = 0;
+  CHECK(kvc_entry_extent(&s, &lo, &hi) == KVC_EINVAL, "bad kind extent");
+  CHECK(kvc_entry_extent(nullptr, &lo, &hi) == KVC_EINVAL, "NULL extent");
+  CHECK(kvc_entry_check(&e) == nullptr && kvc_entry_check(&s) != nullptr, "kvc_entry_check");
+}
+
+static void test_plain_weighted() {
+  const uint64_t w[5] = {1, UINT64_MAX, 5, 7, 1ull << 63};
+  uint8_t buf[41];
+  std::memcpy(buf + 1, w, 40);  // unaligned
+  CHECK(kvc_plain_sum64(buf + 1, 5) == (uint64_t)(1 + UINT64_MAX + 5 + 7 + (1ull << 63)), "plain sum");
+  uint64_t want = 1 * 1 + UINT64_MAX * 3 + 5 * 5 + 7 * 7 + (1ull << 63) * 9;
+  CHECK(kvc_weighted_sum64(buf + 1, 5) == want, "weighted sum %llu", (ull)kvc_weighted_sum64(buf + 1, 5));
+  CHECK(kvc_plain_sum64(buf, 0) == 0 && kvc_weighted_sum64(buf, 0) == 0, "empty sums");
+}
+
+int main() {
+  test_hand_attn();
+  test_hand_rows();
+  test_hand_stream();
+  test_random_attn();
+  test_random_rows();
+  test_random_stream();
+  test_errors();
+  test_extent();
+  test_plain_weighted();
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}

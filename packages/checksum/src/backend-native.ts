@@ -1,0 +1,106 @@
+/**
+ * The `native` checksum backend: the C++ CPU kernel (`native/src/checksum_cpu.cc`) through the
+ * N-API addon of `@kvconnect/native`. The addon is optional: where it was not built (no
+ * compiler, no cmake) {@link loadNativeBackend} returns null and {@link nativeUnavailableReason}
+ * says why, and callers fall back to the TypeScript backend.
+ * @module
+ */
+import { createRequire } from 'node:module';
+import type { KvconnectNativeAddon, NativeBytes } from '@kvconnect/native';
+import { ENTRY_BYTES, ROW_WORDS, type ChecksumBackend, type PackedTables } from './backend.js';
+
+/** The C ABI version (`KVC_ABI_VERSION`) this backend is written for. */
+const ABI_VERSION = 1;
+
+interface LoadState {
+  readonly addon: KvconnectNativeAddon | null;
+  readonly reason: string | null;
+}
+
+let state: LoadState | undefined;
+
+/** Loads the addon once per process; never throws. */
+function load(): LoadState {
+  if (state) return state;
+  try {
+    const mod = createRequire(import.meta.url)('@kvconnect/native') as {
+      addon: KvconnectNativeAddon | null;
+      loadError: Error | null;
+    };
+    const a = mod.addon;
+    if (!a) {
+      state = { addon: null, reason: `the addon is not built or failed to load: ${mod.loadError?.message ?? 'no reason given'}` };
+    } else if (a.abiVersion !== ABI_VERSION || a.entryBytes !== ENTRY_BYTES || a.rowWords !== ROW_WORDS) {
+      state = {
+        addon: null,
+        reason: `the addon's ABI (version ${a.abiVersion}, ${a.entryBytes}-byte entries, ${a.rowWords}-word rows) is not the expected ` +
+          `(version ${ABI_VERSION}, ${ENTRY_BYTES}, ${ROW_WORDS}): rebuild it`,
+      };
+    } else if (typeof a.sumRows !== 'function') {
+      state = { addon: null, reason: 'the addon has no sumRows function' };
+    } else {
+      state = { addon: a, reason: null };
+    }
+  } catch (e) {
+    state = { addon: null, reason: `cannot load @kvconnect/native: ${e instanceof Error ? e.message : String(e)}` };
+  }
+  return state;
+}
+
+/**
+ * The native CPU backend. `sumRows` checks `tables` (groupStart of `nGroups + 1` values) and
+ * hands everything to the addon, which checks every entry and row before reading any memory.
+ * @throws TypeError for arguments of the wrong type.
+ * @throws RangeError for invalid tables or rows (the message names the entry or row); nothing is
+ *   written to `out` then.
+ */
+function makeBackend(addon: KvconnectNativeAddon): ChecksumBackend {
+  return {
+    name: 'native',
+    sumRows(tables: PackedTables, regions: readonly Uint8Array[], rows: Uint32Array, out: BigUint64Array): void {
+      if (!(tables.groupStart instanceof Uint32Array) || tables.groupStart.length !== tables.nGroups + 1) {
+        throw new RangeError(`groupStart must hold nGroups + 1 = ${tables.nGroups + 1} values, got ${tables.groupStart?.length}`);
+      }
+      addon.sumRows(tables.entries, tables.groupStart, Array.isArray(regions) ? regions : Array.from(regions), rows, out);
+    },
+  };
+}
+
+let backend: ChecksumBackend | null | undefined;
+
+/**
+ * The native CPU backend, or null when the addon is not available (then
+ * {@link nativeUnavailableReason} says why). Loads the addon on the first call.
+ */
+export function loadNativeBackend(): ChecksumBackend | null {
+  if (backend === undefined) {
+    const { addon } = load();
+    backend = addon ? makeBackend(addon) : null;
+  }
+  return backend;
+}
+
+/** Why {@link loadNativeBackend} returns null; null when the addon loaded. */
+export function nativeUnavailableReason(): string | null {
+  return load().reason;
+}
+
+/**
+ * Plain wrapping sum of the little-endian uint64 words of `buf` in the addon (the baseline of
+ * the kernel benchmarks); null when the addon is not available.
+ * @throws TypeError if `buf` is not bytes; RangeError if its byte length is not a multiple of 8.
+ */
+export function plainSum64(buf: NativeBytes): bigint | null {
+  const { addon } = load();
+  return addon ? addon.plainSum64(buf) : null;
+}
+
+/**
+ * `sum of x_j * (2j + 1) mod 2^64` over the little-endian uint64 words of `buf` in the addon (one
+ * contiguous slice with m = 1, for benchmarks); null when the addon is not available.
+ * @throws TypeError if `buf` is not bytes; RangeError if its byte length is not a multiple of 8.
+ */
+export function weightedSum64(buf: NativeBytes): bigint | null {
+  const { addon } = load();
+  return addon ? addon.weightedSum64(buf) : null;
+}
