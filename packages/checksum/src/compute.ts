@@ -74,34 +74,58 @@ export class StepRows {
     this.outLen += nBlocks * columns;
     this.runs.push(slot);
     if (columns > 0 && plan.skipReason === null) {
-      const B = plan.blockSize;
-      for (let i = 0; i < nBlocks; i++) {
-        const first = isState ? 0 : (run.start + i) * B;
-        const valid = isState ? 0 : Math.max(0, Math.min(B, run.numTokens - first));
-        if (!isState && valid === 0) continue;
-        this.push(run.group, run.blockIds[i], first, valid, slot.outOffset + i * columns);
+      this.reserve(nBlocks);
+      const b = this.buf;
+      const ids = run.blockIds;
+      let k = this.n;
+      if (isState) {
+        k = this.write(k, run.group, ids[0], 0, 0, slot.outOffset);
+      } else {
+        const B = plan.blockSize;
+        // Only blocks holding a valid token: positions start .. ceil(numTokens / B) - 1.
+        const end = Math.min(nBlocks, Math.ceil(run.numTokens / B) - run.start);
+        if ((run.start + nBlocks) * B > 0xffffffff) throw new RangeError(`token positions past 2^32`);
+        let first = run.start * B;
+        let out = slot.outOffset;
+        for (let i = 0; i < end; i++, first += B, out += columns) {
+          const id = ids[i];
+          if (id >>> 0 !== id) throw new RangeError(`block id ${id} at position ${run.start + i} is not a uint32`);
+          const left = run.numTokens - first;
+          b[k] = run.group;
+          b[k + 1] = id;
+          b[k + 2] = first;
+          b[k + 3] = left < B ? left : B;
+          b[k + 4] = out;
+          b[k + 5] = 0;
+          k += ROW_WORDS;
+        }
       }
+      this.n = k;
     }
     return this.runs.length - 1;
   }
 
-  private push(group: number, blockId: number, first: number, valid: number, out: number): void {
-    if (this.n + ROW_WORDS > this.buf.length) {
-      const b = new Uint32Array(this.buf.length * 2);
-      b.set(this.buf);
+  /** Makes room for `rows` more rows. */
+  private reserve(rows: number): void {
+    const need = this.n + rows * ROW_WORDS;
+    if (need > this.buf.length) {
+      const b = new Uint32Array(Math.max(need, this.buf.length * 2));
+      b.set(this.buf.subarray(0, this.n));
       this.buf = b;
     }
-    if (!(Number.isSafeInteger(blockId) && blockId >= 0 && blockId <= 0xffffffff)) throw new RangeError(`block id ${blockId}`);
-    if (first > 0xffffffff) throw new RangeError(`token position ${first} past 2^32`);
+  }
+
+  /** Writes one row at word `k`; returns the next row's word. */
+  private write(k: number, group: number, blockId: number, first: number, valid: number, out: number): number {
+    if (blockId >>> 0 !== blockId) throw new RangeError(`block id ${blockId} is not a uint32`);
     const b = this.buf;
-    const k = this.n;
     b[k] = group;
     b[k + 1] = blockId;
     b[k + 2] = first;
     b[k + 3] = valid;
     b[k + 4] = out;
     b[k + 5] = 0;
-    this.n += ROW_WORDS;
+    return k + ROW_WORDS;
   }
 
   /** The step's rows (a view of the reused buffer, valid until the next `add`/`reset`). */

@@ -267,3 +267,32 @@ describe.skipIf(!native)('native backend equals ts bit for bit', () => {
     }
   });
 });
+
+describe('long cells (more than one 256-piece chunk of the ts fast path)', () => {
+  it('equals the plain definition on every backend', () => {
+    const rng = new Rng(SEED + 5000);
+    const width = 2056; // bf16 elements: 4112 bytes = 514 pieces per token
+    const cell = width * 2;
+    const B = 2;
+    const mem = rng.fill(new Uint8Array(3 * B * cell));
+    const view = vectorCache({ name: 'model.layers.3.attn', dtype: 'bfloat16', numBlocks: 3, blockSize: B, width, at: { region: 0 } });
+    // Definition (SPEC 2): block i at block id 2 - i; token t of the request at position i*B + t.
+    const P = cell / 8;
+    const m = 2n * (3n * 65536n) + 1n;
+    const dv = new DataView(mem.buffer);
+    const want: bigint[] = [];
+    for (let pos = 0; pos < 2; pos++) {
+      let s = 0n;
+      for (let t = 0; t < B; t++) {
+        const tau = pos * B + t;
+        for (let p = 0; p < P; p++) s += dv.getBigUint64((2 - pos) * B * cell + t * cell + 8 * p, true) * m * BigInt(2 * (tau * P + p) + 1);
+      }
+      want.push(BigInt.asUintN(64, s));
+    }
+    for (const backend of backends) {
+      const ck = new BlockChecksummer([{ groupId: 0, caches: [view] }], { tpRank: 0, tpSize: 1, role: 'producer' }, [mem], backend);
+      const [rec] = ck.compute([{ group: 0, blockIds: [2, 1], start: 0, numTokens: 4 }]);
+      expect(Array.from(rec.partials.get('1:0')!), backend.name).toEqual(want);
+    }
+  });
+});

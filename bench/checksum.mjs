@@ -1,0 +1,182 @@
+#!/usr/bin/env node
+// Checksum benchmarks (issue 2): prints figures and ratios against a baseline measured in the same
+// run. Not a test: nothing is asserted. Run after `npm ci` (builds the addon) and `npm run build`:
+//   node bench/checksum.mjs            (KVC_BENCH_QUICK=1 for a short run)
+// Targets: native >= 0.8x of a plain 64-bit sum (contiguous HND), >= 0.5x (strided NHD);
+// ts >= 0.8 GB/s; one step's rows for 8192 blocks <= 50 us; payload encode+decode of
+// 8192 blocks x 2 groups <= 100 us.
+import {
+  BlockChecksummer,
+  StepRows,
+  decodePayload,
+  encodePayload,
+  loadNativeBackend,
+  nativeUnavailableReason,
+  pagedAttentionBytes,
+  pagedAttentionCache,
+  planGroup,
+  tsBackend,
+} from '@kvconnect/checksum';
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+const { addon } = require('@kvconnect/native');
+const QUICK = process.env.KVC_BENCH_QUICK === '1';
+
+const median = (t) => [...t].sort((x, y) => x - y)[Math.floor(t.length / 2)];
+
+/** Median of `reps` timings (ms) of f(). */
+function time(f, reps) {
+  const t = [];
+  for (let i = 0; i < reps; i++) {
+    const a = process.hrtime.bigint();
+    f();
+    t.push(Number(process.hrtime.bigint() - a) / 1e6);
+  }
+  return median(t);
+}
+
+/**
+ * Times f and its baseline g alternately (f, g, f, g, ...) so both see the same machine state;
+ * returns the medians in ms. On a shared, noisy machine this keeps the ratio meaningful.
+ */
+function timePair(f, g, reps) {
+  const tf = [];
+  const tg = [];
+  for (let i = 0; i < reps; i++) {
+    for (const [h, t] of [[f, tf], [g, tg]]) {
+      const a = process.hrtime.bigint();
+      h();
+      t.push(Number(process.hrtime.bigint() - a) / 1e6);
+    }
+  }
+  return [median(tf), median(tg)];
+}
+
+const fmt = (x, d = 2) => x.toFixed(d);
+const rows = [];
+const report = (name, figure, baseline, ratio, target) => {
+  rows.push({ name, figure, baseline, ratio, target });
+  console.log(`${name.padEnd(58)} ${figure.padStart(14)} ${baseline.padStart(16)} ${ratio.padStart(8)}  ${target}`);
+};
+console.log(`${'benchmark'.padEnd(58)} ${'figure'.padStart(14)} ${'baseline'.padStart(16)} ${'ratio'.padStart(8)}  target`);
+
+// ---------------------------------------------------------------------------------------------
+// 1-2. Block values over 64 MiB of bf16 KV, 16-token blocks, 8 heads x 128, K and V.
+// ---------------------------------------------------------------------------------------------
+const native = loadNativeBackend();
+if (!native) console.log(`native backend not available: ${nativeUnavailableReason()}`);
+const geo = { dtype: 'bfloat16', blockSize: 16, numHeads: 8, headSize: 128, kvLayout: 'kv-first' };
+const bytesPerBlock = 2 * geo.blockSize * geo.numHeads * geo.headSize * 2;
+const numBlocks = (64 << 20) / bytesPerBlock;
+const total = pagedAttentionBytes({ ...geo, numBlocks });
+const mem = new Uint8Array(total);
+for (let i = 0; i < mem.length; i += 4096) mem[i] = i & 0xff;
+crypto.getRandomValues(mem.subarray(0, 65536));
+const blockIds = Array.from({ length: numBlocks }, (_, i) => i);
+const run = [{ group: 0, blockIds, start: 0, numTokens: numBlocks * geo.blockSize }];
+const GB = total / 1e9;
+
+const plain = () => addon.plainSum64(mem);
+if (addon) plain(); // warm
+for (const layout of ['HND', 'NHD']) {
+  const view = pagedAttentionCache({ name: 'model.layers.0.self_attn.attn', ...geo, numBlocks, layout, at: { region: 0 } });
+  for (const backend of [native, tsBackend]) {
+    if (!backend) continue;
+    const ck = new BlockChecksummer([{ groupId: 0, caches: [view] }], { tpRank: 0, tpSize: 1, role: 'producer' }, [mem], backend);
+    ck.compute(run); // warm
+    if (backend.name === 'native') {
+      const [ms, plainMs] = timePair(() => ck.compute(run), plain, QUICK ? 7 : 21);
+      const gbs = GB / (ms / 1e3);
+      const ratio = plainMs / ms;
+      report(`native block values, 64 MiB bf16, ${layout} (${layout === 'HND' ? 'contiguous' : 'strided'})`, `${fmt(gbs)} GB/s`, `${fmt(GB / (plainMs / 1e3))} GB/s`, fmt(ratio), layout === 'HND' ? '>= 0.80' : '>= 0.50');
+    } else {
+      const gbs = GB / (time(() => ck.compute(run), QUICK ? 1 : 3) / 1e3);
+      report(`ts block values, 64 MiB bf16, ${layout}`, `${fmt(gbs)} GB/s`, '-', '-', '>= 0.8 GB/s');
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. One step's rows: 8192 blocks (128K-token prompt, 16-token blocks).
+// ---------------------------------------------------------------------------------------------
+{
+  const nb = 8192;
+  const view = pagedAttentionCache({ name: 'model.layers.0.self_attn.attn', ...geo, numBlocks: nb, layout: 'NHD', at: { region: 0 } });
+  const plans = [planGroup({ groupId: 0, caches: [view] }, { tpRank: 0, tpSize: 1, role: 'producer' })];
+  const step = new StepRows(plans);
+  const ids = Int32Array.from({ length: nb }, (_, i) => nb - 1 - i);
+  const add = () => {
+    step.reset();
+    step.add({ group: 0, blockIds: ids, start: 0, numTokens: nb * 16 - 5 });
+  };
+  for (let i = 0; i < 200; i++) add();
+  const reps = 200;
+  // Baseline: filling the same number of uint32 words with a plain loop.
+  const words = new Uint32Array(nb * 6);
+  const fill = () => {
+    for (let i = 0; i < nb; i++) {
+      const k = i * 6;
+      words[k] = 0;
+      words[k + 1] = ids[i];
+      words[k + 2] = i * 16;
+      words[k + 3] = 16;
+      words[k + 4] = i;
+      words[k + 5] = 0;
+    }
+  };
+  for (let i = 0; i < 200; i++) fill();
+  const [msR, baseR] = timePair(
+    () => {
+      for (let i = 0; i < reps; i++) add();
+    },
+    () => {
+      for (let i = 0; i < reps; i++) fill();
+    },
+    QUICK ? 9 : 31,
+  );
+  const ms = msR / reps;
+  const base = baseR / reps;
+  report('step rows for 8192 blocks (128K tokens, block 16)', `${fmt(ms * 1e3, 1)} us`, `${fmt(base * 1e3, 1)} us fill`, fmt(ms / base), '<= 50 us');
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Payload encode + decode: 8192 blocks x 2 groups.
+// ---------------------------------------------------------------------------------------------
+{
+  const values = () => {
+    const v = new BigUint64Array(8192);
+    crypto.getRandomValues(v);
+    return v;
+  };
+  const p = {
+    numTokens: 8192 * 16,
+    producerTpSize: 2,
+    groups: [
+      { groupId: 0, fingerprint: 0xfedcba9876543210n, blockSize: 16, start: 0, values: values() },
+      { groupId: 1, fingerprint: 12345n, blockSize: 16, start: 0, values: values() },
+    ],
+  };
+  const rt = () => decodePayload(encodePayload(p));
+  for (let i = 0; i < 500; i++) rt();
+  const reps = 100;
+  const raw = new Uint8Array(8192 * 16 * 2);
+  const copy = () => raw.slice();
+  const [msR, baseR] = timePair(
+    () => {
+      for (let i = 0; i < reps; i++) rt();
+    },
+    () => {
+      for (let i = 0; i < reps; i++) copy();
+    },
+    QUICK ? 9 : 31,
+  );
+  const ms = msR / reps;
+  const base = baseR / reps;
+  report('payload encode+decode, 8192 blocks x 2 groups', `${fmt(ms * 1e3, 1)} us`, `${fmt(base * 1e3, 1)} us copy`, fmt(ms / base), '<= 100 us');
+}
+
+if (process.env.KVC_BENCH_JSON) {
+  const { writeFileSync } = await import('node:fs');
+  writeFileSync(process.env.KVC_BENCH_JSON, JSON.stringify({ date: new Date().toISOString(), node: process.version, rows }, null, 2));
+}
