@@ -46,6 +46,11 @@ export function validateStep(tables: PackedTables, regions: readonly Uint8Array[
     if (!r) throw new RangeError(`entry ${k}: region ${e.region} of ${regions.length}`);
     const [lo, hi] = entryExtent(e);
     if (lo < 0 || hi > r.byteLength || !Number.isSafeInteger(hi)) throw new RangeError(`entry ${k}: reads bytes [${lo}, ${hi}) of a ${r.byteLength}-byte region`);
+    // Work bound (as the native kernel): one row may not read more bytes than the region holds,
+    // so zero or overlapping strides cannot make a small table run a huge loop.
+    const work =
+      e.kind === ENTRY_ATTN ? e.outerCount * e.blockTokens * e.byteCount : e.kind === ENTRY_ROWS ? e.outerCount * e.elemCount[0] * e.elemCount[1] * e.elemCount[2] * e.elemBytes : e.byteCount;
+    if (work > r.byteLength) throw new RangeError(`entry ${k}: reads ${work} bytes per row from a ${r.byteLength}-byte region`);
   });
   if (rows.length % ROW_WORDS !== 0) throw new RangeError(`rows: ${rows.length} words is not a multiple of ${ROW_WORDS}`);
   for (let i = 0; i < rows.length; i += ROW_WORDS) {

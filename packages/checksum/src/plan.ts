@@ -512,19 +512,21 @@ export function entryExtent(e: Entry): [number, number] {
   switch (e.kind) {
     case ENTRY_ATTN: {
       if (e.kblockTokens < 1 || e.blockTokens < 1 || e.outerCount < 1 || e.byteCount < 1) throw new RangeError('ATTN entry with zero counts');
+      if (e.blockTokens % e.kblockTokens !== 0) throw new RangeError('ATTN entry: block_tokens is not a multiple of kblock_tokens');
+      if (e.byteStart + e.byteCount > e.cellPieces * 8) throw new RangeError('ATTN entry: part past the cell');
       const lastT = e.blockTokens - 1;
       const hi =
         e.offset + last * e.blockStride + Math.floor(lastT / e.kblockTokens) * e.kblockStride + (lastT % e.kblockTokens) * e.tokenStride + (e.outerCount - 1) * e.outerStride + e.byteCount;
       return [e.offset, hi];
     }
     case ENTRY_ROWS: {
-      if (e.outerCount < 1 || (e.elemBytes !== 2 && e.elemBytes !== 4) || e.elemCount.some((c) => c < 1)) throw new RangeError('ROWS entry with bad counts');
+      if (e.outerCount < 1 || (e.elemBytes !== 2 && e.elemBytes !== 4) || e.elemCount.some((c) => c < 1) || e.blockTokens !== 0) throw new RangeError('ROWS entry with bad counts');
       let hi = e.offset + last * e.blockStride + (e.outerCount - 1) * e.outerStride + e.elemBytes;
       for (let i = 0; i < 3; i++) hi += (e.elemCount[i] - 1) * e.elemStride[i];
       return [e.offset, hi];
     }
     case ENTRY_STREAM:
-      if (e.byteCount < 1) throw new RangeError('STREAM entry with zero bytes');
+      if (e.byteCount < 1 || e.outerCount !== 1 || e.blockTokens !== 0) throw new RangeError('STREAM entry with bad counts');
       return [e.offset, e.offset + last * e.blockStride + e.byteCount];
     default:
       throw new RangeError(`unknown entry kind ${e.kind}`);
