@@ -1,0 +1,485 @@
+/**
+ * The KV checksum scheduler (ARCHITECTURE steps 2, 4, 6 and 8; SPEC 6-8; upstream
+ * `KVChecksumScheduler`, seed commits "Scheduling and verification", "NIXL push", "Mooncake").
+ * Runs in the engine's scheduler and works with any connector through its checksum carrier.
+ *
+ * Producer: records a send entry when a request's prompt completes, adds the TP x PP workers'
+ * replica-0 sums, and on a normal finish builds the SPEC 6 payload and hands it to the carrier
+ * (`kv_transfer_params.kv_checksums`, or the connector's `sendKvChecksums`).
+ *
+ * Consumer: records a receive entry of only the loaded blocks, takes the payload from the
+ * request's params or the first connector-carried copy, and when the load finishes verifies it
+ * (SPEC 8) and applies fail-open / fail-closed and the load failure policy.
+ *
+ * Nothing here blocks; per-request state is dropped when a request finishes, aborts or its load
+ * is verified.
+ *
+ * Choices where the contracts are silent (each fail-safe):
+ * - `blocks[k]` of the hooks is the block list of `groupConfigs[k]`; a negative block id is a null
+ *   block (freed, e.g. out of a sliding window): leading null blocks are not summed, and a group
+ *   with a null block after a real one is left out of the entry (the consumer then reports
+ *   `covered-one-side`, never a false mismatch);
+ * - the connector's `kvChecksumCarrier(request)` takes no direction, so send entries are recorded
+ *   only on `kv_producer` engines, or on `kv_both` engines for requests whose params say
+ *   `do_remote_decode`; receive entries only on `kv_consumer` / `kv_both` engines;
+ * - "no carrier at all" at start is decided by asking the connector about three probe requests
+ *   (params `{do_remote_decode: true}`, `{do_remote_prefill: true}`, none): all null = no carrier.
+ * @module
+ */
+import {
+  decodePayload,
+  decodePayloadBase64,
+  encodePayload,
+  parseReplicaKey,
+  verdictSummary,
+  verifyLoad,
+  PayloadError,
+  type ChecksumPayload,
+  type ConsumerGroup,
+  type ConsumerLoad,
+  type GroupKind,
+  type PayloadGroup,
+  type Verdict,
+  type WorkerRecord,
+} from '@kvconnect/checksum';
+import type { KVChecksumSchedulerHooks, LoadDecision } from './checksum-hooks.js';
+import type {
+  BlockIdsPerGroup,
+  ConnectorRequest,
+  FinishReason,
+  KVCacheGroupConfig,
+  KVChecksumCarrier,
+  KVConnectorOutput,
+  KVConnectorScheduler,
+  KVRole,
+  KVTransferConfig,
+  KVTransferParams,
+  RequestFinishedResult,
+} from './connector.js';
+import { decodeReport, isReport, REPORT_JSON_FORMAT, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry, type StepGroupEntry } from './checksum-report.js';
+import { KVChecksumObservability, type LoadEvent, type NotSentReason } from './observability.js';
+
+/** The `kv_transfer_params` key of the NIXL pull carrier (SPEC 7): standard base64 of the payload. */
+export const KV_CHECKSUMS_PARAM = 'kv_checksums';
+
+/** Raised at start under fail-closed when the connector cannot carry checksums (no load could be verified). */
+export class KVChecksumCarrierError extends Error {
+  constructor(readonly connectorName: string) {
+    super(`KV connector ${JSON.stringify(connectorName)} does not carry KV checksums, so no load could be verified (kv_checksum_fail_closed is set)`);
+    this.name = 'KVChecksumCarrierError';
+  }
+}
+
+/** Options of a {@link KVChecksumScheduler}. */
+export interface KVChecksumSchedulerOptions {
+  config: KVTransferConfig;
+  /** The connector's scheduler half (its carrier and `sendKvChecksums`). */
+  connector: KVConnectorScheduler;
+  /** The engine's role; default `config.kv_role`. */
+  role?: KVRole;
+  tpSize: number;
+  ppSize: number;
+  /** The engine's KV cache groups, in the order of the hooks' `blocks` lists. */
+  groupConfigs: readonly KVCacheGroupConfig[];
+  /** Default: a new one with an `info` logger and its own registry. */
+  observability?: KVChecksumObservability;
+}
+
+/** A producer request waiting for its workers' sums and its finish. */
+interface SendPending {
+  request: ConnectorRequest;
+  entry: StepEntry;
+  carrier: Exclude<KVChecksumCarrier, null>;
+  reports: Map<string, ReportEntry>;
+}
+
+/** A consumer load waiting for its workers' sums. */
+interface RecvPending {
+  entry: StepEntry;
+  carrier: Exclude<KVChecksumCarrier, null>;
+  /** The producer's payload: undefined = none yet, 'malformed' = rejected by the decoder. */
+  payload: ChecksumPayload | 'malformed' | undefined;
+  reports: Map<string, ReportEntry>;
+}
+
+const PROBES: ConnectorRequest[] = [
+  { requestId: '__kvconnect_checksum_probe_send__', promptTokenIds: [], numComputedTokens: 0, numTokens: 0, kvTransferParams: { do_remote_decode: true } },
+  { requestId: '__kvconnect_checksum_probe_recv__', promptTokenIds: [], numComputedTokens: 0, numTokens: 0, kvTransferParams: { do_remote_prefill: true } },
+  { requestId: '__kvconnect_checksum_probe_plain__', promptTokenIds: [], numComputedTokens: 0, numTokens: 0 },
+];
+
+const isStateKind = (k: KVCacheGroupConfig['kind']) => k === 'state';
+const u64 = (x: bigint) => BigInt.asUintN(64, x);
+
+/**
+ * Implements {@link KVChecksumSchedulerHooks} (see `checksum-hooks.ts` for when the engine calls
+ * each hook). Construct with an options object, or positionally:
+ * `new KVChecksumScheduler(config, connector, role, tpSize, ppSize, groupConfigs, observability?)`.
+ *
+ * @throws KVChecksumCarrierError at construction when checksums are enabled, fail-closed, and
+ *   the connector has no carrier. Under fail-open the same case logs a warning, emits
+ *   `checksums-disabled` and leaves {@link enabled} false.
+ * @throws RangeError for TP/PP sizes that are not positive integers.
+ */
+export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
+  readonly config: KVTransferConfig;
+  readonly connector: KVConnectorScheduler;
+  readonly role: KVRole;
+  readonly tpSize: number;
+  readonly ppSize: number;
+  readonly groupConfigs: readonly KVCacheGroupConfig[];
+  readonly observability: KVChecksumObservability;
+  private _enabled: boolean;
+  private readonly sends = new Map<string, SendPending>();
+  private readonly recvs = new Map<string, RecvPending>();
+  private nextSend = new Map<string, StepEntry>();
+  private nextRecv = new Map<string, StepEntry>();
+  private nextDrop = new Set<string>();
+
+  constructor(options: KVChecksumSchedulerOptions);
+  constructor(
+    config: KVTransferConfig,
+    connector: KVConnectorScheduler,
+    role: KVRole,
+    tpSize: number,
+    ppSize: number,
+    groupConfigs: readonly KVCacheGroupConfig[],
+    observability?: KVChecksumObservability,
+  );
+  constructor(
+    a: KVChecksumSchedulerOptions | KVTransferConfig,
+    connector?: KVConnectorScheduler,
+    role?: KVRole,
+    tpSize?: number,
+    ppSize?: number,
+    groupConfigs?: readonly KVCacheGroupConfig[],
+    observability?: KVChecksumObservability,
+  ) {
+    const o: KVChecksumSchedulerOptions =
+      'kv_connector' in a ? { config: a, connector: connector!, role, tpSize: tpSize!, ppSize: ppSize!, groupConfigs: groupConfigs!, observability } : a;
+    for (const [k, v] of [['tpSize', o.tpSize], ['ppSize', o.ppSize]] as const) {
+      if (!(Number.isSafeInteger(v) && v >= 1)) throw new RangeError(`${k} must be a positive integer, got ${String(v)}`);
+    }
+    this.config = o.config;
+    this.connector = o.connector;
+    this.role = o.role ?? o.config.kv_role;
+    this.tpSize = o.tpSize;
+    this.ppSize = o.ppSize;
+    this.groupConfigs = o.groupConfigs;
+    this.observability = o.observability ?? new KVChecksumObservability();
+    this._enabled = o.config.enable_kv_checksum;
+    if (this._enabled && !this.connectorHasCarrier()) {
+      if (o.config.kv_checksum_fail_closed) throw new KVChecksumCarrierError(o.config.kv_connector);
+      const reason = `KV connector ${o.config.kv_connector} does not carry KV checksums; KV checksums are disabled`;
+      this.observability.logger.warn({ connector: o.config.kv_connector }, reason);
+      this.observability.events.emit('checksums-disabled', { reason });
+      this._enabled = false;
+    }
+  }
+
+  /** False when checksums are off (config, or a connector without a carrier under fail-open). */
+  get enabled(): boolean {
+    return this._enabled;
+  }
+
+  /** Producer requests and consumer loads with state held (for diagnostics and leak tests). */
+  pendingCounts(): { sends: number; recvs: number } {
+    return { sends: this.sends.size, recvs: this.recvs.size };
+  }
+
+  private connectorHasCarrier(): boolean {
+    return PROBES.some((p) => {
+      try {
+        return this.connector.kvChecksumCarrier(p) !== null;
+      } catch {
+        return false;
+      }
+    });
+  }
+
+  private carrierOf(request: ConnectorRequest): KVChecksumCarrier {
+    try {
+      return this.connector.kvChecksumCarrier(request);
+    } catch (e) {
+      this.observability.logger.warn({ requestId: request.requestId, err: e }, 'kvChecksumCarrier threw; request not checksummed');
+      return null;
+    }
+  }
+
+  /** Block positions of one group to sum (see the module notes on null blocks). */
+  private groupEntry(k: number, ids: readonly number[] | undefined, firstToken: number, numTokens: number): StepGroupEntry | null {
+    const g = this.groupConfigs[k];
+    if (!ids) return null;
+    if (isStateKind(g.kind)) {
+      const last = ids[ids.length - 1];
+      return last === undefined || last < 0 ? null : { groupId: g.groupId, start: 0, blockIds: [last] };
+    }
+    const B = g.blockSize;
+    let start = Math.floor(firstToken / B);
+    const end = Math.min(ids.length, Math.ceil(numTokens / B));
+    while (start < end && ids[start] < 0) start++;
+    const blockIds = ids.slice(start, end);
+    if (blockIds.some((b) => b < 0)) return null;
+    return { groupId: g.groupId, start, blockIds };
+  }
+
+  private entryOf(request: ConnectorRequest, blocks: BlockIdsPerGroup, firstToken: number, numTokens: number): StepEntry {
+    const groups: StepGroupEntry[] = [];
+    this.groupConfigs.forEach((_, k) => {
+      const e = this.groupEntry(k, blocks[k], firstToken, numTokens);
+      if (e) groups.push(e);
+      else this.observability.logger.debug({ requestId: request.requestId, groupId: this.groupConfigs[k].groupId }, 'group not checksummed for this request (no blocks, or a null block among them)');
+    });
+    return { requestId: request.requestId, numTokens, groups };
+  }
+
+  /** Producer: records a send entry (every block holding one of the `numTokens` tokens; state groups: the running-state block). */
+  onPromptComplete(request: ConnectorRequest, blocks: BlockIdsPerGroup, numTokens: number): void {
+    if (!this._enabled || this.role === 'kv_consumer') return;
+    if (this.role === 'kv_both' && !request.kvTransferParams?.do_remote_decode) return;
+    const carrier = this.carrierOf(request);
+    if (carrier === null) return;
+    const entry = this.entryOf(request, blocks, 0, numTokens);
+    // A new prefill (after preemption) replaces an earlier entry and its sums.
+    this.sends.set(request.requestId, { request, entry, carrier, reports: new Map() });
+    this.nextSend.set(request.requestId, entry);
+  }
+
+  /** Consumer: records a receive entry of the loaded blocks only, and takes a params-carried payload. */
+  onLoadScheduled(request: ConnectorRequest, blocks: BlockIdsPerGroup, numLocalTokens: number, numExternalTokens: number): void {
+    if (!this._enabled || this.role === 'kv_producer') return;
+    const carrier = this.carrierOf(request);
+    if (carrier === null) return;
+    const entry = this.entryOf(request, blocks, numLocalTokens, numLocalTokens + numExternalTokens);
+    let payload: RecvPending['payload'];
+    if (carrier === 'kv_transfer_params') {
+      const text = request.kvTransferParams?.[KV_CHECKSUMS_PARAM];
+      if (text !== undefined) payload = this.decode(request.requestId, () => decodePayloadBase64(text as string)); // a non-string is rejected (PayloadError)
+    }
+    this.recvs.set(request.requestId, { entry, carrier, payload, reports: new Map() });
+    this.nextRecv.set(request.requestId, entry);
+    this.nextDrop.delete(request.requestId);
+  }
+
+  private decode(requestId: string, f: () => ChecksumPayload): ChecksumPayload | 'malformed' {
+    try {
+      return f();
+    } catch (e) {
+      const reason = e instanceof PayloadError ? e.reason : 'type';
+      this.observability.logger.warn({ requestId, reason, detail: e instanceof Error ? e.message : String(e) }, 'KV checksum payload rejected');
+      return 'malformed';
+    }
+  }
+
+  /** The step's {@link ChecksumStepMeta}, or null when there is nothing for the workers. */
+  buildStepMeta(): ChecksumStepMeta | null {
+    if (this.nextSend.size === 0 && this.nextRecv.size === 0 && this.nextDrop.size === 0) return null;
+    const meta: ChecksumStepMeta = { send: [...this.nextSend.values()], recv: [...this.nextRecv.values()], drop: [...this.nextDrop] };
+    this.nextSend = new Map();
+    this.nextRecv = new Map();
+    this.nextDrop = new Set();
+    return meta;
+  }
+
+  private asReport(x: unknown): KVChecksumReport | null {
+    if (x === undefined || x === null) return null;
+    try {
+      if (typeof x === 'object' && (x as { format?: unknown }).format === REPORT_JSON_FORMAT) return decodeReport(x);
+      if (typeof x === 'string') return decodeReport(JSON.parse(x));
+    } catch (e) {
+      this.observability.logger.error({ err: e }, 'dropping an undecodable KV checksum report');
+      return null;
+    }
+    if (isReport(x)) return x;
+    if (this.observability.once('bad-report')) this.observability.logger.error('dropping a KV checksum report of unknown shape');
+    return null;
+  }
+
+  /** Adds every worker's sums to their pending requests and takes connector-carried payloads (first copy). */
+  updateFromOutputs(outputs: readonly KVConnectorOutput[]): void {
+    if (!this._enabled) return;
+    for (const out of outputs) {
+      const report = this.asReport(out.kvChecksumReport);
+      if (report) {
+        const key = `${report.ppRank}:${report.tpRank}`;
+        this.observability.recordCompute('send', report.seconds.send, report.bytes.send);
+        this.observability.recordCompute('recv', report.seconds.recv, report.bytes.recv);
+        for (const e of report.sends) this.sends.get(e.requestId)?.reports.set(key, e);
+        for (const e of report.recvs) this.recvs.get(e.requestId)?.reports.set(key, e);
+        for (const r of report.received) this.takeReceived(r.requestId, r.payload);
+      }
+      for (const [id, bytes] of out.kvChecksums ?? []) this.takeReceived(id, bytes);
+    }
+  }
+
+  private takeReceived(requestId: string, bytes: Uint8Array): void {
+    const p = this.recvs.get(requestId);
+    if (!p || p.carrier !== 'connector' || p.payload !== undefined) return;
+    p.payload = this.decode(requestId, () => decodePayload(bytes));
+    this.observability.events.emit('checksum-payload-received', { requestId, bytes: bytes.byteLength });
+  }
+
+  /** Consumer: verifies a finished load (SPEC 8) and applies fail-open / fail-closed and the failure policy. */
+  onLoadFinished(request: ConnectorRequest): LoadDecision {
+    const p = this.recvs.get(request.requestId);
+    if (!this._enabled || !p) return { action: 'use', verdict: null };
+    this.recvs.delete(request.requestId);
+    this.nextRecv.delete(request.requestId);
+    this.nextDrop.add(request.requestId);
+    const load = this.consumerLoad(p);
+    const verdict = verifyLoad(p.payload ?? null, load);
+    const action: LoadDecision['action'] = verdict.verdict === 'verified' || !this.config.kv_checksum_fail_closed ? 'use' : this.config.kv_load_failure_policy;
+    this.report(request.requestId, verdict, action, load.numTokens);
+    return { action, verdict };
+  }
+
+  private consumerLoad(p: RecvPending): ConsumerLoad {
+    const workers: WorkerRecord[] = [...p.reports].map(([key, e]) => {
+      const [pp, tp] = key.split(':').map(Number);
+      return { ppRank: pp, tpRank: tp, groups: new Map(e.groups.map((g) => [g.groupId, g])) };
+    });
+    const fpRank = Math.min(...workers.map((w) => w.tpRank));
+    const groups: ConsumerGroup[] = p.entry.groups.map((g) => {
+      const recs = workers.map((w) => ({ w, r: w.groups.get(g.groupId) as ReportGroup | undefined }));
+      const kind = recs.find((x) => x.r?.kind)?.r?.kind ?? null;
+      const cfg = this.groupConfigs.find((c) => c.groupId === g.groupId);
+      let fingerprint = 0n;
+      for (const { w, r } of recs) if (w.tpRank === fpRank && r) fingerprint = u64(fingerprint + r.fingerprint);
+      return {
+        groupId: g.groupId,
+        kind: (kind ?? (cfg && isStateKind(cfg.kind) ? 'state' : 'attention')) as GroupKind,
+        blockSize: cfg?.blockSize ?? 1,
+        start: g.start,
+        nBlocks: g.blockIds.length,
+        fingerprint,
+        skipped: kind === null || recs.some((x) => x.r?.skipped === true),
+      };
+    });
+    return { numTokens: p.entry.numTokens, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers };
+  }
+
+  private report(requestId: string, verdict: Verdict, action: LoadDecision['action'], numTokens: number): void {
+    const obs = this.observability;
+    const ev: LoadEvent = { requestId, verdict, action, numTokens };
+    obs.recordLoad(verdict, action);
+    const log = obs.logger;
+    for (const g of verdict.leftOut) {
+      if (obs.once(`left-out:${g}`)) log.warn({ requestId, groupId: g }, 'KV cache group left out of KV checksums: state without a TP split across different TP sizes');
+    }
+    if (verdict.verdict === 'verified') {
+      log.debug({ requestId, action }, 'KV load verified');
+      obs.events.emit('load-verified', ev);
+    } else {
+      for (const m of verdict.mismatches) log.error({ requestId, groupId: m.groupId, positions: m.positions, action }, 'KV checksum mismatch');
+      for (const u of verdict.unverified) log.warn({ requestId, groupId: u.groupId, reason: u.reason, action }, 'KV checksums not verified');
+      log.info({ requestId, action, summary: verdictSummary(verdict) }, `KV load ${verdict.verdict}: ${action}`);
+      obs.events.emit(verdict.verdict === 'mismatch' ? 'load-mismatch' : 'load-unverified', ev);
+    }
+    if (action === 'recompute') obs.events.emit('load-recomputed', ev);
+    if (action === 'fail') obs.events.emit('load-failed', ev);
+  }
+
+  /** Producer: on `stop`/`length`, builds the payload and hands it to the carrier; cleans state for every reason. */
+  onRequestFinished(request: ConnectorRequest, result: RequestFinishedResult, reason: FinishReason): KVTransferParams | undefined {
+    const id = request.requestId;
+    if (this.recvs.delete(id) || this.nextRecv.delete(id)) this.nextDrop.add(id);
+    this.nextSend.delete(id);
+    const p = this.sends.get(id);
+    this.sends.delete(id);
+    if (!this._enabled || !p || (reason !== 'stop' && reason !== 'length')) return result.kvTransferParams;
+    const built = this.buildPayload(p);
+    if ('notSent' in built) {
+      this.notSent(id, built.notSent, built.detail);
+      return result.kvTransferParams;
+    }
+    let bytes: Uint8Array;
+    try {
+      bytes = encodePayload(built.payload);
+    } catch (e) {
+      this.notSent(id, 'encode-error', e instanceof Error ? e.message : String(e));
+      return result.kvTransferParams;
+    }
+    const sent = { requestId: id, carrier: p.carrier, bytes: bytes.byteLength, groups: built.payload.groups.map((g) => g.groupId) };
+    if (p.carrier === 'kv_transfer_params') {
+      if (!result.kvTransferParams) {
+        this.notSent(id, 'no-params', 'the connector returned no kv_transfer_params');
+        return undefined;
+      }
+      this.sent(sent);
+      return { ...result.kvTransferParams, [KV_CHECKSUMS_PARAM]: Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('base64') };
+    }
+    if (!this.connector.sendKvChecksums) {
+      this.notSent(id, 'no-send-hook', 'the connector carries checksums but has no sendKvChecksums');
+      return result.kvTransferParams;
+    }
+    try {
+      this.connector.sendKvChecksums(request, bytes);
+      this.sent(sent);
+    } catch (e) {
+      this.observability.logger.error({ requestId: id, err: e }, 'sendKvChecksums threw; KV checksums not sent');
+    }
+    return result.kvTransferParams;
+  }
+
+  private sent(ev: { requestId: string; carrier: 'kv_transfer_params' | 'connector'; bytes: number; groups: number[] }): void {
+    this.observability.metrics.payloadsSent.inc({ carrier: ev.carrier });
+    this.observability.logger.debug(ev, 'KV checksums sent');
+    this.observability.events.emit('checksum-payload-sent', ev);
+  }
+
+  private notSent(requestId: string, reason: NotSentReason, detail: string): void {
+    this.observability.metrics.payloadsNotSent.inc({ reason });
+    this.observability.logger.warn({ requestId, reason, detail }, 'KV checksums not sent');
+    this.observability.events.emit('checksum-payload-not-sent', { requestId, reason, detail });
+  }
+
+  /**
+   * SPEC 6 payload of a producer request: every TP x PP worker must have reported; values = sum
+   * over workers of their replica-0 partials per block; fingerprint = sum over PP stages of one
+   * TP rank's; groups a worker skipped (or no worker holds) are left out.
+   */
+  private buildPayload(p: SendPending): { payload: ChecksumPayload } | { notSent: NotSentReason; detail: string } {
+    const workers = [...p.reports.entries()]
+      .map(([key, e]) => {
+        const [pp, tp] = key.split(':').map(Number);
+        return { pp, tp, e };
+      })
+      .filter((w) => w.pp < this.ppSize && w.tp < this.tpSize);
+    if (workers.length < this.tpSize * this.ppSize) {
+      return { notSent: 'workers-missing', detail: `${workers.length} of ${this.tpSize * this.ppSize} workers reported their sums` };
+    }
+    const fpRank = Math.min(...workers.map((w) => w.tp));
+    const groups: PayloadGroup[] = [];
+    for (const g of p.entry.groups) {
+      const cfg = this.groupConfigs.find((c) => c.groupId === g.groupId)!;
+      const state = isStateKind(cfg.kind);
+      const start = state ? 0 : g.start;
+      const n = g.blockIds.length;
+      const values = new BigUint64Array(n);
+      let fingerprint = 0n;
+      let skip = false;
+      let anyKind = false;
+      for (const w of workers) {
+        const r = w.e.groups.find((x) => x.groupId === g.groupId);
+        if (!r || r.start !== start || r.nBlocks !== n) return { notSent: 'rows-differ', detail: `worker ${w.pp}:${w.tp} summed other blocks of group ${g.groupId}` };
+        if (r.skipped) skip = true;
+        if (r.kind !== null) anyKind = true;
+        if (w.tp === fpRank) fingerprint = u64(fingerprint + r.fingerprint);
+        for (const [k, v] of r.partials) {
+          let replica: number;
+          try {
+            replica = parseReplicaKey(k).replica;
+          } catch {
+            return { notSent: 'rows-differ', detail: `worker ${w.pp}:${w.tp} reported replica key ${k}` };
+          }
+          if (replica !== 0) continue;
+          if (v.length !== n) return { notSent: 'rows-differ', detail: `worker ${w.pp}:${w.tp} reported ${v.length} values for ${n} blocks` };
+          for (let b = 0; b < n; b++) values[b] = u64(values[b] + v[b]);
+        }
+      }
+      if (skip || !anyKind) continue;
+      groups.push({ groupId: g.groupId, fingerprint, blockSize: cfg.blockSize, start, values });
+    }
+    return { payload: { numTokens: p.entry.numTokens, producerTpSize: this.tpSize, groups } };
+  }
+}

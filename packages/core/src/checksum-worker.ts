@@ -1,0 +1,230 @@
+/**
+ * The KV checksum worker (ARCHITECTURE steps 3 and 7; upstream `KVChecksumWorker`): one per worker
+ * (TP rank x PP stage). Sums the blocks the checksum scheduler names in its step metadata:
+ * producer sends after the forward pass that wrote them (replica 0 only, SPEC 2), consumer loads
+ * as soon as the connector reports them finished, before any forward pass reads them (every
+ * replica, SPEC 2 / 8). One backend call per side per step. Never blocks on the network.
+ * @module
+ */
+import { performance } from 'node:perf_hooks';
+import { BlockChecksummer, ENTRY_ATTN, ENTRY_ROWS, ENTRY_STREAM, type BackendName, type BlockRun, type ChecksumBackend, type GroupPlan } from '@kvconnect/checksum';
+import type { KVChecksumWorkerHooks } from './checksum-hooks.js';
+import type { KVTransferConfig, TransferResults, WorkerKVCaches } from './connector.js';
+import { emptyReport, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry } from './checksum-report.js';
+
+export { encodeReport, decodeReport, ReportFormatError, REPORT_JSON_FORMAT, type EncodedReport, type KVChecksumReport, type ReportEntry, type ReportGroup } from './checksum-report.js';
+
+/** Options of a {@link KVChecksumWorker}. */
+export interface KVChecksumWorkerOptions {
+  /** The transfer config; when given and `enable_kv_checksum` is false the worker does nothing. */
+  config?: KVTransferConfig;
+  /** Checksum backend: `auto` (native when the addon loads, else ts), `ts`, `native`, or a backend object. Default `auto`. */
+  backend?: BackendName | 'auto' | ChecksumBackend;
+  /** Called when summing a step fails (a bug or invalid block ids); default: nothing (the groups are reported skipped). */
+  onError?: (error: unknown, requestIds: string[]) => void;
+}
+
+/** Bytes one plan reads: per valid token (attention entries) and per block (state entries). */
+interface PlanBytes {
+  perToken: number;
+  perBlock: number;
+}
+
+function planBytes(plan: GroupPlan): PlanBytes {
+  let perToken = 0;
+  let perBlock = 0;
+  for (const e of plan.entries) {
+    if (e.kind === ENTRY_ATTN) perToken += e.outerCount * e.byteCount;
+    else if (e.kind === ENTRY_ROWS) perBlock += e.outerCount * e.elemCount[0] * e.elemCount[1] * e.elemCount[2] * e.elemBytes;
+    else if (e.kind === ENTRY_STREAM) perBlock += e.byteCount;
+  }
+  return { perToken, perBlock };
+}
+
+/** One side's checksummer and its byte accounting. */
+interface Side {
+  summer: BlockChecksummer;
+  bytes: PlanBytes[];
+}
+
+/**
+ * Implements {@link KVChecksumWorkerHooks}. Construct one per worker; the engine calls the hooks
+ * in the order of `checksum-hooks.ts`. Reports are plain data ({@link KVChecksumReport}).
+ */
+export class KVChecksumWorker implements KVChecksumWorkerHooks {
+  readonly enabled: boolean;
+  private readonly backend: BackendName | 'auto' | ChecksumBackend;
+  private readonly onError: (error: unknown, requestIds: string[]) => void;
+  private caches: WorkerKVCaches | null = null;
+  private producer: Side | null = null;
+  private consumer: Side | null = null;
+  /** group id -> index in the caches' groups (the checksummer's group index). */
+  private readonly groupIndex = new Map<number, number>();
+  private sends: StepEntry[] = [];
+  /** Loads scheduled and not yet finished, by request id. */
+  private readonly recvs = new Map<string, StepEntry>();
+  /** Requests whose connector-carried payload this worker already reported. */
+  private readonly receivedSeen = new Set<string>();
+  private report: KVChecksumReport | null = null;
+
+  /** @param options a {@link KVChecksumWorkerOptions}, or just the transfer config. */
+  constructor(options: KVChecksumWorkerOptions | KVTransferConfig = {}) {
+    const o: KVChecksumWorkerOptions = 'kv_connector' in options ? { config: options } : options;
+    this.enabled = o.config ? o.config.enable_kv_checksum : true;
+    this.backend = o.backend ?? 'auto';
+    this.onError = o.onError ?? (() => {});
+  }
+
+  /** Plans the worker's groups for both roles (producer: replica 0; consumer: every replica). */
+  registerKvCaches(caches: WorkerKVCaches): void {
+    if (!this.enabled) return;
+    this.caches = caches;
+    this.groupIndex.clear();
+    caches.groups.forEach((g, i) => this.groupIndex.set(g.groupId, i));
+    const side = (role: 'producer' | 'consumer'): Side => {
+      const summer = new BlockChecksummer(caches.groups, { tpRank: caches.rank.tpRank, tpSize: caches.rank.tpSize, role }, caches.regions, this.backend);
+      return { summer, bytes: summer.plans.map(planBytes) };
+    };
+    this.producer = side('producer');
+    this.consumer = side('consumer');
+  }
+
+  /** Takes the step's metadata ({@link ChecksumStepMeta}; null or undefined: nothing this step). */
+  bindStepMeta(meta: unknown): void {
+    this.sends = [];
+    if (!this.enabled || meta === null || meta === undefined) return;
+    const m = meta as ChecksumStepMeta;
+    for (const id of m.drop ?? []) {
+      this.recvs.delete(id);
+      this.receivedSeen.delete(id);
+    }
+    this.sends = m.send ?? [];
+    for (const e of m.recv ?? []) this.recvs.set(e.requestId, e);
+  }
+
+  /** Sums this step's send entries (replica 0), in one backend call. */
+  afterForward(): void {
+    if (!this.enabled || this.sends.length === 0 || !this.producer) return;
+    const entries = this.sends;
+    this.sends = [];
+    const r = this.ensureReport();
+    const t0 = performance.now();
+    r.sends.push(...this.sum(this.producer, entries, r, 'send'));
+    r.seconds.send += (performance.now() - t0) / 1000;
+  }
+
+  /**
+   * Sums every replica of the loads in `results.finishedRecving` this worker has entries for, in
+   * one backend call, and keeps the first connector-carried payload per request.
+   */
+  afterTransferResults(results: TransferResults): void {
+    if (!this.enabled) return;
+    for (const [id, payload] of results.kvChecksums) {
+      if (this.receivedSeen.has(id)) continue;
+      if (this.recvs.has(id)) this.receivedSeen.add(id);
+      this.ensureReport().received.push({ requestId: id, payload });
+    }
+    if (!this.consumer) return;
+    const loaded: StepEntry[] = [];
+    for (const id of results.finishedRecving) {
+      const e = this.recvs.get(id);
+      if (e) {
+        loaded.push(e);
+        this.recvs.delete(id);
+      }
+    }
+    if (loaded.length === 0) return;
+    const r = this.ensureReport();
+    const t0 = performance.now();
+    r.recvs.push(...this.sum(this.consumer, loaded, r, 'recv'));
+    r.seconds.recv += (performance.now() - t0) / 1000;
+  }
+
+  /** The step's report (null when nothing was summed or received), then forgets it. */
+  takeReport(): KVChecksumReport | null {
+    const r = this.report;
+    this.report = null;
+    return r;
+  }
+
+  /** Loads scheduled and not finished yet (request ids), for diagnostics. */
+  pendingLoads(): string[] {
+    return [...this.recvs.keys()];
+  }
+
+  private ensureReport(): KVChecksumReport {
+    if (!this.report) this.report = emptyReport(this.caches?.ppRank ?? 0, this.caches?.rank.tpRank ?? 0);
+    return this.report;
+  }
+
+  /** Sums entries in one call; on failure, request by request so one bad request does not hide the others. */
+  private sum(side: Side, entries: StepEntry[], report: KVChecksumReport, which: 'send' | 'recv'): ReportEntry[] {
+    try {
+      return this.sumAll(side, entries, report, which);
+    } catch (e) {
+      if (entries.length === 1) {
+        this.onError(e, [entries[0].requestId]);
+        return [this.skippedEntry(side, entries[0], 'compute-error')];
+      }
+      return entries.flatMap((en) => this.sum(side, [en], report, which));
+    }
+  }
+
+  private sumAll(side: Side, entries: StepEntry[], report: KVChecksumReport, which: 'send' | 'recv'): ReportEntry[] {
+    const runs: BlockRun[] = [];
+    const slots: Array<Array<number | 'unknown'>> = [];
+    for (const e of entries) {
+      slots.push(
+        e.groups.map((g) => {
+          const idx = this.groupIndex.get(g.groupId);
+          if (idx === undefined) return 'unknown';
+          runs.push({ group: idx, blockIds: g.blockIds, start: g.start, numTokens: e.numTokens });
+          return runs.length - 1;
+        }),
+      );
+    }
+    const records = side.summer.compute(runs);
+    let bytes = 0;
+    for (const run of runs) {
+      const pb = side.bytes[run.group];
+      const plan = side.summer.plans[run.group];
+      if (plan.skipReason !== null) continue;
+      if (plan.kind === 'attention') {
+        for (let i = 0; i < run.blockIds.length; i++) bytes += pb.perToken * validTokens(run, i, plan.blockSize);
+      } else bytes += pb.perBlock * run.blockIds.length;
+    }
+    report.bytes[which] += bytes;
+    return entries.map((e, i) => ({
+      requestId: e.requestId,
+      numTokens: e.numTokens,
+      groups: e.groups.map((g, j): ReportGroup => {
+        const slot = slots[i][j];
+        if (slot === 'unknown') return unknownGroup(g.groupId, g.start, g.blockIds.length);
+        const plan = side.summer.plans[this.groupIndex.get(g.groupId)!];
+        return { groupId: g.groupId, kind: plan.kind, fingerprint: plan.fingerprint, ...records[slot] };
+      }),
+    }));
+  }
+
+  private skippedEntry(side: Side, e: StepEntry, reason: string): ReportEntry {
+    return {
+      requestId: e.requestId,
+      numTokens: e.numTokens,
+      groups: e.groups.map((g) => {
+        const idx = this.groupIndex.get(g.groupId);
+        const plan = idx === undefined ? null : side.summer.plans[idx];
+        const isState = plan?.kind === 'state' || plan?.kind === 'state-local';
+        return { groupId: g.groupId, kind: plan?.kind ?? null, fingerprint: plan?.fingerprint ?? 0n, start: isState ? 0 : g.start, nBlocks: g.blockIds.length, skipped: true, skipReason: reason, partials: new Map() };
+      }),
+    };
+  }
+}
+
+/** Valid tokens of block `i` of a run (SPEC 2): `min(B, max(0, numTokens - position * B))`. */
+function validTokens(run: BlockRun, i: number, B: number): number {
+  return Math.max(0, Math.min(B, run.numTokens - (run.start + i) * B));
+}
+
+function unknownGroup(groupId: number, start: number, nBlocks: number): ReportGroup {
+  return { groupId, kind: null, fingerprint: 0n, start, nBlocks, skipped: true, skipReason: 'unknown-group', partials: new Map() };
+}

@@ -1,0 +1,186 @@
+/**
+ * Observability of KV checksums (ARCHITECTURE step 8, SPEC 8 "Metrics and logs say which group,
+ * which blocks, why"): typed events (eventemitter3), Prometheus metrics (prom-client) on a
+ * registry of their own per engine (never prom-client's global one), and structured logs (pino).
+ *
+ * One {@link KVChecksumObservability} belongs to one engine: its checksum scheduler records every
+ * load verdict and payload into it; the workers' compute time and summed bytes reach it through
+ * their reports (workers may run in other processes).
+ * @module
+ */
+import { EventEmitter } from 'eventemitter3';
+import { pino, type DestinationStream, type Logger, type LevelWithSilent } from 'pino';
+import { Counter, Histogram, Registry } from 'prom-client';
+import type { UnverifiedReason, Verdict } from '@kvconnect/checksum';
+
+/** Metric names (all counters end in `_total`; the histogram is in seconds). */
+export const METRIC_NAMES = Object.freeze({
+  loads: 'kvconnect_kv_checksum_loads_total',
+  unverified: 'kvconnect_kv_checksum_unverified_total',
+  recomputed: 'kvconnect_kv_checksum_recomputed_total',
+  failed: 'kvconnect_kv_checksum_failed_total',
+  seconds: 'kvconnect_kv_checksum_seconds',
+  bytesSummed: 'kvconnect_kv_checksum_bytes_summed_total',
+  payloadsSent: 'kvconnect_kv_checksum_payloads_sent_total',
+  payloadsNotSent: 'kvconnect_kv_checksum_payloads_not_sent_total',
+});
+
+/** Which side's sums a timing or byte count belongs to: producer sends or consumer loads. */
+export type ChecksumSide = 'send' | 'recv';
+
+/** The verdict of one verified load, as events carry it. */
+export interface LoadEvent {
+  requestId: string;
+  /** The verifier's verdict (SPEC 8). */
+  verdict: Verdict;
+  /** What the engine was told to do with the KV. */
+  action: 'use' | 'fail' | 'recompute';
+  /** The consumer's numTokens of the load. */
+  numTokens: number;
+}
+
+/** A payload the producer handed to a carrier (SPEC 7). */
+export interface PayloadSentEvent {
+  requestId: string;
+  carrier: 'kv_transfer_params' | 'connector';
+  /** Encoded payload size in bytes (raw MessagePack, before base64). */
+  bytes: number;
+  /** Groups in the payload. */
+  groups: number[];
+}
+
+/** Why a producer sent no payload for a finished request. */
+export type NotSentReason =
+  | 'workers-missing' // fewer than TP x PP workers reported the request's sums
+  | 'rows-differ' // a worker summed other blocks than scheduled
+  | 'no-params' // carrier kv_transfer_params but the connector returned no params
+  | 'no-send-hook' // carrier connector but the connector has no sendKvChecksums
+  | 'encode-error'; // the payload could not be encoded (limits)
+
+/** Events of the checksum scheduler. Every listener gets one object argument. */
+export interface KVChecksumEvents {
+  /** A load verified (SPEC 8 verdict `verified`). */
+  'load-verified': [LoadEvent];
+  /** A load mismatched (emitted whatever the action). */
+  'load-mismatch': [LoadEvent];
+  /** A load could not be verified (emitted whatever the action). */
+  'load-unverified': [LoadEvent];
+  /** Fail-closed + `recompute`: the consumer recomputes the prompt. */
+  'load-recomputed': [LoadEvent];
+  /** Fail-closed + `fail`: the request ends with an error. */
+  'load-failed': [LoadEvent];
+  /** A producer handed a payload to its carrier. */
+  'checksum-payload-sent': [PayloadSentEvent];
+  /** A producer finished a checksummed request but sent no payload. */
+  'checksum-payload-not-sent': [{ requestId: string; reason: NotSentReason; detail: string }];
+  /** A consumer received a connector-carried payload for a pending load (first copy only). */
+  'checksum-payload-received': [{ requestId: string; bytes: number }];
+  /** Checksums were turned off at start (fail-open, connector without a carrier). */
+  'checksums-disabled': [{ reason: string }];
+}
+
+/** Options of {@link KVChecksumObservability}. */
+export interface ObservabilityOptions {
+  /** A pino logger to use (e.g. a child of the engine's). Default: a new one (see `level`, `destination`). */
+  logger?: Logger;
+  /** Level of the logger created when `logger` is not given. Default `'info'`; `'silent'` silences it. */
+  level?: LevelWithSilent;
+  /** Where the created logger writes (any object with `write(line)`). Default: stdout. */
+  destination?: DestinationStream;
+  /** The metrics registry. Default: a new `Registry` (never prom-client's global `register`). */
+  registry?: Registry;
+  /** Labels added to every metric of the registry (e.g. `{ engine: 'prefill-0' }`). */
+  defaultLabels?: Record<string, string>;
+  /** Histogram buckets of `kvconnect_kv_checksum_seconds`, in seconds. */
+  buckets?: number[];
+}
+
+/** The Prometheus metrics of one engine's KV checksums. */
+export interface KVChecksumMetrics {
+  /** `kvconnect_kv_checksum_loads_total{verdict}`: verified loads by verdict (verified, mismatch, unverified). */
+  loads: Counter<'verdict'>;
+  /** `kvconnect_kv_checksum_unverified_total{reason}`: unverified reasons (SPEC 8 codes), one per reason reported. */
+  unverified: Counter<'reason'>;
+  /** `kvconnect_kv_checksum_recomputed_total`: loads recomputed by the failure policy. */
+  recomputed: Counter<string>;
+  /** `kvconnect_kv_checksum_failed_total`: loads failed by the failure policy. */
+  failed: Counter<string>;
+  /** `kvconnect_kv_checksum_seconds{side}`: wall time of one worker's checksum computation in one step, seconds. */
+  seconds: Histogram<'side'>;
+  /** `kvconnect_kv_checksum_bytes_summed_total{side}`: KV bytes the workers summed. */
+  bytesSummed: Counter<'side'>;
+  /** `kvconnect_kv_checksum_payloads_sent_total{carrier}`: payloads a producer handed to a carrier. */
+  payloadsSent: Counter<'carrier'>;
+  /** `kvconnect_kv_checksum_payloads_not_sent_total{reason}`: finished checksummed requests without a payload. */
+  payloadsNotSent: Counter<'reason'>;
+}
+
+/**
+ * Events, metrics and logs of one engine's KV checksums.
+ *
+ * - `events`: a typed eventemitter3 emitter ({@link KVChecksumEvents});
+ * - `registry`: the prom-client registry holding {@link KVChecksumMetrics} (serve it with
+ *   `registry.metrics()`);
+ * - `logger`: pino; lines carry `requestId`, `groupId`, `positions`, `reason` fields.
+ */
+export class KVChecksumObservability {
+  readonly events = new EventEmitter<KVChecksumEvents>();
+  readonly registry: Registry;
+  readonly metrics: KVChecksumMetrics;
+  readonly logger: Logger;
+  private readonly onceKeys = new Set<string>();
+
+  constructor(options: ObservabilityOptions = {}) {
+    this.logger =
+      options.logger ??
+      (options.destination ? pino({ level: options.level ?? 'info', name: 'kvconnect' }, options.destination) : pino({ level: options.level ?? 'info', name: 'kvconnect' }));
+    this.registry = options.registry ?? new Registry();
+    if (options.defaultLabels) this.registry.setDefaultLabels(options.defaultLabels);
+    const registers = [this.registry];
+    this.metrics = {
+      loads: new Counter({ name: METRIC_NAMES.loads, help: 'KV loads checked against the producer checksums, by verdict', labelNames: ['verdict'], registers }),
+      unverified: new Counter({ name: METRIC_NAMES.unverified, help: 'Reasons KV loads could not be verified (SPEC 8 reason codes)', labelNames: ['reason'], registers }),
+      recomputed: new Counter({ name: METRIC_NAMES.recomputed, help: 'KV loads discarded and recomputed locally (fail-closed, policy recompute)', registers }),
+      failed: new Counter({ name: METRIC_NAMES.failed, help: 'KV loads that failed their request (fail-closed, policy fail)', registers }),
+      seconds: new Histogram({
+        name: METRIC_NAMES.seconds,
+        help: 'Wall time of one worker checksum computation in one engine step, in seconds',
+        labelNames: ['side'],
+        buckets: options.buckets ?? [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1],
+        registers,
+      }),
+      bytesSummed: new Counter({ name: METRIC_NAMES.bytesSummed, help: 'KV bytes summed by checksum workers', labelNames: ['side'], registers }),
+      payloadsSent: new Counter({ name: METRIC_NAMES.payloadsSent, help: 'Checksum payloads handed to a carrier by the producer', labelNames: ['carrier'], registers }),
+      payloadsNotSent: new Counter({ name: METRIC_NAMES.payloadsNotSent, help: 'Finished checksummed requests whose payload was not sent', labelNames: ['reason'], registers }),
+    };
+  }
+
+  /** True the first time `key` is seen (for warn-once logs). */
+  once(key: string): boolean {
+    if (this.onceKeys.has(key)) return false;
+    this.onceKeys.add(key);
+    return true;
+  }
+
+  /** Records a load outcome: counters by verdict and reason, policy counters. */
+  recordLoad(verdict: Verdict, action: LoadEvent['action']): void {
+    this.metrics.loads.inc({ verdict: verdict.verdict });
+    for (const u of verdict.unverified) this.metrics.unverified.inc({ reason: u.reason satisfies UnverifiedReason });
+    if (action === 'recompute') this.metrics.recomputed.inc();
+    if (action === 'fail') this.metrics.failed.inc();
+  }
+
+  /** Records one worker's checksum work of one step. */
+  recordCompute(side: ChecksumSide, seconds: number, bytes: number): void {
+    if (seconds > 0) this.metrics.seconds.observe({ side }, seconds);
+    if (bytes > 0) this.metrics.bytesSummed.inc({ side }, bytes);
+  }
+}
+
+/**
+ * A new {@link KVChecksumObservability}.
+ * @example createObservability({ level: 'silent' }) // no logs, fresh registry
+ */
+export function createObservability(options: ObservabilityOptions = {}): KVChecksumObservability {
+  return new KVChecksumObservability(options);
+}
