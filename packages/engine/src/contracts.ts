@@ -1,0 +1,25 @@
+/**
+ * The contract types this package uses from @kvconnect/core, in one place.
+ * @module
+ */
+export type {
+  BlockIdsPerGroup,
+  ConnectorRequest,
+  FinishReason,
+  KVCacheGroupConfig,
+  KVChecksumSchedulerHooks,
+  KVChecksumWorkerHooks,
+  KVConnectorFactory,
+  KVConnectorMetadata,
+  KVConnectorOutput,
+  KVConnectorScheduler,
+  KVConnectorWorker,
+  KVTransferConfig,
+  KVTransferParams,
+  LoadDecision,
+  MatchedTokens,
+  RequestFinishedResult,
+  SchedulerOutput,
+  TransferResults,
+  WorkerKVCaches,
+} from '@kvconnect/core';

@@ -1,0 +1,75 @@
+/**
+ * The engine's connector paths with `InProcessConnector` (test utility): a smoke P/D run, load
+ * failures reported as invalid blocks (kv_load_failure_policy), abort during a remote load, and
+ * the producer's delayed free (consumer read, or lease expiry).
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { Engine } from '../src/engine.js';
+import { IN_PROCESS_CONNECTOR, inProcessBus, registerInProcessConnector } from './utils/in-process-connector.js';
+import { counter, makePD, single, until } from './utils/pd.js';
+
+afterEach(() => inProcessBus.reset());
+
+const PROMPT = 'Hello P/D world, how are you?';
+const S = { maxTokens: 5, ignoreEos: true };
+
+describe('P/D through the engine', () => {
+  it('1x1 -> 1x1 verifies and equals a single instance; params carry kv_checksums', async () => {
+    const pd = makePD({ model: 'dense-gqa' });
+    const ref = await single('dense-gqa').generate(PROMPT, S);
+    const r = await pd.proxy.generate(PROMPT, S);
+    expect(r.prefill.kvTransferParams).toMatchObject({ remote_engine_id: pd.producer.engineId, remote_tp_size: 1 });
+    expect(typeof r.prefill.kvTransferParams?.kv_checksums).toBe('string');
+    expect(r.tokenIds).toEqual(ref.tokenIds);
+    expect(await counter(pd.obs, 'loads', { verdict: 'verified' })).toBe(1);
+    expect(await pd.consumer.metricsText()).toContain('kvconnect_kv_checksum_loads_total{verdict="verified"} 1');
+    await until(() => pd.producer.scheduler.delayedFree.size === 0);
+  });
+
+  for (const policy of ['recompute', 'fail'] as const) {
+    it(`a failed load (invalid blocks) -> policy ${policy}`, async () => {
+      const ref = await single('dense-gqa').generate(PROMPT, S);
+      const pd = makePD({ model: 'dense-gqa', checksums: false, policy });
+      inProcessBus.failLoads = true;
+      const r = await pd.proxy.generate(PROMPT, S);
+      if (policy === 'recompute') {
+        expect(r.tokenIds).toEqual(ref.tokenIds);
+        expect(pd.consumer.stats.loadsRecomputed).toBe(1);
+      } else {
+        expect(r.finishReason).toBe('error');
+        expect(r.error).toMatch(/invalid blocks/);
+      }
+      expect(pd.consumer.scheduler.kv.pool.numFree).toBe(pd.consumer.scheduler.kv.pool.numBlocks);
+    });
+  }
+
+  it('abort while waiting for remote KV frees the blocks after the load', async () => {
+    const pd = makePD({ model: 'dense-gqa' });
+    const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
+    inProcessBus.pause();
+    const pending = pd.consumer.generate(PROMPT, S, { ...p.kvTransferParams, do_remote_prefill: true }, 'd1');
+    await until(() => pd.consumer.scheduler.requests.get('d1')?.status === 'WAITING_FOR_REMOTE_KVS');
+    expect(pd.consumer.abort('d1')).toBe(true);
+    // The blocks stay allocated while the load is in flight.
+    expect(pd.consumer.scheduler.kv.pool.numFree).toBeLessThan(pd.consumer.scheduler.kv.pool.numBlocks);
+    inProcessBus.resume();
+    const r = await pending;
+    expect(r.finishReason).toBe('abort');
+    expect(pd.consumer.scheduler.kv.pool.numFree).toBe(pd.consumer.scheduler.kv.pool.numBlocks);
+  });
+
+  it('the producer keeps blocks until the lease expires when nobody reads them', async () => {
+    registerInProcessConnector();
+    const producer = new Engine({
+      model: 'dense-gqa',
+      engineId: 'lonely-producer',
+      kvTransferConfig: { kv_connector: IN_PROCESS_CONNECTOR, kv_role: 'kv_producer', kv_connector_extra_config: { lease_ms: 30 } },
+    });
+    const r = await producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
+    expect(r.kvTransferParams?.remote_block_ids).toBeDefined();
+    expect(producer.scheduler.delayedFree.size).toBe(1);
+    expect(producer.scheduler.kv.pool.numFree).toBeLessThan(producer.scheduler.kv.pool.numBlocks);
+    await until(() => producer.scheduler.delayedFree.size === 0);
+    expect(producer.scheduler.kv.pool.numFree).toBe(producer.scheduler.kv.pool.numBlocks);
+  });
+});
