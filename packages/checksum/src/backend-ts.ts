@@ -76,7 +76,9 @@ interface Mem {
 
 const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
-function memOf(r: Uint8Array): Mem {
+function memOf(region: Uint8Array | ArrayBufferView | ArrayBuffer): Mem {
+  // Any byte view (or a bare ArrayBuffer) is read as bytes, as the native backend does.
+  const r = region instanceof Uint8Array ? region : ArrayBuffer.isView(region) ? new Uint8Array(region.buffer, region.byteOffset, region.byteLength) : new Uint8Array(region);
   return {
     bytes: r,
     dv: new DataView(r.buffer, r.byteOffset, r.byteLength),

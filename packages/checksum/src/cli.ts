@@ -12,7 +12,8 @@ import type { ChecksumBackend } from './backend.js';
 import { tsBackend } from './backend-ts.js';
 import { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
 import { runVectors } from './conformance.js';
-import { decodePayload, PayloadError } from './payload.js';
+import { decodePayload, decodePayloadBase64, PayloadError } from './payload.js';
+import type { ChecksumPayload } from './types.js';
 
 /** The backends this process can run: ts always, native when the addon loads. */
 export function availableBackends(): { backends: ChecksumBackend[]; notes: string[] } {
@@ -20,22 +21,36 @@ export function availableBackends(): { backends: ChecksumBackend[]; notes: strin
   return native ? { backends: [tsBackend, native], notes: [] } : { backends: [tsBackend], notes: [`native backend not available: ${nativeUnavailableReason()}`] };
 }
 
-/** Hex (even length, [0-9a-f]) or standard base64 text -> bytes. @throws PayloadError('base64'). */
-export function parsePayloadText(data: string): Uint8Array {
+/**
+ * Decodes payload text: hex (even length, [0-9a-fA-F]) or the NIXL pull carrier's strict
+ * standard base64 (SPEC 7), so the CLI accepts exactly what a consumer accepts.
+ * @throws PayloadError for text that is neither, or a payload the decoder rejects.
+ */
+export function decodePayloadText(data: string): ChecksumPayload {
   const s = data.trim();
-  if (/^([0-9a-fA-F]{2})*$/.test(s)) return new Uint8Array(Buffer.from(s, 'hex'));
-  if (/^[A-Za-z0-9+/]*={0,2}$/.test(s) && s.length % 4 === 0) return new Uint8Array(Buffer.from(s, 'base64'));
-  throw new PayloadError('base64', 'payload text is neither hex nor standard base64');
+  if (/^([0-9a-fA-F]{2})+$/.test(s)) return decodePayload(new Uint8Array(Buffer.from(s, 'hex')));
+  return decodePayloadBase64(s);
 }
 
 /** JSON text of a payload with uint64 as decimal strings. */
-function payloadJson(bytes: Uint8Array): string {
-  const p = decodePayload(bytes);
+function payloadJson(p: ChecksumPayload): string {
   return JSON.stringify(
     { numTokens: p.numTokens, producerTpSize: p.producerTpSize, groups: p.groups.map((g) => ({ ...g, fingerprint: g.fingerprint.toString(), values: Array.from(g.values, String) })) },
     null,
     2,
   );
+}
+
+/** Sections a vectors file may hold (../shared/vectors/README.md). */
+const VECTOR_SECTIONS = ['attention', 'state', 'stateLocal', 'fingerprint', 'payload', 'payloadAccepts', 'payloadRejects', 'verification'];
+
+/** Reads a vectors file. @throws Error naming the problem (unreadable, not JSON, no known section). */
+function readVectors(file: string): unknown {
+  const v = JSON.parse(readFileSync(file, 'utf8'));
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new Error(`${file}: a vectors file is a JSON object`);
+  const present = VECTOR_SECTIONS.filter((k) => Array.isArray((v as Record<string, unknown>)[k]));
+  if (present.length === 0) throw new Error(`${file}: no vector sections (expected any of ${VECTOR_SECTIONS.join(', ')})`);
+  return v;
 }
 
 /**
@@ -53,7 +68,7 @@ export async function main(argv: string[], out: (s: string) => void = (s) => pro
     .description('run a conformance vectors file through every available backend')
     .argument('<file>', 'vectors JSON (format of shared/vectors/README.md)')
     .action((file: string) => {
-      const vectors = JSON.parse(readFileSync(file, 'utf8'));
+      const vectors = readVectors(file);
       const { backends, notes } = availableBackends();
       for (const n of notes) err(n);
       const results = runVectors(vectors, backends);
@@ -72,7 +87,7 @@ export async function main(argv: string[], out: (s: string) => void = (s) => pro
     .argument('<data>', 'the payload bytes, hex or standard base64')
     .action((data: string) => {
       try {
-        out(payloadJson(parsePayloadText(data)));
+        out(payloadJson(decodePayloadText(data)));
       } catch (e) {
         if (!(e instanceof PayloadError)) throw e;
         err(`PayloadError: ${e.message}`);

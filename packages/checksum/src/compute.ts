@@ -5,7 +5,7 @@
  * @module
  */
 import { ROW_WORDS, type BackendName, type ChecksumBackend, type PackedTables } from './backend.js';
-import { tsBackend } from './backend-ts.js';
+import { tsBackend, validateStep } from './backend-ts.js';
 import { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
 import { packTables, planGroup, type GroupPlan, type GroupSpec, type RankContext } from './plan.js';
 import { replicaKeyString, type WorkerGroupRecord } from './types.js';
@@ -159,18 +159,44 @@ export class StepRows {
 let warnedFallback = false;
 
 /**
- * The backend to use: `native` when the addon loaded, else `ts` (said once, as a process
- * warning). `KVCONNECT_CHECKSUM_BACKEND=ts|native` forces one.
- * @throws Error when `native` is asked for and the addon is not available.
+ * Marks a plan skipped ('invalid-view', with the detail) when one of its entries would read outside
+ * its region or past the work bound, so a registration mistake shows at registration, not as an
+ * error in every later step.
  */
-export function selectBackend(name: BackendName | 'auto' = (process.env.KVCONNECT_CHECKSUM_BACKEND as BackendName | undefined) ?? 'auto'): ChecksumBackend {
+function checkAgainstRegions(plan: GroupPlan, regions: readonly Uint8Array[]): GroupPlan {
+  if (plan.skipReason !== null || plan.entries.length === 0) return plan;
+  try {
+    validateStep(packTables([plan]), regions, new Uint32Array(0), new BigUint64Array(0));
+    return plan;
+  } catch (e) {
+    return { ...plan, skipReason: 'invalid-view', skipDetail: (e as Error).message, entries: [], columns: [], caches: [], fingerprint: 0n };
+  }
+}
+
+/** Host backends `KVCONNECT_CHECKSUM_BACKEND` may name. */
+const ENV_BACKENDS = ['ts', 'native', 'auto'] as const;
+
+/**
+ * The backend to use. `auto`: the one `KVCONNECT_CHECKSUM_BACKEND` names (`ts`, `native` or
+ * `auto`), else `native` when the addon loaded, else `ts` (said once, as a process warning).
+ * @throws Error when `native` is asked for and the addon is not available, or when the variable
+ *   names something else.
+ */
+export function selectBackend(name: BackendName | 'auto' = 'auto'): ChecksumBackend {
+  if (name === 'auto') {
+    const env = process.env.KVCONNECT_CHECKSUM_BACKEND;
+    if (env !== undefined && env !== '') {
+      if (!(ENV_BACKENDS as readonly string[]).includes(env)) throw new Error(`KVCONNECT_CHECKSUM_BACKEND=${env}: expected one of ${ENV_BACKENDS.join(', ')}`);
+      name = env as (typeof ENV_BACKENDS)[number];
+    }
+  }
   if (name === 'ts') return tsBackend;
   const native = loadNativeBackend();
   if (name === 'native') {
     if (!native) throw new Error(`native checksum backend not available: ${nativeUnavailableReason()}`);
     return native;
   }
-  if (name !== 'auto') throw new Error(`checksum backend ${String(name)} is not a host backend (use ts, native or auto)`);
+  if (name !== 'auto') throw new Error(`checksum backend ${String(name)} is not a host backend (use ts, native or auto; the cuda backend sums device memory through loadCudaBackend)`);
   if (native) return native;
   if (!warnedFallback) {
     warnedFallback = true;
@@ -202,7 +228,7 @@ export class BlockChecksummer {
     readonly regions: readonly Uint8Array[],
     backend: BackendName | 'auto' | ChecksumBackend = 'auto',
   ) {
-    this.plans = groups.map((g) => planGroup(g, rank));
+    this.plans = groups.map((g) => checkAgainstRegions(planGroup(g, rank), regions));
     this.tables = packTables(this.plans);
     this.backend = typeof backend === 'object' ? backend : selectBackend(backend);
     this.step = new StepRows(this.plans);

@@ -144,8 +144,11 @@ export function fingerprintOfText(text: string): bigint {
   return d.readBigUInt64LE(0);
 }
 
-function checkInt(v: unknown, what: string, min = 0): number {
-  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) throw new Skip('invalid-view', `${what} must be an integer >= ${min}, got ${String(v)}`);
+/** Largest value of a `kvc_entry` uint32 field (counts, block ids). */
+const U32_MAX = 0xffffffff;
+
+function checkInt(v: unknown, what: string, min = 0, max = Number.MAX_SAFE_INTEGER): number {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) throw new Skip('invalid-view', `${what} must be an integer in [${min}, ${max}], got ${String(v)}`);
   return v;
 }
 
@@ -158,6 +161,11 @@ function canonical(c: CacheView): { name: string; layer: number; module: string 
     if (!best || p.layer < best.layer || (p.layer === best.layer && n < best.name)) best = { name: n, ...p };
   }
   return best!;
+}
+
+/** What identifies a cache's memory and geometry (for KV-sharing duplicates). */
+function memoryOf(c: CacheView): unknown {
+  return c.kind === 'attention' ? [c.dtype, c.numBlocks, c.blockSize, c.localHeads, c.parts, c.replication ?? 1] : [c.numBlocks, c.states];
 }
 
 function resolveReplicas(c: AttentionCacheView, tpSize: number): number {
@@ -268,8 +276,17 @@ function fillPlan(plan: GroupPlan, spec: GroupSpec, rank: RankContext): void {
   if (kinds.size !== 1) throw new Skip('mixed-kinds', `group ${spec.groupId} mixes ${[...kinds].join(' and ')} caches`);
   plan.kind = [...kinds][0];
 
-  // Layer numbers, modules, head offsets (SPEC 4).
-  const named = spec.caches.map((c) => ({ c, ...canonical(c) }));
+  // Layer numbers, modules, head offsets (SPEC 4). A cache listed twice (the same view, or one
+  // view per layer of a KV-sharing set, each naming the others as aliases) counts once.
+  const named: Array<{ c: CacheView; name: string; layer: number; module: string }> = [];
+  for (const c of spec.caches) {
+    const n = { c, ...canonical(c) };
+    const seen = named.find((x) => x.name === n.name);
+    if (!seen) named.push(n);
+    else if (seen.c !== c && JSON.stringify(memoryOf(seen.c)) !== JSON.stringify(memoryOf(c))) {
+      throw new Skip('invalid-view', `two different caches count under ${n.name} (KV sharing must name one cache)`);
+    }
+  }
   const moduleOfLayer = new Map<number, string>();
   for (const n of named) {
     const m = moduleOfLayer.get(n.layer);
@@ -294,9 +311,9 @@ function fillPlan(plan: GroupPlan, spec: GroupSpec, rank: RankContext): void {
 
 function planAttention(plan: GroupPlan, c: AttentionCacheView, name: string, layer: number, headOffset: number, rank: RankContext): unknown[] {
   if (!isDtype(c.dtype)) throw new Skip('dtype', `${c.name}: dtype ${String(c.dtype)}`);
-  const nb = checkInt(c.numBlocks, `${c.name}.numBlocks`, 1);
-  const B = checkInt(c.blockSize, `${c.name}.blockSize`, 1);
-  const H = checkInt(c.localHeads, `${c.name}.localHeads`, 1);
+  const nb = checkInt(c.numBlocks, `${c.name}.numBlocks`, 1, U32_MAX);
+  const B = checkInt(c.blockSize, `${c.name}.blockSize`, 1, U32_MAX);
+  const H = checkInt(c.localHeads, `${c.name}.localHeads`, 1, U32_MAX);
   if (plan.blockSize !== 0 && plan.blockSize !== B) throw new Skip('block-size', `${c.name}: block size ${B} != ${plan.blockSize}`);
   plan.blockSize = B;
   if (c.parts.length === 0) throw new Skip('invalid-view', `${c.name}: no parts`);
@@ -342,7 +359,7 @@ function stateStrides(s: StateTensor): number[] {
 }
 
 function planState(plan: GroupPlan, c: StateCacheView, name: string, layer: number, headOffset: number, rank: RankContext): unknown[] {
-  const nb = checkInt(c.numBlocks, `${c.name}.numBlocks`, 1);
+  const nb = checkInt(c.numBlocks, `${c.name}.numBlocks`, 1, U32_MAX);
   const covered = c.states.slice(0, 2);
   for (const s of covered) {
     if (!isDtype(s.dtype)) throw new Skip('dtype', `${c.name}: dtype ${String(s.dtype)}`);

@@ -154,7 +154,7 @@ export function pagedAttentionCache(o: PagedAttentionOptions): AttentionCacheVie
     if (!Number.isSafeInteger(v) || v <= 0) throw new RangeError(`${k} must be a positive integer, got ${v}`);
   }
   const kb = o.kernelBlockSize ?? o.blockSize;
-  if (!(kb > 0 && o.blockSize % kb === 0)) throw new RangeError(`kernelBlockSize ${kb} must divide blockSize ${o.blockSize}`);
+  if (!(Number.isSafeInteger(kb) && kb > 0 && o.blockSize % kb === 0)) throw new RangeError(`kernelBlockSize ${kb} must divide blockSize ${o.blockSize}`);
   const kBytes = o.headSize * eb;
   const vBytes = (o.vHeadSize ?? o.headSize) * eb;
   const H = o.numHeads;

@@ -57,3 +57,25 @@ describe('kvconnect-checksum', () => {
     expect((await run(['bogus'])).code).toBe(2);
   });
 });
+
+describe('kvconnect-checksum input checks', () => {
+  it('decode-payload applies the carrier’s strict base64 (non-zero padding bits are refused)', async () => {
+    const r = await run(['decode-payload', 'kgGTzIABkB==']);
+    expect(r.code).toBe(1);
+    expect(r.err.join('\n')).toMatch(/PayloadError: .*base64/);
+  });
+
+  it('verify-vectors explains a file that is not a vectors file', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kvc-cli-'));
+    for (const [name, text, msg] of [
+      ['null.json', 'null', /JSON object/],
+      ['empty.json', '{}', /no vector sections/],
+      ['bad.json', '{', /JSON/],
+    ] as const) {
+      writeFileSync(join(dir, name), text);
+      const r = await run(['verify-vectors', join(dir, name)]);
+      expect(r.code).toBe(1);
+      expect(r.err.join('\n')).toMatch(msg);
+    }
+  });
+});

@@ -16,6 +16,7 @@ import {
   mamba2StateLayout,
   pagedStateCache,
   vectorCache,
+  type AttentionCacheView,
   type CacheView,
   type StateLayout,
 } from '../src/views.js';
@@ -214,5 +215,46 @@ describe('split states (SPEC 3)', () => {
     const mixed = [perRank[0], rank1];
     expect(check(mixed, 0)).toBe(ref);
     expect(check(mixed, 1)).not.toBe(ref);
+  });
+});
+
+describe('registration mistakes show at registration', () => {
+  it('a KV-sharing set given as one view per layer counts once; two different caches under one name skip', () => {
+    const mk = (n: string, a: string[], offset = 0): CacheView => {
+      const v = attn(n) as AttentionCacheView;
+      return { ...v, aliases: a, parts: [{ ...v.parts[0], offset }] };
+    };
+    const one = planGroup({ groupId: 0, caches: [mk('model.layers.7.attn', ['model.layers.5.attn']), mk('model.layers.5.attn', ['model.layers.7.attn'])] }, P0);
+    const single = planGroup({ groupId: 0, caches: [mk('model.layers.5.attn', ['model.layers.7.attn'])] }, P0);
+    expect(one.caches.map((c) => [c.name, c.headOffset])).toEqual([['model.layers.5.attn', 0]]);
+    expect(one.fingerprint).toBe(single.fingerprint);
+    const clash = planGroup({ groupId: 0, caches: [mk('model.layers.7.attn', ['model.layers.5.attn']), mk('model.layers.5.attn', [], 4096)] }, P0);
+    expect(clash.skipReason).toBe('invalid-view');
+  });
+
+  it('views that read outside their memory are skipped when the checksummer is built, not at every step', () => {
+    const v = { kind: 'attention', name: 'model.layers.0.attn', dtype: 'bfloat16', numBlocks: 1, blockSize: 16, localHeads: 8, parts: [{ region: 0, offset: 0, bytes: 16, blockStride: 0, headStride: 0, tokenStride: 0 }] } as CacheView;
+    const ck = new BlockChecksummer([{ groupId: 0, caches: [v] }], P0, [new Uint8Array(64)], tsBackend);
+    expect(ck.plans[0].skipReason).toBe('invalid-view');
+    const [rec] = ck.compute([{ group: 0, blockIds: [0], start: 0, numTokens: 16 }]);
+    expect(rec.skipped).toBe(true);
+    const small = new BlockChecksummer([{ groupId: 0, caches: [attn('model.layers.0.attn')] }], P0, [new Uint8Array(100)], tsBackend);
+    expect(small.plans[0].skipReason).toBe('invalid-view');
+    expect(planGroup({ groupId: 0, caches: [{ ...attn('model.layers.0.attn'), numBlocks: 2 ** 32 } as CacheView] }, P0).skipReason).toBe('invalid-view');
+  });
+
+  it('KVCONNECT_CHECKSUM_BACKEND chooses the host backend of auto', async () => {
+    const { selectBackend } = await import('../src/compute.js');
+    const old = process.env.KVCONNECT_CHECKSUM_BACKEND;
+    try {
+      process.env.KVCONNECT_CHECKSUM_BACKEND = 'ts';
+      expect(selectBackend().name).toBe('ts');
+      expect(new BlockChecksummer([], P0, []).backend.name).toBe('ts');
+      process.env.KVCONNECT_CHECKSUM_BACKEND = 'gpu';
+      expect(() => selectBackend()).toThrow(/expected one of/);
+    } finally {
+      if (old === undefined) delete process.env.KVCONNECT_CHECKSUM_BACKEND;
+      else process.env.KVCONNECT_CHECKSUM_BACKEND = old;
+    }
   });
 });

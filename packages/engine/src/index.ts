@@ -18,3 +18,30 @@ export { Worker, partAddress, stateAddress, type CacheLayout, type ForwardSegmen
 export { forward } from './executor.js';
 export { Engine, buildGroupConfigs, type EngineOptions, type GenerateResult, type StepResult } from './engine.js';
 export { PDProxy, type PDProxyOptions, type PDResult } from './proxy.js';
+export { startEngineServer, type EngineServer, type EngineServerOptions } from './server/engine-server.js';
+export { EngineClient, EngineClientError, type EngineClientOptions, type RemoteGenerateResult, type RemoteSamplingParams } from './server/engine-client.js';
+export { startProxyServer, type ProxyServer, type ProxyServerOptions } from './server/proxy-server.js';
+export {
+  parseCompletionRequest,
+  findStop,
+  type CompletionRequest,
+  type CompletionResponse,
+  type CompletionLimits,
+  type KVConnectInfo,
+  type LoadInfo,
+  type PayloadInfo,
+} from './server/protocol.js';
+export {
+  launchEngineProcess,
+  launchProxyProcess,
+  LaunchError,
+  ENGINE_BIN,
+  PROXY_BIN,
+  type LaunchOptions,
+  type LaunchEngineOptions,
+  type LaunchProxyOptions,
+  type LaunchedProcess,
+  type LaunchedEngine,
+  type LaunchedProxy,
+} from './server/launcher.js';
+export { parseEngineArgs, parseProxyArgs, engineOptionsOf, runEngineMain, runProxyMain, type EngineProcessConfig, type ProxyProcessConfig } from './server/main.js';

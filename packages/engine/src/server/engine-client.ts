@@ -1,0 +1,240 @@
+/**
+ * A client of an engine server ({@link startEngineServer}): {@link EngineClient} implements the
+ * proxy's {@link PDEndpoint} over HTTP, so a {@link PDProxy} drives engines in other processes
+ * exactly as it drives in-process ones.
+ * @module
+ */
+import type { KVTransferParams, FinishReason } from '../contracts.js';
+import type { GenerateResult } from '../engine.js';
+import type { PDEndpoint } from '../proxy.js';
+import type { SamplingParams } from '../request.js';
+import { isPlainObject, type CompletionResponse } from './protocol.js';
+
+/** Options of an {@link EngineClient}. */
+export interface EngineClientOptions {
+  /** The engine id, when known without asking (`connect` asks `/health`). */
+  engineId?: string;
+  /** Deadline of one completion request, in ms (default 120 000). */
+  timeoutMs?: number;
+  /** Deadline of `/health`, `/metrics` and `/shutdown` requests, in ms (default 5000). */
+  controlTimeoutMs?: number;
+  /** Largest response body accepted, in bytes (default 16 MiB). */
+  maxResponseBytes?: number;
+}
+
+/** Sampling parameters plus the stop sequences the HTTP API adds. */
+export interface RemoteSamplingParams extends SamplingParams {
+  /** Stop sequences (the OpenAI `stop` field). */
+  stop?: readonly string[];
+}
+
+/** A {@link GenerateResult} from an engine server, with the server's extra information. */
+export interface RemoteGenerateResult extends GenerateResult {
+  /** The engine's `kvconnect` field (checksum verdict of a load, payload sent, ...). */
+  kvconnect?: Record<string, unknown>;
+  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  /** The engine's model name. */
+  model?: string;
+}
+
+/**
+ * An engine server answered with an error, or could not be reached. `status` is the HTTP status
+ * (0: no answer: connection refused, reset, or `timedOut`).
+ */
+export class EngineClientError extends Error {
+  constructor(
+    readonly url: string,
+    readonly status: number,
+    message: string,
+    readonly timedOut = false,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = 'EngineClientError';
+  }
+}
+
+const FINISH: readonly FinishReason[] = ['stop', 'length', 'abort', 'error'];
+
+/**
+ * An engine in another process, reached over HTTP. Build it with {@link EngineClient.connect}
+ * (learns the engine id from `/health`, which a concurrent-mode proxy needs), or with the
+ * constructor when the id is known.
+ */
+export class EngineClient implements PDEndpoint {
+  /** The server's base URL (no trailing slash). */
+  readonly url: string;
+  private _engineId: string;
+  private readonly o: EngineClientOptions;
+
+  constructor(url: string, options: EngineClientOptions = {}) {
+    const u = new URL(url);
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`engine URL must be http(s): ${url}`);
+    this.url = u.origin;
+    this._engineId = options.engineId ?? '';
+    this.o = options;
+  }
+
+  /** Connects to the engine server at `url`: asks `/health` for the engine id. */
+  static async connect(url: string, options: EngineClientOptions = {}): Promise<EngineClient> {
+    const c = new EngineClient(url, options);
+    const h = await c.health();
+    if (typeof h.engine_id !== 'string' || h.engine_id.length === 0) throw new EngineClientError(c.url, 200, `${c.url}/health did not name the engine`);
+    c._engineId = h.engine_id;
+    return c;
+  }
+
+  /** The engine's id ('' when neither given nor learned by {@link connect}). */
+  get engineId(): string {
+    return this._engineId;
+  }
+
+  /** `GET /health` (throws {@link EngineClientError} unless 200). */
+  async health(): Promise<Record<string, unknown>> {
+    const { status, body } = await this.request('GET', '/health', undefined, this.o.controlTimeoutMs ?? 5000);
+    if (status !== 200 || !isPlainObject(body)) throw this.errorOf(status, body, '/health');
+    return body;
+  }
+
+  /** `GET /metrics`: the engine's Prometheus text. */
+  async metrics(): Promise<string> {
+    const { status, text } = await this.request('GET', '/metrics', undefined, this.o.controlTimeoutMs ?? 5000, false);
+    if (status !== 200) throw new EngineClientError(this.url, status, `${this.url}/metrics answered ${status}`);
+    return text;
+  }
+
+  /** `POST /shutdown`: asks the server to close (its process exits when it was started by `kvconnect-engine`). */
+  async shutdown(): Promise<void> {
+    const { status, body } = await this.request('POST', '/shutdown', undefined, this.o.controlTimeoutMs ?? 5000);
+    if (status !== 200) throw this.errorOf(status, body, '/shutdown');
+  }
+
+  /**
+   * `POST /v1/completions` with a raw body.
+   * @returns the status and the parsed body (an error body for non-200 statuses).
+   */
+  async completion(body: Record<string, unknown>): Promise<{ status: number; body: unknown }> {
+    const { status, body: b } = await this.request('POST', '/v1/completions', body, this.o.timeoutMs ?? 120_000);
+    return { status, body: b };
+  }
+
+  /**
+   * Generates through the remote engine ({@link PDEndpoint}). A request that ended with `error`
+   * (HTTP 500 with a completion body) resolves with `finishReason: 'error'` and `error`, as
+   * `Engine.generate` does.
+   * @throws EngineClientError for other failures (bad request, unreachable, timeout, malformed answer).
+   */
+  async generate(prompt: string | readonly number[], sampling: RemoteSamplingParams = {}, kvTransferParams?: KVTransferParams, requestId?: string): Promise<RemoteGenerateResult> {
+    const body: Record<string, unknown> = { prompt: typeof prompt === 'string' ? prompt : [...prompt] };
+    if (sampling.maxTokens !== undefined) body.max_tokens = sampling.maxTokens;
+    if (sampling.temperature !== undefined) body.temperature = sampling.temperature;
+    if (sampling.seed !== undefined) body.seed = sampling.seed;
+    if (sampling.ignoreEos !== undefined) body.ignore_eos = sampling.ignoreEos;
+    if (sampling.stopTokenIds !== undefined && sampling.stopTokenIds.length > 0) body.stop_token_ids = [...sampling.stopTokenIds];
+    if (sampling.stop !== undefined && sampling.stop.length > 0) body.stop = [...sampling.stop];
+    if (kvTransferParams !== undefined) body.kv_transfer_params = kvTransferParams;
+    if (requestId !== undefined) body.request_id = requestId;
+    const { status, body: b } = await this.completion(body);
+    if (status === 200 || (status === 500 && isPlainObject(b) && Array.isArray(b.choices))) return this.resultOf(b, status);
+    throw this.errorOf(status, b, '/v1/completions');
+  }
+
+  private resultOf(b: unknown, status: number): RemoteGenerateResult {
+    const bad = (why: string) => new EngineClientError(this.url, status, `${this.url}/v1/completions: malformed response (${why})`);
+    if (!isPlainObject(b) || !Array.isArray(b.choices) || b.choices.length !== 1) throw bad('choices');
+    const ch = b.choices[0] as unknown;
+    if (!isPlainObject(ch)) throw bad('choice');
+    const { text, token_ids: ids, finish_reason: fr } = ch;
+    if (typeof text !== 'string') throw bad('text');
+    if (!Array.isArray(ids) || !ids.every((x) => Number.isInteger(x))) throw bad('token_ids');
+    if (typeof fr !== 'string' || !(FINISH as readonly string[]).includes(fr)) throw bad('finish_reason');
+    const kv = b.kvconnect;
+    if (kv !== undefined && !isPlainObject(kv)) throw bad('kvconnect');
+    const params = b.kv_transfer_params;
+    if (params !== undefined && params !== null && !isPlainObject(params)) throw bad('kv_transfer_params');
+    const requestId = typeof kv?.request_id === 'string' ? kv.request_id : typeof b.id === 'string' ? b.id : '';
+    const r: RemoteGenerateResult = {
+      requestId,
+      tokenIds: ids as number[],
+      text,
+      finishReason: fr as FinishReason,
+      numPreemptions: typeof kv?.num_preemptions === 'number' ? kv.num_preemptions : 0,
+    };
+    if (isPlainObject(params)) r.kvTransferParams = params;
+    if (fr === 'error') {
+      const err = isPlainObject(b.error) && typeof b.error.message === 'string' ? b.error.message : typeof kv?.error === 'string' ? kv.error : 'the request ended with an error';
+      r.error = err;
+    }
+    if (kv) r.kvconnect = kv;
+    const usage = (b as Partial<CompletionResponse>).usage;
+    if (isPlainObject(usage)) r.usage = usage as RemoteGenerateResult['usage'];
+    if (typeof b.model === 'string') r.model = b.model;
+    return r;
+  }
+
+  private errorOf(status: number, body: unknown, path: string): EngineClientError {
+    const msg = isPlainObject(body) && isPlainObject(body.error) && typeof body.error.message === 'string' ? body.error.message : `answered ${status}`;
+    return new EngineClientError(this.url, status, `${this.url}${path}: ${msg}`);
+  }
+
+  private async request(method: string, path: string, json: unknown, timeoutMs: number, parse = true): Promise<{ status: number; body: unknown; text: string }> {
+    const limit = this.o.maxResponseBytes ?? 16 << 20;
+    const signal = AbortSignal.timeout(timeoutMs);
+    let res: Response;
+    try {
+      res = await fetch(this.url + path, {
+        method,
+        headers: json === undefined ? {} : { 'content-type': 'application/json' },
+        body: json === undefined ? undefined : JSON.stringify(json),
+        signal,
+      });
+    } catch (e) {
+      throw this.networkError(path, e, signal);
+    }
+    let text: string;
+    try {
+      text = await readLimited(res, limit);
+    } catch (e) {
+      if (e instanceof EngineClientError) throw e;
+      throw this.networkError(path, e, signal);
+    }
+    if (!parse) return { status: res.status, body: undefined, text };
+    let body: unknown;
+    try {
+      body = text.length > 0 ? JSON.parse(text) : undefined;
+    } catch {
+      throw new EngineClientError(this.url, res.status, `${this.url}${path}: answered ${res.status} with a body that is not JSON`);
+    }
+    return { status: res.status, body, text };
+  }
+
+  private networkError(path: string, e: unknown, signal: AbortSignal): EngineClientError {
+    const timedOut = signal.aborted;
+    const cause = e instanceof Error && e.cause instanceof Error ? `: ${e.cause.message}` : '';
+    const what = timedOut ? 'timed out' : `failed: ${e instanceof Error ? e.message : String(e)}${cause}`;
+    return new EngineClientError(this.url, 0, `${this.url}${path} ${what}`, timedOut, { cause: e });
+  }
+}
+
+async function readLimited(res: Response, limit: number): Promise<string> {
+  const declared = Number(res.headers.get('content-length') ?? NaN);
+  if (declared > limit) {
+    await res.body?.cancel();
+    throw new EngineClientError(res.url, res.status, `response body larger than ${limit} bytes`);
+  }
+  if (!res.body) return '';
+  const reader = res.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.length;
+    if (size > limit) {
+      await reader.cancel();
+      throw new EngineClientError(res.url, res.status, `response body larger than ${limit} bytes`);
+    }
+    chunks.push(value);
+  }
+  return Buffer.concat(chunks, size).toString('utf8');
+}

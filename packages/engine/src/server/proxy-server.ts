@@ -1,0 +1,259 @@
+/**
+ * The P/D proxy as an HTTP server (vLLM's disaggregation proxy): clients send completions to it;
+ * it routes each through a producer (prefill) and a consumer (decode) engine server with a
+ * {@link PDProxy} over {@link EngineClient}s, round robin over several of each.
+ *
+ * - `POST /v1/completions`: the body of the engine API without `kv_transfer_params` and
+ *   `request_id` (the proxy sets them). Answers the consumer's completion with a `kvconnect` field
+ *   `{ mode, prefill: {...}, decode: {...} }`: each side's URL, engine id, request id and the
+ *   engine's own `kvconnect` information (checksum verdict on the consumer, payload on the
+ *   producer); `prefill.kv_transfer_params` are the params the producer returned. Status codes: 200;
+ *   400/413/415 bad input (400 too when an engine
+ *   rejects the request, e.g. longer than its max model length); 500 the request ended with `error` (on either side; `error.message`
+ *   says which); 502 an engine answered unexpectedly or could not be reached; 504 an engine timed out.
+ * - `GET /health`: asks every engine's `/health` (200 when all answer, else 503).
+ * - `POST /shutdown`: closes the proxy gracefully (the engines keep running).
+ * @module
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { PDProxy } from '../proxy.js';
+import { EngineClient, EngineClientError, type RemoteGenerateResult } from './engine-client.js';
+import {
+  DEFAULT_MAX_BODY_BYTES,
+  HttpError,
+  methodNotAllowed,
+  parseCompletionRequest,
+  readJson,
+  sendError,
+  sendJson,
+  urlOf,
+  type CompletionResponse,
+} from './protocol.js';
+
+/** Options of {@link startProxyServer}. */
+export interface ProxyServerOptions {
+  /** Producer (prefill) engine server URLs (at least one). */
+  prefill: readonly string[];
+  /** Consumer (decode) engine server URLs (at least one). */
+  decode: readonly string[];
+  /** `sequential` (NIXL style, default) or `concurrent` (Mooncake style); see {@link PDProxy}. */
+  mode?: 'sequential' | 'concurrent';
+  /** Interface to listen on (default `127.0.0.1`). */
+  host?: string;
+  /** Port (default 0: any free port). */
+  port?: number;
+  /** Deadline of one engine request, in ms (default 120 000). */
+  timeoutMs?: number;
+  /** How long to wait at start for every engine's `/health` (default 10 000 ms). */
+  connectTimeoutMs?: number;
+  /** Largest request body in bytes (default 1 MiB). */
+  maxBodyBytes?: number;
+  /** Largest `max_tokens` (default 4096). */
+  maxTokens?: number;
+  /** How long {@link ProxyServer.close} waits for running requests (default 5000 ms). */
+  gracefulTimeoutMs?: number;
+  /** Serve `POST /shutdown` (default true). */
+  allowShutdown?: boolean;
+  /** Called once after `POST /shutdown` closed the server. */
+  onShutdown?: () => void | Promise<void>;
+}
+
+/** A running proxy server. */
+export interface ProxyServer {
+  readonly url: string;
+  readonly port: number;
+  readonly host: string;
+  readonly mode: 'sequential' | 'concurrent';
+  /** The engines, as connected at start (engine ids learned from `/health`). */
+  readonly prefill: readonly EngineClient[];
+  readonly decode: readonly EngineClient[];
+  /** Stops accepting requests, waits for running ones (up to the grace period), closes connections. Idempotent. */
+  close(): Promise<void>;
+  /** Resolves when the server closed. */
+  readonly closed: Promise<void>;
+}
+
+async function connectWithRetry(url: string, deadline: number, timeoutMs: number): Promise<EngineClient> {
+  for (;;) {
+    try {
+      return await EngineClient.connect(url, { timeoutMs, controlTimeoutMs: Math.max(100, Math.min(5000, deadline - Date.now())) });
+    } catch (e) {
+      if (Date.now() >= deadline) throw new Error(`engine ${url} is not reachable: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+function sideInfo(c: EngineClient, r: RemoteGenerateResult): Record<string, unknown> {
+  const info: Record<string, unknown> = { url: c.url, engine_id: c.engineId, ...(r.kvconnect ?? {}) };
+  info.request_id = r.requestId;
+  info.finish_reason = r.finishReason;
+  return info;
+}
+
+/**
+ * Connects to every engine (waiting up to `connectTimeoutMs` for each `/health`), then starts the
+ * proxy's HTTP server (see the module documentation for the API).
+ * @throws when an engine is not reachable in time, or the lists are empty.
+ */
+export async function startProxyServer(options: ProxyServerOptions): Promise<ProxyServer> {
+  if (options.prefill.length === 0 || options.decode.length === 0) throw new RangeError('startProxyServer needs at least one prefill and one decode URL');
+  const mode = options.mode ?? 'sequential';
+  if (mode !== 'sequential' && mode !== 'concurrent') throw new RangeError(`mode must be sequential or concurrent, got ${JSON.stringify(mode)}`);
+  const host = options.host ?? '127.0.0.1';
+  const timeoutMs = options.timeoutMs ?? 120_000;
+  const maxBody = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  const graceMs = options.gracefulTimeoutMs ?? 5000;
+  const deadline = Date.now() + (options.connectTimeoutMs ?? 10_000);
+  const prefill = await Promise.all(options.prefill.map((u) => connectWithRetry(u, deadline, timeoutMs)));
+  const decode = await Promise.all(options.decode.map((u) => connectWithRetry(u, deadline, timeoutMs)));
+  const proxies = new Map<string, PDProxy>();
+  let nextP = 0;
+  let nextD = 0;
+  const running = new Set<Promise<unknown>>();
+  let closing = false;
+
+  function pick(): { p: EngineClient; d: EngineClient; proxy: PDProxy } {
+    const pi = nextP++ % prefill.length;
+    const di = nextD++ % decode.length;
+    const key = `${pi}:${di}`;
+    let proxy = proxies.get(key);
+    if (!proxy) {
+      proxy = new PDProxy({ prefill: prefill[pi], decode: decode[di], mode });
+      proxies.set(key, proxy);
+    }
+    return { p: prefill[pi], d: decode[di], proxy };
+  }
+
+  async function completions(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    if (closing) throw new HttpError(503, 'the proxy is shutting down');
+    const body = await readJson(req, maxBody);
+    const c = parseCompletionRequest(body, { maxTokens: options.maxTokens, allowKvTransferParams: false, allowRequestId: false });
+    const { p, d, proxy } = pick();
+    const sampling = { maxTokens: c.maxTokens, temperature: c.temperature, seed: c.seed, ignoreEos: c.ignoreEos, stopTokenIds: c.stopTokenIds, stop: c.stop };
+    const work = proxy.generate(c.prompt, sampling);
+    const tracked = work.catch(() => {});
+    running.add(tracked);
+    let r;
+    try {
+      r = await work;
+    } catch (e) {
+      if (e instanceof EngineClientError) {
+        if (e.timedOut || e.status === 504) throw new HttpError(504, `engine timed out: ${e.message}`, 'timeout_error');
+        if (e.status === 400) throw new HttpError(400, `engine rejected the request: ${e.message}`);
+        throw new HttpError(502, `engine error: ${e.message}`, 'upstream_error');
+      }
+      throw e;
+    } finally {
+      running.delete(tracked);
+    }
+    const pr = r.prefill as RemoteGenerateResult;
+    const dr = r as unknown as RemoteGenerateResult;
+    const prefillInfo = sideInfo(p, pr);
+    if (pr.kvTransferParams !== undefined) prefillInfo.kv_transfer_params = pr.kvTransferParams;
+    const prefillFailed = pr.finishReason === 'error' || pr.finishReason === 'abort';
+    const kvconnect: Record<string, unknown> = { mode, prefill: prefillInfo };
+    // In sequential mode a failed producer means the consumer was not asked.
+    if (!(prefillFailed && mode === 'sequential')) kvconnect.decode = sideInfo(d, dr);
+    const promptTokens = dr.usage?.prompt_tokens ?? pr.usage?.prompt_tokens ?? 0;
+    const out: CompletionResponse = {
+      id: `cmpl-${dr.requestId || pr.requestId}`,
+      object: 'text_completion',
+      created: Math.floor(Date.now() / 1000),
+      model: dr.model ?? pr.model ?? 'kvconnect-pd',
+      choices: [{ index: 0, text: r.text, token_ids: r.tokenIds, finish_reason: r.finishReason, logprobs: null }],
+      usage: { prompt_tokens: promptTokens, completion_tokens: r.tokenIds.length, total_tokens: promptTokens + r.tokenIds.length },
+      kvconnect,
+    };
+    if (pr.finishReason === 'error' || dr.finishReason === 'error') {
+      const side = pr.finishReason === 'error' ? 'prefill' : 'decode';
+      const msg = (side === 'prefill' ? pr.error : dr.error) ?? 'the request ended with an error';
+      out.choices[0].finish_reason = 'error';
+      out.error = { message: `${side} (${side === 'prefill' ? p.url : d.url}): ${msg}`, type: 'request_error', code: 500 };
+      sendJson(res, 500, out);
+      return;
+    }
+    sendJson(res, 200, out);
+  }
+
+  async function health(res: ServerResponse): Promise<void> {
+    const check = async (c: EngineClient) => {
+      try {
+        const h = await c.health();
+        return { url: c.url, engine_id: c.engineId, ok: true, status: h.status };
+      } catch (e) {
+        return { url: c.url, engine_id: c.engineId, ok: false, error: e instanceof Error ? e.message : String(e) };
+      }
+    };
+    const [ps, ds] = await Promise.all([Promise.all(prefill.map(check)), Promise.all(decode.map(check))]);
+    const ok = !closing && [...ps, ...ds].every((x) => x.ok);
+    sendJson(res, ok ? 200 : 503, { status: closing ? 'shutting-down' : ok ? 'ok' : 'degraded', mode, prefill: ps, decode: ds });
+  }
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const path = (req.url ?? '/').split('?')[0];
+    const method = req.method ?? 'GET';
+    switch (path) {
+      case '/v1/completions':
+        if (method !== 'POST') throw methodNotAllowed('POST');
+        return completions(req, res);
+      case '/health':
+        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
+        return health(res);
+      case '/shutdown':
+        if (options.allowShutdown === false) throw new HttpError(404, `no route ${path}`, 'not_found_error');
+        if (method !== 'POST') throw methodNotAllowed('POST');
+        sendJson(res, 200, { status: 'shutting-down' });
+        setImmediate(() => {
+          void close()
+            .then(() => options.onShutdown?.())
+            .catch(() => {});
+        });
+        return;
+      default:
+        throw new HttpError(404, `no route ${method} ${path}`, 'not_found_error');
+    }
+  }
+
+  const server: Server = createServer((req, res) => {
+    handle(req, res).catch((e: unknown) => sendError(res, e));
+  });
+  server.keepAliveTimeout = 5000;
+  server.on('clientError', (_err, socket) => {
+    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+    else socket.destroy();
+  });
+
+  let closedResolve!: () => void;
+  const closed = new Promise<void>((r) => (closedResolve = r));
+  let closeP: Promise<void> | null = null;
+  function close(): Promise<void> {
+    closeP ??= (async () => {
+      closing = true;
+      const serverClosed = new Promise<void>((r) => server.close(() => r()));
+      server.closeIdleConnections();
+      if (running.size > 0) {
+        let t: NodeJS.Timeout | undefined;
+        await Promise.race([Promise.all(running), new Promise((r) => (t = setTimeout(r, graceMs)))]);
+        clearTimeout(t);
+      }
+      await new Promise((r) => setImmediate(r));
+      server.closeAllConnections();
+      await serverClosed;
+      closedResolve();
+    })();
+    return closeP;
+  }
+
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port ?? 0, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  server.on('error', () => {});
+  const port = (server.address() as AddressInfo).port;
+  return { url: urlOf(host, port), port, host, mode, prefill, decode, close, closed };
+}
