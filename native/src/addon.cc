@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvc_checksum.h"
+#include "nixl_addon.h"
 #ifdef KVC_WITH_CUDA
 #include "addon_cuda.h"
 #endif
@@ -272,6 +273,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("entryExtent", Napi::Function::New(env, EntryExtent, "entryExtent"));
   exports.Set("plainSum64", Napi::Function::New(env, PlainSum64, "plainSum64"));
   exports.Set("weightedSum64", Napi::Function::New(env, WeightedSum64, "weightedSum64"));
+  if (env.IsExceptionPending()) return exports;
+  KvcRegisterTransfer(env, exports);
   if (env.IsExceptionPending()) return exports;
 #ifdef KVC_WITH_CUDA
   KvcRegisterCuda(env, exports);

@@ -1,0 +1,129 @@
+#!/usr/bin/env node
+// Transfer benchmarks (issue "@kvconnect/transfer"): the embedded agent's loopback throughput
+// for descriptors of 16 KiB to 16 MiB, READ and WRITE, as GB/s (1e9 B/s) and as a ratio to a
+// memcpy (Buffer.copy of the same descriptors) measured in the same run; then, where
+// `ucx_perftest` is installed (Debian ucx-utils), UCX over TCP loopback (`UCX_TLS=tcp,self`)
+// for the same sizes, and the ratio of the embedded agent to UCX's best test at each size.
+// Not a test: nothing is asserted. Run after `npm run build` (it imports the built package):
+//   node bench/transfer.mjs          (KVC_BENCH_QUICK=1 for a short run)
+// The target agent runs in a child process (as P and D do), both on 127.0.0.1.
+// Targets: TCP path >= 0.5x of UCX's TCP figure (same-host shared memory: not implemented,
+// see bench/transfer-README.md).
+import { fork, spawn, spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { EmbeddedAgent } from '@kvconnect/transfer';
+
+const QUICK = process.env.KVC_BENCH_QUICK === '1';
+const TOTAL = (QUICK ? 64 : 256) << 20; // bytes per timed transfer
+const REPS = QUICK ? 3 : 5;
+const SIZES = (process.env.KVC_BENCH_SIZES ?? "16384,65536,262144,1048576,4194304,16777216").split(",").map(Number);
+const fmtSize = (n) => (n >= 1 << 20 ? `${n >> 20} MiB` : `${n >> 10} KiB`);
+const median = (t) => [...t].sort((x, y) => x - y)[Math.floor(t.length / 2)];
+const gbs = (bytes, ms) => bytes / (ms * 1e6);
+
+if (process.argv[2] === 'target') {
+  // Child: one agent with one region of TOTAL bytes.
+  const agent = await EmbeddedAgent.create({ name: 'bench-target', ...JSON.parse(process.env.KVC_BENCH_TARGET_OPTS ?? '{}') });
+  const mem = new Uint8Array(TOTAL);
+  for (let i = 0; i < mem.length; i += 4096) mem[i] = i & 0xff;
+  const reg = await agent.registerMemory([{ bytes: mem }]);
+  process.send({ md: [...(await agent.getLocalMetadata())], addr: reg.regions[0].addr });
+  process.on('message', async (m) => {
+    if (m === 'exit') {
+      await agent.close();
+      process.exit(0);
+    }
+  });
+} else {
+  await main();
+}
+
+async function main() {
+  console.log(`kvconnect transfer bench: ${QUICK ? 'quick' : 'full'}; ${TOTAL >> 20} MiB per transfer, median of ${REPS}; node ${process.version}`);
+  const child = fork(fileURLToPath(import.meta.url), ['target'], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const ready = await new Promise((r) => child.once('message', r));
+  const a = await EmbeddedAgent.create({ name: 'bench-initiator', ...JSON.parse(process.env.KVC_BENCH_INITIATOR_OPTS ?? '{}') });
+  const local = new Uint8Array(TOTAL);
+  const other = new Uint8Array(TOTAL);
+  local.fill(7);
+  const reg = await a.registerMemory([{ bytes: local }]);
+  const peer = await a.loadRemoteMetadata(Uint8Array.from(ready.md));
+  const rows = [];
+  for (const size of SIZES) {
+    const n = TOTAL / size;
+    const descs = (base) => Array.from({ length: n }, (_, i) => ({ addr: base + i * size, length: size }));
+    const l = await a.prepDescList(null, 'DRAM', descs(reg.regions[0].addr));
+    const r = await a.prepDescList(peer, 'DRAM', descs(ready.addr));
+    const row = { size };
+    for (const op of ['READ', 'WRITE']) {
+      const req = await a.makeTransfer({ op, local: l, remote: r });
+      const once = async () => {
+        const t0 = process.hrtime.bigint();
+        await a.post(req);
+        const st = await a.wait(req);
+        if (st !== 'done') throw new Error(`${op} ${size}: ${st}`);
+        return Number(process.hrtime.bigint() - t0) / 1e6;
+      };
+      const copy = () => {
+        const t0 = process.hrtime.bigint();
+        for (let off = 0; off < TOTAL; off += size) Buffer.prototype.copy.call(local, other, off, off, off + size);
+        return Number(process.hrtime.bigint() - t0) / 1e6;
+      };
+      await once(); // warm-up (connection, JIT)
+      copy();
+      const tx = [];
+      const tc = [];
+      for (let i = 0; i < REPS; i++) {
+        tx.push(await once());
+        tc.push(copy());
+      }
+      row[op] = gbs(TOTAL, median(tx));
+      row[`${op}_memcpy`] = gbs(TOTAL, median(tc));
+      await a.release(req);
+    }
+    rows.push(row);
+  }
+  child.send('exit');
+  await a.close();
+
+  console.log('\nembedded agent, TCP loopback, two processes (GB/s = 1e9 B/s; ratio to Buffer.copy of the same descriptors in this run)');
+  console.log('| descriptor | READ GB/s | READ / memcpy | WRITE GB/s | WRITE / memcpy | memcpy GB/s |');
+  console.log('| --- | --- | --- | --- | --- | --- |');
+  for (const r of rows) {
+    const mc = (r.READ_memcpy + r.WRITE_memcpy) / 2;
+    console.log(`| ${fmtSize(r.size)} | ${r.READ.toFixed(2)} | ${(r.READ / r.READ_memcpy).toFixed(3)} | ${r.WRITE.toFixed(2)} | ${(r.WRITE / r.WRITE_memcpy).toFixed(3)} | ${mc.toFixed(2)} |`);
+  }
+
+  const which = spawnSync('sh', ['-c', 'command -v ucx_perftest'], { encoding: 'utf8' });
+  if (which.status !== 0 || !which.stdout.trim()) {
+    console.log('\nUCX comparison skipped: ucx_perftest is not installed (Debian: apt-get install -y ucx-utils)');
+    return;
+  }
+  console.log(`\nUCX (${which.stdout.trim()}), UCX_TLS=tcp,self, server and client on 127.0.0.1 (GB/s = 1e9 B/s; UCX prints MB/s of 2^20 B)`);
+  console.log('| descriptor | ucp_put_bw | ucp_get | tag_bw | best UCX | embedded READ / best | embedded WRITE / best |');
+  console.log('| --- | --- | --- | --- | --- | --- | --- |');
+  let port = 13500 + (process.pid % 200);
+  for (const r of rows) {
+    const iters = Math.max(QUICK ? 50 : 100, Math.min(20000, Math.floor(TOTAL / r.size)));
+    const res = {};
+    for (const t of ['ucp_put_bw', 'ucp_get', 'tag_bw']) res[t] = await ucxPerf(t, r.size, iters, port++);
+    const best = Math.max(...Object.values(res).filter((x) => x > 0));
+    const f = (x) => (x > 0 ? x.toFixed(2) : 'failed');
+    console.log(`| ${fmtSize(r.size)} | ${f(res.ucp_put_bw)} | ${f(res.ucp_get)} | ${f(res.tag_bw)} | ${f(best)} | ${(r.READ / best).toFixed(2)} | ${(r.WRITE / best).toFixed(2)} |`);
+  }
+}
+
+/** Runs one ucx_perftest server + client pair; returns GB/s (overall bandwidth) or -1. */
+async function ucxPerf(test, size, iters, port) {
+  const env = { ...process.env, UCX_TLS: 'tcp,self' };
+  const args = ['-t', test, '-s', String(size), '-n', String(iters), '-w', String(Math.max(10, iters >> 4)), '-p', String(port)];
+  const server = spawn('ucx_perftest', args, { env, stdio: 'ignore' });
+  await new Promise((r) => setTimeout(r, 400));
+  const client = spawnSync('ucx_perftest', ['127.0.0.1', ...args], { env, encoding: 'utf8', timeout: 120_000 });
+  server.kill();
+  const line = (client.stdout || '').split('\n').find((l) => l.startsWith('Final:'));
+  if (!line) return -1;
+  const cols = line.trim().split(/\s+/); // Final: iters p50 avg-lat overall-lat avg-bw overall-bw avg-rate overall-rate
+  const mbps = Number(cols[6]);
+  return Number.isFinite(mbps) ? (mbps * 1048576) / 1e9 : -1;
+}

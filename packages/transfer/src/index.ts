@@ -1,0 +1,10 @@
+/**
+ * `@kvconnect/transfer`: the {@link TransferAgent} interface (NIXL-shaped) and its
+ * implementations: the embedded agent (TCP, plain Node) and the NIXL agent (`libnixl_capi.so`
+ * loaded at run time by the native addon).
+ * @module
+ */
+export * from './types.js';
+export { TransferError, ProtocolError, isTransferError } from './errors.js';
+export { EmbeddedAgent, decodeMetadata as decodeEmbeddedMetadata, type EmbeddedAgentOptions, type PeerInfo as EmbeddedPeerInfo } from './embedded.js';
+export { NixlAgent, loadNixlLibrary, nixlLibraryCandidates, NIXL_STATUS, type NixlAgentOptions } from './nixl.js';

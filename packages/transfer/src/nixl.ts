@@ -1,0 +1,516 @@
+/**
+ * The NIXL agent: a {@link TransferAgent} over NIXL's C API (`libnixl_capi.so`), which the
+ * native addon loads at run time with dlopen (`native/src/nixl_addon.cc`). The addon builds and
+ * loads where NIXL is absent; only {@link NixlAgent.create} needs the library and fails with an
+ * Error whose message starts `NIXL not available:` and lists every path tried.
+ *
+ * Where the library is looked for ({@link nixlLibraryCandidates}), first match wins:
+ * 1. `$NIXL_LIBRARY` (a file path; tests point it at `native/build/test/libfake_nixl_capi.so`);
+ * 2. `$NIXL_PREFIX/lib/libnixl_capi.so`, `$NIXL_PREFIX/lib/<arch>-linux-gnu/libnixl_capi.so`,
+ *    `$NIXL_PREFIX/lib64/libnixl_capi.so`;
+ * 3. `libnixl_capi.so` on the library path (LD_LIBRARY_PATH, ld.so cache);
+ * 4. without `NIXL_PREFIX`: NIXL's default prefix `/opt/nvidia/nvda_nixl` as in 2.
+ * Dependencies of the library that sit next to it (libnixl.so, ...) are found even without
+ * LD_LIBRARY_PATH (NIXL's libraries have no RUNPATH).
+ *
+ * Behaviour: every NIXL call of an agent runs on one native thread of that agent, which also
+ * drives progress (no NIXL progress thread by default; see the research notes, section F) and
+ * polls notifs; JS never blocks. Memory is registered by address: `bytes` regions are pinned by
+ * reference for as long as they are registered (their address is read with `addressOf`), and
+ * raw `addr` regions (VRAM) are passed through.
+ *
+ * Error mapping (the C API collapses NIXL's status codes, so some of this is inference):
+ * prep/make failures are `invalid`; a peer whose metadata is not loaded is `not-found` (checked
+ * here before calling NIXL); a post that fails is `backend`; a posted transfer that later fails
+ * is `remote-disconnect` (validation already passed, so the transport or peer failed).
+ * @module
+ */
+import { createRequire } from 'node:module';
+import { TransferError } from './errors.js';
+import { toU8 } from './memory.js';
+import type {
+  AgentCapabilities,
+  DescList,
+  MakeTransferArgs,
+  MemoryKind,
+  MemoryRegion,
+  PostOptions,
+  RegisteredRegion,
+  Registration,
+  TransferAgent,
+  TransferErrorKind,
+  TransferRequest,
+  XferDesc,
+  XferOp,
+  XferStatus,
+} from './types.js';
+
+/** The addon's `transfer` bindings (native/src/nixl_addon.cc). */
+interface NativeTransfer {
+  nixlLoad(candidates: string[]): { ok: boolean; path: string | null; tried: string[] };
+  addressOf(view: ArrayBufferView): number;
+  NixlAgentCore: new (
+    libPath: string,
+    name: string,
+    config: { backend: string; params: string[]; progressThread: boolean; progressDelayUs: number; pollUs: number; idlePollUs: number },
+    onStatus: (xferId: number, code: number) => void,
+  ) => NixlAgentCore;
+}
+
+interface NixlAgentCore {
+  init(): Promise<void>;
+  registerMem(memType: number, descs: Float64Array): Promise<void>;
+  deregisterMem(memType: number, descs: Float64Array): Promise<void>;
+  getLocalMd(): Promise<Buffer>;
+  loadRemoteMd(md: Uint8Array): Promise<string>;
+  invalidateRemoteMd(name: string): Promise<void>;
+  prepDlist(agent: string, memType: number, descs: Float64Array): Promise<number>;
+  releaseDlist(id: number): Promise<void>;
+  makeXfer(op: number, localId: number, localIdx: Int32Array, remoteId: number, remoteIdx: Int32Array, notif: Uint8Array | null): Promise<number>;
+  post(id: number, notif: Uint8Array | null): Promise<number>;
+  releaseXfer(id: number): Promise<number>;
+  genNotif(remote: string, msg: Uint8Array): Promise<void>;
+  takeNotifs(): Array<string | Buffer>;
+  close(): Promise<void>;
+}
+
+/** NIXL C API status codes (`nixl_capi_status_t`). */
+export const NIXL_STATUS = { SUCCESS: 0, IN_PROG: 1, INVALID_PARAM: -1, BACKEND: -2, INVALID_STATE: -3, EXCEPTION: -4, NO_TELEMETRY: -5, NOT_FOUND: -6 } as const;
+
+const MEM_TYPE: Record<MemoryKind, number> = { DRAM: 0, VRAM: 1 };
+const DEFAULT_PREFIX = '/opt/nvidia/nvda_nixl';
+
+/** The library paths {@link NixlAgent.create} tries, in order (see the module note). */
+export function nixlLibraryCandidates(env: NodeJS.ProcessEnv = process.env): string[] {
+  const out: string[] = [];
+  const triplet = process.arch === 'arm64' ? 'aarch64-linux-gnu' : 'x86_64-linux-gnu';
+  const underPrefix = (p: string) => [`${p}/lib/libnixl_capi.so`, `${p}/lib/${triplet}/libnixl_capi.so`, `${p}/lib64/libnixl_capi.so`];
+  if (env.NIXL_LIBRARY) out.push(env.NIXL_LIBRARY);
+  if (env.NIXL_PREFIX) out.push(...underPrefix(env.NIXL_PREFIX.replace(/\/+$/, '')));
+  out.push('libnixl_capi.so');
+  if (!env.NIXL_PREFIX) out.push(...underPrefix(DEFAULT_PREFIX));
+  return out;
+}
+
+let nativeCache: { t: NativeTransfer | null; reason: string } | undefined;
+
+function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
+  if (nativeCache) return nativeCache;
+  try {
+    const mod = createRequire(import.meta.url)('@kvconnect/native') as { addon: { transfer?: NativeTransfer } | null; loadError: Error | null };
+    if (!mod.addon) nativeCache = { t: null, reason: `the native addon is not built or failed to load (${mod.loadError?.message ?? 'no reason given'})` };
+    else if (!mod.addon.transfer) nativeCache = { t: null, reason: 'the native addon has no transfer bindings (rebuild it: cd native && node scripts/install.cjs)' };
+    else nativeCache = { t: mod.addon.transfer, reason: '' };
+  } catch (e) {
+    nativeCache = { t: null, reason: `cannot load @kvconnect/native: ${e instanceof Error ? e.message : String(e)}` };
+  }
+  return nativeCache;
+}
+
+/**
+ * Loads `libnixl_capi.so` (once per path per process).
+ * @returns the path that loaded.
+ * @throws Error `NIXL not available: ...` listing every path tried and why it failed.
+ */
+export function loadNixlLibrary(options: { library?: string; env?: NodeJS.ProcessEnv } = {}): string {
+  const { t, reason } = nativeTransfer();
+  if (!t) throw new Error(`NIXL not available: ${reason}`);
+  const candidates = options.library ? [options.library] : nixlLibraryCandidates(options.env);
+  const r = t.nixlLoad(candidates);
+  if (!r.ok || !r.path) throw new Error(`NIXL not available: tried ${r.tried.join('; ')}`);
+  return r.path;
+}
+
+/** Options of {@link NixlAgent.create}. */
+export interface NixlAgentOptions {
+  /** Agent name, unique among peers. */
+  readonly name: string;
+  /** Path of libnixl_capi.so (default: the search of {@link nixlLibraryCandidates}). */
+  readonly library?: string;
+  /** NIXL backend plugin (default `UCX`). */
+  readonly backend?: string;
+  /** Backend parameters, e.g. `{ ucx_error_handling_mode: 'none' }` for shared-memory UCX transports. */
+  readonly backendParams?: Readonly<Record<string, string>>;
+  /** Use NIXL's progress thread (default false: the agent's own thread drives progress by polling). */
+  readonly progressThread?: boolean;
+  /** Progress-thread delay in microseconds when `progressThread` is on (default 1000; 0 spins). */
+  readonly progressDelayUs?: number;
+  /** Polling interval while transfers are in flight, microseconds (default 20). */
+  readonly pollUs?: number;
+  /** Polling interval otherwise (drives notif reception), microseconds (default 1000). */
+  readonly idlePollUs?: number;
+  /** Default transfer deadline, milliseconds (default 30 000). */
+  readonly transferTimeoutMs?: number;
+}
+
+interface NixlRegistration extends Registration {
+  readonly pins: readonly Uint8Array[];
+}
+
+class NixlList implements DescList {
+  constructor(
+    readonly agent: string | null,
+    readonly kind: MemoryKind,
+    readonly descs: readonly XferDesc[],
+    readonly id: number,
+  ) {}
+  released = false;
+}
+
+class NixlRequest implements TransferRequest {
+  error: Error | null = null;
+  state: XferStatus | 'idle' = 'idle';
+  nativeId: number | null;
+  gen = 0;
+  released = false;
+  timer: NodeJS.Timeout | null = null;
+  waiters: Array<(s: XferStatus) => void> = [];
+  constructor(
+    readonly owner: NixlAgent,
+    readonly op: XferOp,
+    readonly remoteAgent: string,
+    readonly bytes: number,
+    readonly count: number,
+    nativeId: number,
+    readonly remake: () => Promise<number>,
+  ) {
+    this.nativeId = nativeId;
+  }
+}
+
+function flatDescs(descs: readonly XferDesc[], what: string): Float64Array {
+  const f = new Float64Array(descs.length * 3);
+  descs.forEach((d, i) => {
+    if (!d || !Number.isSafeInteger(d.addr) || d.addr < 0 || !Number.isSafeInteger(d.length) || d.length <= 0) throw new TransferError('invalid', `${what}[${i}] needs a safe non-negative addr and a positive length`);
+    const dev = d.deviceId ?? 0;
+    if (!Number.isSafeInteger(dev) || dev < 0) throw new TransferError('invalid', `${what}[${i}].deviceId must be a non-negative integer`);
+    f[3 * i] = d.addr;
+    f[3 * i + 1] = d.length;
+    f[3 * i + 2] = dev;
+  });
+  return f;
+}
+
+function nixlError(kind: TransferErrorKind, e: unknown): TransferError {
+  const m = e instanceof Error ? e.message : String(e);
+  const status = (e as { status?: unknown })?.status;
+  return new TransferError(status === NIXL_STATUS.NOT_FOUND ? 'not-found' : kind, m, { cause: e });
+}
+
+/** A {@link TransferAgent} over NIXL's C API. Create with {@link NixlAgent.create}. */
+export class NixlAgent implements TransferAgent {
+  readonly backend = 'nixl';
+  readonly capabilities: AgentCapabilities = Object.freeze({ memoryKinds: Object.freeze(['DRAM', 'VRAM'] as MemoryKind[]), read: true, write: true, notify: true });
+  private readonly remotes = new Set<string>();
+  private readonly regs = new Set<NixlRegistration>();
+  private readonly byId = new Map<number, NixlRequest>();
+  private closed = false;
+
+  private constructor(
+    readonly name: string,
+    /** The library path that was loaded. */
+    readonly library: string,
+    private readonly core: NixlAgentCore,
+    private readonly native: NativeTransfer,
+    private readonly timeoutMs: number,
+  ) {}
+
+  /**
+   * Loads NIXL (see {@link loadNixlLibrary}), creates the agent and its backend.
+   * @throws Error `NIXL not available: ...` when the library cannot be loaded; TransferError
+   *   `backend` when NIXL refuses the agent or backend.
+   */
+  static async create(options: NixlAgentOptions): Promise<NixlAgent> {
+    const { name } = options;
+    if (typeof name !== 'string' || name.length === 0) throw new TransferError('invalid', 'agent name must be a non-empty string');
+    const path = loadNixlLibrary({ library: options.library });
+    const t = nativeTransfer().t!;
+    const params: string[] = [];
+    for (const [k, v] of Object.entries(options.backendParams ?? {})) params.push(k, String(v));
+    let agent: NixlAgent | null = null;
+    const core = new t.NixlAgentCore(
+      path,
+      name,
+      {
+        backend: options.backend ?? 'UCX',
+        params,
+        progressThread: options.progressThread ?? false,
+        progressDelayUs: options.progressDelayUs ?? 1000,
+        pollUs: options.pollUs ?? 20,
+        idlePollUs: options.idlePollUs ?? 1000,
+      },
+      (id, code) => agent?.onStatus(id, code),
+    );
+    const timeout = options.transferTimeoutMs ?? 30_000;
+    if (!Number.isSafeInteger(timeout) || timeout <= 0) throw new TransferError('invalid', 'transferTimeoutMs must be a positive integer');
+    agent = new NixlAgent(name, path, core, t, timeout);
+    try {
+      await core.init();
+    } catch (e) {
+      await core.close().catch(() => {});
+      throw nixlError('backend', e);
+    }
+    return agent;
+  }
+
+  private checkOpen(): void {
+    if (this.closed) throw new TransferError('canceled', `agent ${this.name} is closed`);
+  }
+
+  async registerMemory(regions: readonly MemoryRegion[]): Promise<Registration> {
+    this.checkOpen();
+    if (!Array.isArray(regions) || regions.length === 0) throw new TransferError('invalid', 'registerMemory needs at least one region');
+    const out: RegisteredRegion[] = [];
+    const pins: Uint8Array[] = [];
+    for (const [i, r] of regions.entries()) {
+      if (r && 'bytes' in r) {
+        if (r.kind !== undefined && r.kind !== 'DRAM') throw new TransferError('invalid', `regions[${i}]: bytes are DRAM`);
+        const v = toU8(r.bytes);
+        if (!v || v.byteLength === 0) throw new TransferError('invalid', `regions[${i}].bytes must be a non-empty ArrayBuffer, SharedArrayBuffer or view`);
+        pins.push(v);
+        out.push(Object.freeze({ addr: this.native.addressOf(v), length: v.byteLength, kind: 'DRAM', deviceId: 0 }));
+      } else if (r && 'addr' in r) {
+        if (r.kind !== 'DRAM' && r.kind !== 'VRAM') throw new TransferError('invalid', `regions[${i}].kind must be DRAM or VRAM`);
+        const dev = r.deviceId ?? 0;
+        if (!Number.isSafeInteger(r.addr) || r.addr <= 0 || !Number.isSafeInteger(r.length) || r.length <= 0 || !Number.isSafeInteger(dev) || dev < 0) {
+          throw new TransferError('invalid', `regions[${i}] needs a positive safe addr and length`);
+        }
+        out.push(Object.freeze({ addr: r.addr, length: r.length, kind: r.kind, deviceId: dev }));
+      } else {
+        throw new TransferError('invalid', `regions[${i}] must have bytes or addr`);
+      }
+    }
+    const done: MemoryKind[] = [];
+    try {
+      for (const kind of ['DRAM', 'VRAM'] as const) {
+        const of = out.filter((r) => r.kind === kind);
+        if (of.length === 0) continue;
+        await this.core.registerMem(MEM_TYPE[kind], flatDescs(of, 'regions'));
+        done.push(kind);
+      }
+    } catch (e) {
+      for (const kind of done) await this.core.deregisterMem(MEM_TYPE[kind], flatDescs(out.filter((r) => r.kind === kind), 'regions')).catch(() => {});
+      throw nixlError('invalid', e);
+    }
+    const reg: NixlRegistration = Object.freeze({ regions: Object.freeze(out), pins });
+    this.regs.add(reg);
+    return reg;
+  }
+
+  async deregisterMemory(registration: Registration): Promise<void> {
+    const reg = registration as NixlRegistration;
+    if (!this.regs.has(reg)) throw new TransferError('not-found', 'not a live registration of this agent');
+    this.regs.delete(reg);
+    for (const kind of ['DRAM', 'VRAM'] as const) {
+      const of = reg.regions.filter((r) => r.kind === kind);
+      if (of.length === 0) continue;
+      try {
+        await this.core.deregisterMem(MEM_TYPE[kind], flatDescs(of, 'regions'));
+      } catch (e) {
+        throw nixlError('backend', e);
+      }
+    }
+  }
+
+  async getLocalMetadata(): Promise<Uint8Array> {
+    this.checkOpen();
+    try {
+      const b = await this.core.getLocalMd();
+      return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+    } catch (e) {
+      throw nixlError('backend', e);
+    }
+  }
+
+  async loadRemoteMetadata(metadata: Uint8Array): Promise<string> {
+    this.checkOpen();
+    if (!(metadata instanceof Uint8Array) || metadata.byteLength === 0) throw new TransferError('invalid', 'metadata must be a non-empty Uint8Array');
+    try {
+      const name = await this.core.loadRemoteMd(metadata);
+      this.remotes.add(name);
+      return name;
+    } catch (e) {
+      throw nixlError('invalid', e);
+    }
+  }
+
+  async invalidateRemoteMetadata(agent: string): Promise<void> {
+    if (!this.remotes.delete(agent)) return;
+    try {
+      await this.core.invalidateRemoteMd(agent);
+    } catch (e) {
+      throw nixlError('backend', e);
+    }
+  }
+
+  async prepDescList(agent: string | null, kind: MemoryKind, descs: readonly XferDesc[]): Promise<DescList> {
+    this.checkOpen();
+    if (kind !== 'DRAM' && kind !== 'VRAM') throw new TransferError('invalid', `unknown memory kind ${String(kind)}`);
+    if (agent !== null && agent !== this.name && !this.remotes.has(agent)) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
+    if (!Array.isArray(descs) || descs.length === 0) throw new TransferError('invalid', 'descs must be a non-empty array');
+    const flat = flatDescs(descs, 'descs');
+    try {
+      const id = await this.core.prepDlist(agent ?? '', MEM_TYPE[kind], flat);
+      return new NixlList(agent, kind, Object.freeze(descs.map((d) => Object.freeze({ addr: d.addr, length: d.length, deviceId: d.deviceId ?? 0 }))), id);
+    } catch (e) {
+      throw nixlError('invalid', e);
+    }
+  }
+
+  async releaseDescList(list: DescList): Promise<void> {
+    if (!(list instanceof NixlList) || list.released) return;
+    list.released = true;
+    await this.core.releaseDlist(list.id).catch(() => {});
+  }
+
+  async makeTransfer(args: MakeTransferArgs): Promise<TransferRequest> {
+    this.checkOpen();
+    const { op, local, remote } = args;
+    if (op !== 'READ' && op !== 'WRITE') throw new TransferError('invalid', `op must be READ or WRITE, got ${String(op)}`);
+    if (!(local instanceof NixlList) || !(remote instanceof NixlList) || local.released || remote.released) throw new TransferError('invalid', 'descriptor lists must come from this agent\'s prepDescList (and not be released)');
+    if (local.agent !== null) throw new TransferError('invalid', 'local must be a local descriptor list (agent null)');
+    if (remote.agent === null) throw new TransferError('invalid', 'remote must be a remote descriptor list');
+    const li = Int32Array.from(args.localIndices ?? local.descs.map((_, i) => i));
+    const ri = Int32Array.from(args.remoteIndices ?? remote.descs.map((_, i) => i));
+    if (li.length !== ri.length || li.length === 0) throw new TransferError('invalid', `${li.length} local indices but ${ri.length} remote indices (need equal, at least one)`);
+    let bytes = 0;
+    for (let i = 0; i < li.length; i++) {
+      const l = local.descs[li[i]!];
+      const r = remote.descs[ri[i]!];
+      if (!l) throw new TransferError('invalid', `localIndices[${i}] = ${li[i]} is out of range`);
+      if (!r) throw new TransferError('invalid', `remoteIndices[${i}] = ${ri[i]} is out of range`);
+      if (l.length !== r.length) throw new TransferError('invalid', `pair ${i}: local length ${l.length} != remote length ${r.length}`);
+      bytes += l.length;
+    }
+    const notif = args.notif === undefined ? null : args.notif;
+    if (notif !== null && !(notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
+    const opCode = op === 'READ' ? 0 : 1;
+    const make = () => this.core.makeXfer(opCode, local.id, li, remote.id, ri, notif);
+    try {
+      const id = await make();
+      const req = new NixlRequest(this, op, remote.agent, bytes, li.length, id, make);
+      this.byId.set(id, req);
+      return req;
+    } catch (e) {
+      throw nixlError('invalid', e);
+    }
+  }
+
+  private own(req: TransferRequest): NixlRequest {
+    if (!(req instanceof NixlRequest) || req.owner !== this) throw new TransferError('invalid', 'not a request of this agent');
+    return req;
+  }
+
+  async post(request: TransferRequest, options: PostOptions = {}): Promise<XferStatus> {
+    this.checkOpen();
+    const req = this.own(request);
+    if (req.released) throw new TransferError('invalid', 'the request was released');
+    if (req.state === 'in-progress') throw new TransferError('invalid', 'the request is already in progress (one post at a time)');
+    const timeoutMs = options.timeoutMs ?? this.timeoutMs;
+    if (!Number.isSafeInteger(timeoutMs) || timeoutMs <= 0) throw new TransferError('invalid', 'timeoutMs must be a positive integer');
+    if (options.notif !== undefined && !(options.notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
+    if (req.nativeId === null) {
+      // The previous post timed out and its NIXL request was released: make a new one.
+      try {
+        req.nativeId = await req.remake();
+        this.byId.set(req.nativeId, req);
+      } catch (e) {
+        throw nixlError('invalid', e);
+      }
+    }
+    const gen = ++req.gen;
+    req.error = null;
+    req.state = 'in-progress';
+    const id = req.nativeId;
+    const code = await this.core.post(id, options.notif ?? null);
+    if (req.gen !== gen || req.state !== 'in-progress') return this.status(req);
+    if (code === NIXL_STATUS.SUCCESS) return this.finish(req, 'done', null);
+    if (code !== NIXL_STATUS.IN_PROG) return this.finish(req, 'backend', `nixl_capi_post_xfer_req failed with status ${code}`);
+    req.timer = setTimeout(() => {
+      if (req.gen !== gen || req.state !== 'in-progress') return;
+      this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`);
+      // Cancel it in NIXL; a later post makes a fresh request.
+      this.byId.delete(id);
+      req.nativeId = null;
+      this.core.releaseXfer(id).catch(() => {});
+    }, timeoutMs);
+    req.timer.unref();
+    return 'in-progress';
+  }
+
+  private onStatus(id: number, code: number): void {
+    const req = this.byId.get(id);
+    if (!req || req.state !== 'in-progress') return;
+    if (code === NIXL_STATUS.SUCCESS) this.finish(req, 'done', null);
+    else this.finish(req, 'remote-disconnect', `transfer failed in NIXL with status ${code} (the C API does not say why; the peer or transport failed)`);
+  }
+
+  private finish(req: NixlRequest, state: XferStatus, message: string | null): XferStatus {
+    if (req.state !== 'in-progress') return this.status(req);
+    req.state = state;
+    req.error = state === 'done' ? null : new TransferError(state as TransferErrorKind, message ?? state);
+    if (req.timer) clearTimeout(req.timer);
+    req.timer = null;
+    const w = req.waiters;
+    req.waiters = [];
+    for (const fn of w) fn(state);
+    return state;
+  }
+
+  status(request: TransferRequest): XferStatus {
+    const req = this.own(request);
+    return req.state === 'idle' ? 'invalid' : req.state;
+  }
+
+  wait(request: TransferRequest): Promise<XferStatus> {
+    const req = this.own(request);
+    if (req.state !== 'in-progress') return Promise.resolve(this.status(req));
+    return new Promise((resolve) => req.waiters.push(resolve));
+  }
+
+  async release(request: TransferRequest): Promise<void> {
+    const req = this.own(request);
+    if (req.released) return;
+    req.released = true;
+    if (req.state === 'in-progress') this.finish(req, 'canceled', 'released while in progress');
+    const id = req.nativeId;
+    req.nativeId = null;
+    if (id === null) return;
+    this.byId.delete(id);
+    const rc = await this.core.releaseXfer(id);
+    if (rc !== NIXL_STATUS.SUCCESS && !this.closed) throw new TransferError('backend', `nixl_capi_release_xfer_req failed with status ${rc}`);
+  }
+
+  async sendNotif(agent: string, message: Uint8Array): Promise<void> {
+    this.checkOpen();
+    if (!(message instanceof Uint8Array)) throw new TransferError('invalid', 'a notif must be a Uint8Array');
+    if (agent !== this.name && !this.remotes.has(agent)) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
+    try {
+      await this.core.genNotif(agent, message);
+    } catch (e) {
+      throw nixlError('backend', e);
+    }
+  }
+
+  async pollNotifs(): Promise<Map<string, Uint8Array[]>> {
+    const flat = this.closed ? [] : this.core.takeNotifs();
+    const out = new Map<string, Uint8Array[]>();
+    for (let i = 0; i + 1 < flat.length; i += 2) {
+      const who = flat[i] as string;
+      const b = flat[i + 1] as Buffer;
+      let l = out.get(who);
+      if (!l) out.set(who, (l = []));
+      l.push(new Uint8Array(b.buffer, b.byteOffset, b.byteLength));
+    }
+    return out;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const req of this.byId.values()) if (req.state === 'in-progress') this.finish(req, 'canceled', `agent ${this.name} closed`);
+    this.byId.clear();
+    await this.core.close().catch(() => {});
+    this.regs.clear();
+  }
+}

@@ -1,0 +1,371 @@
+/**
+ * The embedded agent: the conformance suite, then what only it has: the wire protocol under
+ * fuzzing, per-connection windows, metadata decoding, a second process.
+ */
+import { fork } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import * as net from 'node:net';
+import { fileURLToPath } from 'node:url';
+import { afterEach, describe, expect, it } from 'vitest';
+import { Packr } from 'msgpackr';
+import { decodeEmbeddedMetadata, EmbeddedAgent, isTransferError, ProtocolError, type TransferAgent } from '../src/index.js';
+import { encodeFrame, F, FrameReader, MAX_PAYLOAD_BYTES, type Header } from '../src/wire.js';
+import { collectNotifs, defineConformance } from './conformance.js';
+import { pattern } from './patterns.js';
+
+let seq = 0;
+const uniq = (p: string) => `${p}-${process.pid}-${++seq}`;
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const packr = new Packr({ useRecords: false, variableMapSize: true });
+
+defineConformance({
+  label: 'embedded',
+  canStall: true,
+  async pair({ stalled }) {
+    const a = await EmbeddedAgent.create({ name: uniq('a') });
+    const b = await EmbeddedAgent.create({ name: uniq('b'), stallIncoming: stalled });
+    await a.loadRemoteMetadata(await b.getLocalMetadata());
+    await b.loadRemoteMetadata(await a.getLocalMetadata());
+    return { a, b };
+  },
+  tamperSecret(md) {
+    const v = new Packr({ useRecords: false }).unpack(md) as unknown[];
+    const s = Uint8Array.prototype.slice.call(v[5] as Uint8Array);
+    s[0] = s[0]! ^ 1;
+    v[5] = s;
+    return packr.pack(v);
+  },
+  single: (name) => EmbeddedAgent.create({ name: uniq(name) }),
+});
+
+/** A raw TCP client speaking frames to an agent. */
+class RawPeer {
+  readonly frames: Array<{ h: Header; payload: Buffer }> = [];
+  closed = false;
+  private constructor(readonly socket: net.Socket) {
+    let cur: Buffer[] = [];
+    const reader = new FrameReader({
+      onHeader: (h) => {
+        cur = [];
+        return {
+          write: (c) => cur.push(Buffer.from(c)),
+          end: () => this.frames.push({ h, payload: Buffer.concat(cur) }),
+        };
+      },
+      onProtocolError: () => socket.destroy(),
+    });
+    socket.on('data', (c: Buffer) => reader.push(c));
+    socket.on('close', () => (this.closed = true));
+    socket.on('error', () => {});
+  }
+  static async connect(agent: EmbeddedAgent): Promise<RawPeer> {
+    const s = net.connect(agent.address.port, agent.address.host);
+    await new Promise<void>((r, j) => s.once('connect', () => r()).once('error', j));
+    return new RawPeer(s);
+  }
+  async hello(agent: EmbeddedAgent): Promise<void> {
+    const v = new Packr({ useRecords: false }).unpack(await agent.getLocalMetadata()) as unknown[];
+    this.socket.write(encodeFrame([F.HELLO, 1, 'raw', v[5]]));
+    await this.until((f) => f.h.t === F.OK);
+  }
+  async until(pred: (f: { h: Header; payload: Buffer }) => boolean, ms = 3000): Promise<{ h: Header; payload: Buffer }> {
+    const end = Date.now() + ms;
+    for (;;) {
+      const f = this.frames.find(pred);
+      if (f) return f;
+      if (Date.now() > end) throw new Error('frame did not arrive');
+      await sleep(2);
+    }
+  }
+}
+
+describe('embedded agent', () => {
+  const open: TransferAgent[] = [];
+  const agent = async (o: Partial<Parameters<typeof EmbeddedAgent.create>[0]> = {}) => {
+    const a = await EmbeddedAgent.create({ name: uniq('e'), ...o });
+    open.push(a);
+    return a;
+  };
+  afterEach(async () => {
+    await Promise.all(open.splice(0).map((a) => a.close()));
+  });
+
+  /** A transfer that must still work (the agent survived whatever came before). */
+  async function stillServes(target: EmbeddedAgent): Promise<void> {
+    const c = await agent();
+    const lt = pattern(100_000, 21);
+    const lc = new Uint8Array(100_000);
+    const rt = await target.registerMemory([{ bytes: lt }]);
+    const rc = await c.registerMemory([{ bytes: lc }]);
+    await c.loadRemoteMetadata(await target.getLocalMetadata());
+    const req = await c.makeTransfer({
+      op: 'READ',
+      local: await c.prepDescList(null, 'DRAM', [{ addr: rc.regions[0]!.addr, length: 100_000 }]),
+      remote: await c.prepDescList(target.name, 'DRAM', [{ addr: rt.regions[0]!.addr, length: 100_000 }]),
+    });
+    await c.post(req);
+    expect(await c.wait(req)).toBe('done');
+    expect(Buffer.compare(lc, lt)).toBe(0);
+  }
+
+  it('survives hundreds of malformed frames, closing each offending connection with a ProtocolError', async () => {
+    const t = await agent();
+    const mem = pattern(65536, 22);
+    const before = mem.slice();
+    const reg = await t.registerMemory([{ bytes: mem }]);
+    const errors: ProtocolError[] = [];
+    t.on('protocol-error', (e) => errors.push(e));
+    const meta = new Packr({ useRecords: false }).unpack(await t.getLocalMetadata()) as unknown[];
+    const secret = meta[5] as Uint8Array;
+    const base = reg.regions[0]!.addr;
+    let seed = 12345;
+    const rnd = (n: number) => {
+      seed = (seed * 1103515245 + 12345) >>> 0;
+      return seed % n;
+    };
+    const randomHeader = (): unknown => {
+      const pick = [
+        () => [rnd(20)],
+        () => [F.READ, rnd(10), [base + rnd(70000) - 2000, rnd(70000)]],
+        () => [F.WRITE, rnd(10), [base + rnd(70000), rnd(70000)]],
+        () => [F.READ, -1, []],
+        () => [F.HELLO, 1, 'x', secret],
+        () => [F.OK, 'x'],
+        () => [F.RDATA, 1],
+        () => ['str', 1],
+        () => [F.WRITE, 1, [base, 2 ** 60]],
+        () => [F.READ, 1, Array(20000).fill(1)],
+        () => ({ t: 1 }),
+        () => [F.NOTIF, 1, 2],
+        () => [F.ERR, 1, 'x'.repeat(100), 'y'],
+      ];
+      return pick[rnd(pick.length)]!();
+    };
+    let sessions = 0;
+    for (let i = 0; i < 300; i++) {
+      const p = await RawPeer.connect(t);
+      sessions++;
+      const authed = i % 2 === 0;
+      if (authed) p.socket.write(encodeFrame([F.HELLO, 1, 'fuzz', secret]));
+      const kind = rnd(4);
+      if (kind === 0) {
+        p.socket.write(randomBytes(1 + rnd(300))); // pure noise
+      } else if (kind === 1) {
+        const h = packr.pack(randomHeader());
+        const pre = Buffer.alloc(8);
+        pre.writeUInt32LE(h.length, 0);
+        pre.writeUInt32LE(rnd(3) === 0 ? MAX_PAYLOAD_BYTES + 1 : rnd(64), 4);
+        p.socket.write(Buffer.concat([pre, h, randomBytes(rnd(64))]));
+      } else if (kind === 2) {
+        const pre = Buffer.alloc(8);
+        pre.writeUInt32LE(rnd(2) === 0 ? 0 : 0xffffffff, 0);
+        p.socket.write(pre);
+      } else {
+        const body = randomBytes(1 + rnd(40));
+        const pre = Buffer.alloc(8);
+        pre.writeUInt32LE(body.length, 0);
+        p.socket.write(Buffer.concat([pre, body]));
+      }
+      p.socket.end();
+      if (i % 50 === 49) await sleep(5);
+    }
+    await sleep(300);
+    expect(sessions).toBe(300);
+    expect(errors.length).toBeGreaterThan(150);
+    expect(errors.every((e) => e instanceof ProtocolError && e.kind === 'invalid')).toBe(true);
+    expect(t.protocolErrors).toBe(errors.length);
+    // Out-of-bounds WRITEs in the fuzz never landed: memory unchanged.
+    expect(Buffer.compare(mem, before)).toBe(0);
+    await stillServes(t);
+  });
+
+  it('answers out-of-bounds READ/WRITE frames from an authenticated peer with ERR and never touches memory', async () => {
+    const t = await agent();
+    const mem = pattern(4096, 23);
+    const before = mem.slice();
+    const reg = await t.registerMemory([{ bytes: mem }]);
+    const base = reg.regions[0]!.addr;
+    const p = await RawPeer.connect(t);
+    await p.hello(t);
+    p.socket.write(encodeFrame([F.READ, 7, [base + 4000, 200]]));
+    p.socket.write(encodeFrame([F.WRITE, 8, [base, 16, base + 4090, 16]], 32));
+    p.socket.write(Buffer.alloc(32, 0xee));
+    p.socket.write(encodeFrame([F.READ, 9, [base + 10, 5]]));
+    const e7 = await p.until((f) => f.h.t === F.ERR && f.h.id === 7);
+    const e8 = await p.until((f) => f.h.t === F.ERR && f.h.id === 8);
+    const ok = await p.until((f) => f.h.t === F.RDATA && f.h.id === 9);
+    expect((e7.h as { kind: string }).kind).toBe('invalid');
+    expect((e8.h as { message: string }).message).toMatch(/outside/);
+    expect([...ok.payload]).toEqual([...mem.subarray(10, 15)]);
+    expect(Buffer.compare(mem, before)).toBe(0);
+    expect(p.closed).toBe(false);
+    p.socket.destroy();
+  });
+
+  it('refuses frames before HELLO and a wrong secret, with a typed error', async () => {
+    const t = await agent();
+    const errors: ProtocolError[] = [];
+    t.on('protocol-error', (e) => errors.push(e));
+    const p1 = await RawPeer.connect(t);
+    p1.socket.write(encodeFrame([F.READ, 1, [0x10000, 1]]));
+    const f1 = await p1.until((f) => f.h.t === F.FATAL);
+    expect((f1.h as { message: string }).message).toMatch(/expected HELLO/);
+    const p2 = await RawPeer.connect(t);
+    p2.socket.write(encodeFrame([F.HELLO, 1, 'me', new Uint8Array(32)]));
+    const f2 = await p2.until((f) => f.h.t === F.FATAL);
+    expect((f2.h as { message: string }).message).toMatch(/wrong secret/);
+    await sleep(150);
+    expect(p1.closed && p2.closed).toBe(true);
+    expect(errors.map((e) => e.kind)).toEqual(['invalid', 'invalid']);
+    expect(errors[1]!.message).toMatch(/wrong secret/);
+  });
+
+  it('keeps at most maxInflightBytes outstanding per connection', async () => {
+    // A fake target that accepts the hello and then swallows everything without answering.
+    let received = 0;
+    const server = net.createServer((s) => {
+      let helloDone = false;
+      s.on('data', (c: Buffer) => {
+        if (!helloDone) {
+          helloDone = true;
+          s.write(encodeFrame([F.OK, 'sink']));
+          return;
+        }
+        received += c.length;
+      });
+      s.on('error', () => {});
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+    const port = (server.address() as net.AddressInfo).port;
+    try {
+      const a = await agent({ maxInflightBytes: 256 * 1024, chunkBytes: 64 * 1024 });
+      const md = packr.pack(['kvconnect-embedded', 1, 'sink', '127.0.0.1', port, new Uint8Array(32), [0x10000, 64 << 20]]);
+      await a.loadRemoteMetadata(md);
+      const src = pattern(8 << 20, 24);
+      const ra = await a.registerMemory([{ bytes: src }]);
+      const req = await a.makeTransfer({
+        op: 'WRITE',
+        local: await a.prepDescList(null, 'DRAM', [{ addr: ra.regions[0]!.addr, length: 8 << 20 }]),
+        remote: await a.prepDescList('sink', 'DRAM', [{ addr: 0x10000, length: 8 << 20 }]),
+      });
+      await a.post(req, { timeoutMs: 1000 });
+      await sleep(300);
+      expect(received).toBeGreaterThan(200 * 1024);
+      expect(received).toBeLessThan(256 * 1024 + 4096); // window plus frame headers
+      expect(await a.wait(req)).toBe('timeout');
+    } finally {
+      server.close();
+    }
+  });
+
+  it('moves large transfers through small windows and chunks (backpressure), with SharedArrayBuffer memory', async () => {
+    const a = await agent({ maxInflightBytes: 128 * 1024, chunkBytes: 32 * 1024 });
+    const b = await agent({ maxQueuedResponseBytes: 64 * 1024 });
+    const n = 16 << 20;
+    const sa = new SharedArrayBuffer(n);
+    const la = new Uint8Array(sa);
+    const lb = pattern(n, 25);
+    const ra = await a.registerMemory([{ bytes: sa }]);
+    const rb = await b.registerMemory([{ bytes: lb }]);
+    await a.loadRemoteMetadata(await b.getLocalMetadata());
+    const local = await a.prepDescList(null, 'DRAM', [{ addr: ra.regions[0]!.addr, length: n }]);
+    const remote = await a.prepDescList(b.name, 'DRAM', [{ addr: rb.regions[0]!.addr, length: n }]);
+    const r = await a.makeTransfer({ op: 'READ', local, remote });
+    await a.post(r);
+    expect(await a.wait(r)).toBe('done');
+    expect(Buffer.compare(la, lb)).toBe(0);
+    la.set(pattern(n, 26));
+    const w = await a.makeTransfer({ op: 'WRITE', local, remote });
+    await a.post(w);
+    expect(await a.wait(w)).toBe('done');
+    expect(Buffer.compare(la, lb)).toBe(0);
+  });
+
+  it('decodes metadata strictly', async () => {
+    const a = await agent();
+    const good = packr.pack(['kvconnect-embedded', 1, 'x', '127.0.0.1', 1234, new Uint8Array(32), [0x10000, 10]]);
+    expect(decodeEmbeddedMetadata(good).name).toBe('x');
+    const bad: unknown[] = [
+      ['kvconnect-embedded', 2, 'x', '127.0.0.1', 1234, new Uint8Array(32), []],
+      ['kvconnect-embedded', 1, '', '127.0.0.1', 1234, new Uint8Array(32), []],
+      ['kvconnect-embedded', 1, 'x', '127.0.0.1', 70000, new Uint8Array(32), []],
+      ['kvconnect-embedded', 1, 'x', '127.0.0.1', 1234, new Uint8Array(31), []],
+      ['kvconnect-embedded', 1, 'x', '127.0.0.1', 1234, new Uint8Array(32), [0x20000, 10, 0x10000, 10]],
+      ['kvconnect-embedded', 1, 'x', '127.0.0.1', 1234, new Uint8Array(32), [1, -1]],
+      ['other', 1],
+      { a: 1 },
+    ];
+    for (const b of bad) await expect(a.loadRemoteMetadata(packr.pack(b))).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
+    await expect(a.loadRemoteMetadata(randomBytes(100))).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
+    await expect(a.loadRemoteMetadata(new Uint8Array(0))).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
+  });
+
+  it('reports remote-disconnect for a peer that is not listening, and an unreachable one does not hang', async () => {
+    const a = await agent({ connectTimeoutMs: 500 });
+    const src = new Uint8Array(10);
+    const ra = await a.registerMemory([{ bytes: src }]);
+    const srv = net.createServer();
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+    const port = (srv.address() as net.AddressInfo).port;
+    await new Promise<void>((r) => srv.close(() => r()));
+    await a.loadRemoteMetadata(packr.pack(['kvconnect-embedded', 1, 'gone', '127.0.0.1', port, new Uint8Array(32), [0x10000, 10]]));
+    const req = await a.makeTransfer({
+      op: 'WRITE',
+      local: await a.prepDescList(null, 'DRAM', [{ addr: ra.regions[0]!.addr, length: 10 }]),
+      remote: await a.prepDescList('gone', 'DRAM', [{ addr: 0x10000, length: 10 }]),
+    });
+    await a.post(req);
+    expect(await a.wait(req)).toBe('remote-disconnect');
+    expect(req.error?.message).toMatch(/cannot reach gone/);
+  });
+
+  it('runs READ, WRITE and notifs against an agent in another Node process, and sees it die mid-transfer', async () => {
+    // Node 20 cannot run TypeScript: bundle the fixture (and the agent's sources) with rolldown first.
+    const out = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/peer-process.mjs', import.meta.url));
+    const { build } = await import('rolldown');
+    await build({ input: fileURLToPath(new URL('./fixtures/peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
+    const child = fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    try {
+      const ask = (msg: object) =>
+        new Promise<Record<string, unknown>>((resolve, reject) => {
+          child.once('message', (m) => resolve(m as Record<string, unknown>));
+          child.once('exit', (c) => reject(new Error(`child exited ${c}`)));
+          child.send(msg);
+        });
+      const ready = (await ask({ cmd: 'start', name: uniq('child') })) as { md: number[]; addr: number; size: number; hungMd: number[]; hungAddr: number };
+      const a = await agent();
+      const n = ready.size;
+      const la = new Uint8Array(n);
+      const ra = await a.registerMemory([{ bytes: la }]);
+      const peer = await a.loadRemoteMetadata(Uint8Array.from(ready.md));
+      await ask({ cmd: 'load', md: [...(await a.getLocalMetadata())] });
+      const local = await a.prepDescList(null, 'DRAM', [{ addr: ra.regions[0]!.addr, length: n }]);
+      const remote = await a.prepDescList(peer, 'DRAM', [{ addr: ready.addr, length: n }]);
+      const r = await a.makeTransfer({ op: 'READ', local, remote });
+      await a.post(r);
+      expect(await a.wait(r)).toBe('done');
+      expect(Buffer.compare(la, pattern(n, 99))).toBe(0);
+      la.set(pattern(n, 100));
+      const w = await a.makeTransfer({ op: 'WRITE', local, remote, notif: new TextEncoder().encode('written') });
+      await a.post(w);
+      expect(await a.wait(w)).toBe('done');
+      const check = (await ask({ cmd: 'check', seed: 100, notif: 'written' })) as { same: boolean; notifSeenAfterData: boolean };
+      expect(check.same).toBe(true);
+      expect(check.notifSeenAfterData).toBe(true);
+      await ask({ cmd: 'notify', msg: [5, 6] });
+      const got = await collectNotifs(a, peer, 1);
+      expect([...got[0]!]).toEqual([5, 6]);
+      // Now the child hangs on requests and is killed mid-transfer.
+      const hung = await a.loadRemoteMetadata(Uint8Array.from(ready.hungMd));
+      const hungRemote = await a.prepDescList(hung, 'DRAM', [{ addr: ready.hungAddr, length: n }]);
+      const r2 = await a.makeTransfer({ op: 'READ', local, remote: hungRemote });
+      expect(await a.post(r2)).toBe('in-progress');
+      await sleep(100);
+      child.kill('SIGKILL');
+      const st = await Promise.race([a.wait(r2), sleep(5000).then(() => 'hang')]);
+      expect(st).toBe('remote-disconnect');
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+});
