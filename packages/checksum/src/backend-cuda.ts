@@ -6,9 +6,10 @@
  * It reads the same packed tables and rows as the host backends, but its regions are device
  * memory: `{ address: bigint, bytes: number }` per region (e.g. a tensor's `data_ptr()` and its
  * size). One {@link CudaChecksumBackend.submit} per engine step enqueues, on the caller's CUDA
- * stream, one host-to-device copy of the rows and one kernel launch that sums every entry of every
- * group for all rows; the results come back to pinned host memory on a side stream ordered after
- * the kernel, so the step never waits for the GPU. A reader polls {@link CudaChecksumBackend.query}
+ * stream, one kernel launch that sums every entry of every group for all rows (the rows travel in
+ * the launch parameters, or in one pinned host-to-device copy when there are more than 128); the
+ * results come back to pinned host memory on a side stream ordered after the kernel, so the step
+ * never waits for the GPU. A reader polls {@link CudaChecksumBackend.query}
  * or awaits {@link CudaChecksumBackend.collectAsync}, which wait only on that step's copy.
  * Results are exact (uint64 arithmetic), bit-identical to the `ts` and `native` backends.
  *
@@ -38,7 +39,7 @@ export interface CudaBackendOptions {
   maxRows?: number;
   /** Output values per step the staging holds before it grows (default 16384). */
   maxOut?: number;
-  /** Bytes one thread block sums per work item (default 32768, 4096..1 MiB). */
+  /** About the bytes one warp sums per work item (default 32768, 1024..1 MiB). */
   chunkBytes?: number;
 }
 

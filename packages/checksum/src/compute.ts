@@ -85,19 +85,20 @@ export class StepRows {
         // Only blocks holding a valid token: positions start .. ceil(numTokens / B) - 1.
         const end = Math.min(nBlocks, Math.ceil(run.numTokens / B) - run.start);
         if ((run.start + nBlocks) * B > 0xffffffff) throw new RangeError(`token positions past 2^32`);
+        const { numTokens, group } = run;
         let first = run.start * B;
         let out = slot.outOffset;
         for (let i = 0; i < end; i++, first += B, out += columns) {
           const id = ids[i];
           if (id >>> 0 !== id) throw new RangeError(`block id ${id} at position ${run.start + i} is not a uint32`);
-          const left = run.numTokens - first;
-          b[k] = run.group;
+          const left = numTokens - first;
+          b[k] = group;
           b[k + 1] = id;
           b[k + 2] = first;
           b[k + 3] = left < B ? left : B;
           b[k + 4] = out;
           b[k + 5] = 0;
-          k += ROW_WORDS;
+          k += 6; // ROW_WORDS, literal in the hot loop
         }
       }
       this.n = k;

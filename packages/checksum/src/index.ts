@@ -25,6 +25,15 @@ export {
 export * from './backend.js';
 export { tsBackend } from './backend-ts.js';
 export { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
+export {
+  loadCudaBackend,
+  cudaUnavailableReason,
+  cudaBindings,
+  CudaChecksumBackend,
+  type DeviceRegion,
+  type CudaBackendOptions,
+  type CudaTicket,
+} from './backend-cuda.js';
 export { BlockChecksummer, StepRows, selectBackend, type BlockRun } from './compute.js';
 export * from './payload.js';
 export * from './verify.js';

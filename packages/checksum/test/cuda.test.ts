@@ -135,7 +135,7 @@ describe.skipIf(reason !== null)('cuda backend', () => {
   };
 
   it(
-    'sumRows equals the CPU backends bit for bit (ATTN, ROWS, STREAM; several seeds)',
+    'sumRows equals the CPU backend bit for bit (ATTN, ROWS, STREAM; several seeds)',
     withBackend((b) => {
       for (const seed of [1, 2, 3]) {
         const f = fixture(new Rng(seed));

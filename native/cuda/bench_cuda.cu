@@ -1,0 +1,487 @@
+/**
+ * @file bench_cuda.cu
+ * @brief Benchmarks of the CUDA checksum kernel (kvc_checksum_cuda.h), each next to a plain device
+ *        read of the same number of bytes (a simple sum kernel: the physical limit) in the same run:
+ *  1. attn128: 2048 blocks x 8 heads x 16 tokens x 128 head size, bf16, K and V (128 MiB), vLLM's
+ *     [2, blocks, tokens, heads, head size] layout; target <= 40 us and >= 0.8 of the plain read;
+ *  2. step28: one step of 64 blocks over 28 layers (one region per layer, scattered block ids),
+ *     for 2, 4 and 8 KV heads; target <= 15 us including the launch (device time from an idle GPU,
+ *     host submit time, and submit-to-results wall time);
+ *  3. mamba: 256 rows of 1 MiB states (ROWS fp32 [32,64,128], bf16 [32,64,256], STREAM 1 MiB);
+ *     target >= 0.8 of the plain read.
+ * Every benchmark first checks its sums against the CPU kernel (kvc_sum_rows_cpu), bit for bit.
+ * Kernel variants (kvc_cuda_internal.h): V2 (default) pairs inner, 64 registers; V1 pairs inner,
+ * 80 registers; V8 tokens inner with 8 loads in flight per lane (see kvc_checksum_cuda.cu).
+ * Usage: kvc_bench_cuda [--quick]. Prints a table; the last lines summarize the targets.
+ */
+#include "kvc_checksum.h"
+#include "kvc_checksum_cuda.h"
+#include "kvc_cuda_internal.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+namespace {
+
+int g_sms = 132;
+int g_iters = 50;
+std::vector<std::string> g_summary;
+bool g_all_exact = true;
+
+__global__ void fill_kernel(uint4* p, size_t n16, uint64_t seed) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x) {
+    uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    uint64_t w = z * 0xD6E8FEB86659FD93ull;
+    p[i] = make_uint4((uint32_t)z, (uint32_t)(z >> 32), (uint32_t)w, (uint32_t)(w >> 32));
+  }
+}
+
+/** Keeps the stream busy for `ns` nanoseconds (a stand-in for the forward pass). */
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+/** The plain read: sum of all 16-byte words (grid-stride, 4 loads in flight per thread). */
+__global__ void __launch_bounds__(256) plain_sum(const uint4* __restrict__ p, size_t n16, unsigned long long* out) {
+  uint64_t acc = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+    acc += ((uint64_t)a.y << 32 | a.x) + ((uint64_t)a.w << 32 | a.z) + ((uint64_t)b.y << 32 | b.x) +
+           ((uint64_t)b.w << 32 | b.z) + ((uint64_t)c.y << 32 | c.x) + ((uint64_t)c.w << 32 | c.z) +
+           ((uint64_t)d.y << 32 | d.x) + ((uint64_t)d.w << 32 | d.z);
+  }
+  for (; i < n16; i += stride) {
+    uint4 a = __ldg(p + i);
+    acc += ((uint64_t)a.y << 32 | a.x) + ((uint64_t)a.w << 32 | a.z);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+  if ((threadIdx.x & 31) == 0 && acc) atomicAdd(out, (unsigned long long)acc);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+/** Median device time (us) of `fn` over g_iters back-to-back runs, one event pair each. */
+template <class F>
+double time_pipelined(cudaStream_t st, F fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  CK(cudaStreamSynchronize(st));
+  std::vector<cudaEvent_t> ev(2 * g_iters);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < g_iters; ++i) {
+    CK(cudaEventRecord(ev[2 * i], st));
+    fn();
+    CK(cudaEventRecord(ev[2 * i + 1], st));
+  }
+  CK(cudaStreamSynchronize(st));
+  std::vector<double> t;
+  for (int i = 0; i < g_iters; ++i) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    t.push_back(ms * 1000.0);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  return median(t);
+}
+
+/**
+ * Best (over grid sizes) median time of the plain read of `bytes`: run i reads window i % windows
+ * of the buffer at p (windows of `bytes` each, so a small read does not stay in L2).
+ */
+double plain_read_us(cudaStream_t st, const void* p, size_t bytes, unsigned long long* d_out, int windows = 1) {
+  double best = 1e30;
+  for (int mult : {2, 4, 8, 16}) {
+    const int grid = g_sms * mult;
+    int k = 0;
+    double t = time_pipelined(st, [&] {
+      const uint4* w = reinterpret_cast<const uint4*>(static_cast<const char*>(p) + (size_t)(k++ % windows) * bytes);
+      plain_sum<<<grid, 256, 0, st>>>(w, bytes / 16, d_out);
+    });
+    best = std::min(best, t);
+  }
+  return best;
+}
+
+struct Tables {
+  std::vector<kvc_entry> entries;
+  std::vector<uint32_t> group_start{0};
+  std::vector<uint64_t> addr, bytes;
+  kvc_tables t() const { return kvc_tables{entries.data(), group_start.data(), (uint32_t)group_start.size() - 1}; }
+};
+
+kvc_entry attn_entry(uint64_t off, uint64_t fb, int64_t block_stride, int64_t head_stride, int64_t token_stride,
+                     uint32_t heads, uint32_t tokens, uint32_t bs, uint32_t bc, uint32_t cell, uint32_t nb, uint32_t region,
+                     uint32_t column) {
+  kvc_entry e;
+  std::memset(&e, 0, sizeof e);
+  e.offset = off;
+  e.factor_base = fb;
+  e.block_stride = block_stride;
+  e.outer_stride = head_stride;
+  e.kblock_stride = (int64_t)tokens * token_stride;
+  e.token_stride = token_stride;
+  e.elem_count[0] = e.elem_count[1] = e.elem_count[2] = 1;
+  e.kind = KVC_ENTRY_ATTN;
+  e.region = region;
+  e.column = column;
+  e.outer_count = heads;
+  e.kblock_tokens = tokens;
+  e.byte_start = bs;
+  e.byte_count = bc;
+  e.cell_pieces = cell / 8;
+  e.num_blocks = nb;
+  e.block_tokens = tokens;
+  return e;
+}
+
+/** GPU sums of one submit == CPU sums over host copies of the regions. */
+bool verify(kvc_cuda_ctx* ctx, const Tables& T, const std::vector<kvc_row>& rows, size_t out_len, cudaStream_t st,
+            const char* name) {
+  std::vector<std::vector<uint8_t>> host(T.addr.size());
+  std::vector<const uint8_t*> rp;
+  for (size_t r = 0; r < T.addr.size(); ++r) {
+    host[r].resize(T.bytes[r]);
+    CK(cudaMemcpy(host[r].data(), (const void*)T.addr[r], T.bytes[r], cudaMemcpyDeviceToHost));
+    rp.push_back(host[r].data());
+  }
+  std::vector<uint64_t> cpu(out_len, 0), gpu(out_len, 0);
+  kvc_tables t = T.t();
+  int rc = kvc_sum_rows_cpu(&t, rp.data(), T.bytes.data(), (uint32_t)rp.size(), rows.data(), rows.size(), cpu.data(), out_len);
+  uint64_t tk = 0;
+  int rg = kvc_cuda_submit(ctx, rows.data(), rows.size(), out_len, st, &tk);
+  if (rg == KVC_OK) rg = kvc_cuda_collect(ctx, tk, gpu.data(), out_len);
+  const bool ok = rc == KVC_OK && rg == KVC_OK && cpu == gpu;
+  std::printf("  %-44s GPU == CPU (%zu sums): %s%s%s\n", name, out_len, ok ? "yes" : "NO", rg ? " gpu error: " : "",
+              rg ? kvc_cuda_last_error(ctx) : "");
+  if (!ok) g_all_exact = false;
+  return ok;
+}
+
+/** Median of per-submit device time, pipelined (host ahead of the GPU); submit i uses row set i % n. */
+double checksum_us(kvc_cuda_ctx* ctx, const std::vector<std::vector<kvc_row>>& sets, size_t out_len, cudaStream_t st) {
+  size_t k = 0;
+  return time_pipelined(st, [&] {
+    const std::vector<kvc_row>& rows = sets[k++ % sets.size()];
+    uint64_t tk = 0;
+    if (kvc_cuda_submit(ctx, rows.data(), rows.size(), out_len, st, &tk) != KVC_OK) {
+      std::fprintf(stderr, "submit: %s\n", kvc_cuda_last_error(ctx));
+      std::exit(1);
+    }
+  });
+}
+
+void line(const char* name, size_t bytes, double us, double plain) {
+  std::printf("  %-50s %8.1f us %6.0f GB/s | plain read %7.1f us %6.0f GB/s | ratio %.3f\n", name, us, bytes / us / 1e3, plain,
+              bytes / plain / 1e3, plain / us);
+}
+
+/** Median device time of the context's last kernel alone (relaunched; no copies). */
+double kernel_only_us(kvc_cuda_ctx* ctx, cudaStream_t st) {
+  return time_pipelined(st, [&] {
+    if (kvc_cuda_debug_relaunch(ctx, st) != KVC_OK) {
+      std::fprintf(stderr, "relaunch: %s\n", kvc_cuda_last_error(ctx));
+      std::exit(1);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
+  std::printf("\n[attn128] 2048 blocks x 8 heads x 16 tokens x 128 head size, bf16, K and V (128 MiB)\n");
+  const uint32_t nb = 2048, H = 8, T = 16, D = 128, row_b = D * 2;
+  const uint64_t half = (uint64_t)nb * T * H * row_b, bytes = 2 * half;
+  void* kv = nullptr;
+  CK(cudaMalloc(&kv, bytes));
+  fill_kernel<<<g_sms * 8, 256, 0, st>>>((uint4*)kv, bytes / 16, 42);
+  CK(cudaStreamSynchronize(st));
+  const double plain = plain_read_us(st, kv, bytes, d_out);
+  struct Layout { const char* name; bool hnd; };
+  double best_nhd = 1e30, best_nhd_kernel = 0;
+  std::string best_name;
+  for (Layout L : {Layout{"NHD [2,blocks,tokens,heads,D]", false}, Layout{"HND [2,blocks,heads,tokens,D]", true}}) {
+    Tables Tb;
+    Tb.addr = {(uint64_t)kv};
+    Tb.bytes = {bytes};
+    const int64_t bstride = (int64_t)T * H * row_b;
+    const int64_t hs = L.hnd ? (int64_t)T * row_b : row_b, ts = L.hnd ? row_b : (int64_t)H * row_b;
+    Tb.entries.push_back(attn_entry(0, 5u * 65536u, bstride, hs, ts, H, T, 0, row_b, 2 * row_b, nb, 0, 0));
+    Tb.entries.push_back(attn_entry(half, 5u * 65536u, bstride, hs, ts, H, T, row_b, row_b, 2 * row_b, nb, 0, 0));
+    Tb.group_start.push_back(2);
+    std::vector<kvc_row> rows;
+    for (uint32_t i = 0; i < nb; ++i) rows.push_back(kvc_row{0, i, i * T, T, i, 0});
+    for (int variant : {2, 1, 8})
+    for (uint32_t chunk : {8192u, 16384u, 32768u}) {
+      if (quick && (chunk != 8192u || variant != 2)) continue;
+      if (L.hnd && (chunk != 32768u || variant == 1)) continue;
+      kvc_cuda_options o{};
+      o.chunk_bytes = chunk;
+      o.max_rows = nb;
+      kvc_cuda_ctx* ctx = nullptr;
+      if (kvc_cuda_create(0, &o, &ctx) != KVC_OK) std::exit(1);
+      kvc_cuda_debug_set_variant(ctx, variant);
+      kvc_tables t = Tb.t();
+      if (kvc_cuda_set_tables(ctx, &t, Tb.addr.data(), Tb.bytes.data(), 1) != KVC_OK) {
+        std::fprintf(stderr, "set_tables: %s\n", kvc_cuda_last_error(ctx));
+        std::exit(1);
+      }
+      char name[96];
+      std::snprintf(name, sizeof name, "%s %uK V%d", L.hnd ? "HND" : "NHD", chunk / 1024, variant);
+      verify(ctx, Tb, rows, nb, st, name);
+      const double us = checksum_us(ctx, {rows}, nb, st);
+      const double kus = kernel_only_us(ctx, st);
+      line((std::string(name) + ": step").c_str(), bytes, us, plain);
+      line((std::string(name) + ": kernel only").c_str(), bytes, kus, plain);
+      if (!L.hnd && us < best_nhd) best_nhd = us, best_nhd_kernel = kus, best_name = name;
+      kvc_cuda_destroy(ctx);
+    }
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "attn128 (best: %s): step %.1f us (rows copy + kernel; target <= 40) = %.3f of the plain read %.1f us "
+                "(target >= 0.8); kernel alone %.1f us = %.3f",
+                best_name.c_str(), best_nhd, plain / best_nhd, plain, best_nhd_kernel, plain / best_nhd_kernel);
+  g_summary.push_back(buf);
+  CK(cudaFree(kv));
+}
+
+void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
+  const uint32_t layers = 28, nb = 2048, T = 16, D = 128, row_b = D * 2, n_rows = 64;
+  for (uint32_t H : {2u, 4u, 8u}) {
+    if (quick && H != 2u) continue;
+    std::printf("\n[step28] one step of %u blocks over %u layers, %u KV heads x 16 tokens x 128, bf16, K and V\n", n_rows,
+                layers, H);
+    const uint64_t half = (uint64_t)nb * T * H * row_b, per_layer = 2 * half;
+    Tables Tb;
+    std::vector<void*> bufs;
+    for (uint32_t l = 0; l < layers; ++l) {
+      void* p = nullptr;
+      CK(cudaMalloc(&p, per_layer));
+      fill_kernel<<<g_sms * 4, 256, 0, st>>>((uint4*)p, per_layer / 16, 1000 + l);
+      bufs.push_back(p);
+      Tb.addr.push_back((uint64_t)p);
+      Tb.bytes.push_back(per_layer);
+      const int64_t bstride = (int64_t)T * H * row_b;
+      Tb.entries.push_back(attn_entry(0, (uint64_t)l * 65536u, bstride, row_b, (int64_t)H * row_b, H, T, 0, row_b, 2 * row_b, nb, l, 0));
+      Tb.entries.push_back(attn_entry(half, (uint64_t)l * 65536u, bstride, row_b, (int64_t)H * row_b, H, T, row_b, row_b, 2 * row_b, nb, l, 0));
+    }
+    Tb.group_start.push_back((uint32_t)Tb.entries.size());
+    CK(cudaStreamSynchronize(st));
+    // 32 disjoint sets of 64 scattered blocks, used in turn (a step's KV is not left in L2 by the last)
+    std::vector<std::vector<kvc_row>> sets(nb / n_rows);
+    for (uint32_t k = 0; k < sets.size(); ++k)
+      for (uint32_t i = 0; i < n_rows; ++i) sets[k].push_back(kvc_row{0, ((k * n_rows + i) * 797u) % nb, i * T, T, i, 0});
+    const std::vector<kvc_row>& rows = sets[0];
+    const uint64_t bytes = (uint64_t)n_rows * layers * 2 * T * H * row_b;
+    // plain read of the same number of bytes (contiguous), rotating over 8 windows like the row sets
+    void* big = nullptr;
+    CK(cudaMalloc(&big, 8 * bytes));
+    fill_kernel<<<g_sms * 4, 256, 0, st>>>((uint4*)big, 8 * bytes / 16, 99);
+    const double plain = plain_read_us(st, big, bytes, d_out, 8);
+    CK(cudaFree(big));
+    for (int variant : {2, 1, 8}) {
+    if (quick && variant != 2) continue;
+    std::printf("  kernel variant V%d%s\n", variant, variant == 2 ? " (default)" : "");
+    kvc_cuda_ctx* ctx = nullptr;
+    if (kvc_cuda_create(0, nullptr, &ctx) != KVC_OK) std::exit(1);
+    kvc_cuda_debug_set_variant(ctx, variant);
+    kvc_tables t = Tb.t();
+    if (kvc_cuda_set_tables(ctx, &t, Tb.addr.data(), Tb.bytes.data(), (uint32_t)Tb.addr.size()) != KVC_OK) {
+      std::fprintf(stderr, "set_tables: %s\n", kvc_cuda_last_error(ctx));
+      std::exit(1);
+    }
+    verify(ctx, Tb, rows, n_rows, st, "step28");
+    const double pipelined = checksum_us(ctx, sets, n_rows, st);
+    line("pipelined (device time per step)", bytes, pipelined, plain);
+    line("kernel alone (same rows again)", bytes, kernel_only_us(ctx, st), plain);
+    // isolated steps: GPU idle before each; device time from an event recorded before submit()
+    std::vector<double> dev, host_submit, wall;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<uint64_t> out(n_rows);
+    for (int i = 0; i < g_iters * 4; ++i) {
+      CK(cudaStreamSynchronize(st));
+      auto t0 = std::chrono::steady_clock::now();
+      CK(cudaEventRecord(e0, st));
+      uint64_t tk = 0;
+      const std::vector<kvc_row>& rs = sets[i % sets.size()];
+      if (kvc_cuda_submit(ctx, rs.data(), rs.size(), n_rows, st, &tk) != KVC_OK) std::exit(1);
+      auto t1 = std::chrono::steady_clock::now();
+      CK(cudaEventRecord(e1, st));
+      std::fill(out.begin(), out.end(), 0);
+      if (kvc_cuda_collect(ctx, tk, out.data(), n_rows) != KVC_OK) std::exit(1);
+      auto t2 = std::chrono::steady_clock::now();
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (i < 5) continue;  // warm
+      dev.push_back(ms * 1000.0);
+      host_submit.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      wall.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
+    }
+    // queued step: the stream is busy (a 200 us kernel) when submit() is called, as in an engine
+    // step: the device time from an event before submit() to one after it, launch latency hidden
+    std::vector<double> queued;
+    for (int i = 0; i < g_iters; ++i) {
+      CK(cudaStreamSynchronize(st));
+      spin_kernel<<<1, 32, 0, st>>>(200000);
+      CK(cudaEventRecord(e0, st));
+      uint64_t tk = 0;
+      const std::vector<kvc_row>& rs = sets[i % sets.size()];
+      if (kvc_cuda_submit(ctx, rs.data(), rs.size(), n_rows, st, &tk) != KVC_OK) std::exit(1);
+      CK(cudaEventRecord(e1, st));
+      std::fill(out.begin(), out.end(), 0);
+      if (kvc_cuda_collect(ctx, tk, out.data(), n_rows) != KVC_OK) std::exit(1);
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      queued.push_back(ms * 1000.0);
+    }
+    const double qd = median(queued);
+    std::printf("  queued step (submitted while the stream is busy): device %.1f us\n", qd);
+    const double d = median(dev), hs = median(host_submit), w = median(wall);
+    std::printf("  isolated step: device %.1f us (event before submit -> event after the kernel, GPU idle before: includes the host's\n"
+                "                 row copy and launch), host submit() %.1f us, submit -> results in host memory %.1f us\n",
+                d, hs, w);
+    char buf[240];
+    std::snprintf(buf, sizeof buf,
+                  "step28 H=%u (%.1f MiB) V%d: queued step %.1f us, isolated step %.1f us device incl. launch (target <= 15), "
+                  "submit() %.1f us host, results after %.1f us; pipelined %.1f us = %.3f of the plain read",
+                  H, bytes / 1048576.0, variant, qd, d, hs, w, pipelined, plain / pipelined);
+    g_summary.push_back(buf);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    kvc_cuda_destroy(ctx);
+    }
+    for (void* p : bufs) CK(cudaFree(p));
+  }
+}
+
+void bench_mamba(cudaStream_t st, unsigned long long* d_out, bool quick) {
+  std::printf("\n[mamba] 256 rows of 1 MiB states (256 MiB)\n");
+  const uint32_t nb = 256;
+  const uint64_t row_bytes = 1u << 20, bytes = (uint64_t)nb * row_bytes;
+  void* buf = nullptr;
+  CK(cudaMalloc(&buf, bytes));
+  fill_kernel<<<g_sms * 8, 256, 0, st>>>((uint4*)buf, bytes / 16, 7);
+  CK(cudaStreamSynchronize(st));
+  const double plain = plain_read_us(st, buf, bytes, d_out);
+  struct V { const char* name; uint32_t eb; uint32_t c1, c2; bool stream; };
+  double worst = 1e30;
+  for (V v : {V{"ROWS fp32 ssm [32 rows, 64, 128]", 4, 64, 128, false}, V{"ROWS bf16 ssm [32 rows, 64, 256]", 2, 64, 256, false},
+              V{"STREAM 1 MiB", 0, 0, 0, true}}) {
+    if (quick && v.eb == 2) continue;
+    Tables Tb;
+    Tb.addr = {(uint64_t)buf};
+    Tb.bytes = {bytes};
+    kvc_entry e;
+    std::memset(&e, 0, sizeof e);
+    e.block_stride = (int64_t)row_bytes;
+    e.num_blocks = nb;
+    e.factor_base = 12u * 65536u + 64;
+    if (v.stream) {
+      e.kind = KVC_ENTRY_STREAM;
+      e.outer_count = 1;
+      e.byte_count = (uint32_t)row_bytes;
+      e.elem_count[0] = e.elem_count[1] = e.elem_count[2] = 1;
+    } else {
+      e.kind = KVC_ENTRY_ROWS;
+      e.outer_count = 32;
+      e.outer_stride = (int64_t)(row_bytes / 32);
+      e.elem_count[0] = 1;
+      e.elem_count[1] = v.c1;
+      e.elem_count[2] = v.c2;
+      e.elem_stride[1] = (int64_t)v.c2 * v.eb;
+      e.elem_stride[2] = v.eb;
+      e.elem_bytes = v.eb;
+    }
+    Tb.entries.push_back(e);
+    Tb.group_start.push_back(1);
+    std::vector<kvc_row> rows;
+    for (uint32_t i = 0; i < nb; ++i) rows.push_back(kvc_row{0, (i * 37u) % nb, 0, 0, i, 0});
+    double best = 1e30;
+    for (uint32_t chunk : {8192u, 32768u}) {
+      if (quick && chunk != 8192u) continue;
+      kvc_cuda_options o{};
+      o.max_rows = nb;
+      o.chunk_bytes = chunk;
+      kvc_cuda_ctx* ctx = nullptr;
+      if (kvc_cuda_create(0, &o, &ctx) != KVC_OK) std::exit(1);
+      kvc_tables t = Tb.t();
+      if (kvc_cuda_set_tables(ctx, &t, Tb.addr.data(), Tb.bytes.data(), 1) != KVC_OK) {
+        std::fprintf(stderr, "set_tables: %s\n", kvc_cuda_last_error(ctx));
+        std::exit(1);
+      }
+      const std::string name = std::string(v.name) + " chunk " + std::to_string(chunk / 1024) + " KiB";
+      verify(ctx, Tb, rows, nb, st, name.c_str());
+      const double us = checksum_us(ctx, {rows}, nb, st);
+      line((name + ": step").c_str(), bytes, us, plain);
+      line((name + ": kernel only").c_str(), bytes, kernel_only_us(ctx, st), plain);
+      best = std::min(best, us);
+      kvc_cuda_destroy(ctx);
+    }
+    worst = std::min(worst, plain / best);
+  }
+  char b[160];
+  std::snprintf(b, sizeof b, "mamba 256 x 1 MiB: worst variant %.3f of the plain read %.1f us (target >= 0.8)", worst, plain);
+  g_summary.push_back(b);
+  CK(cudaFree(buf));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  int n = 0;
+  if (kvc_cuda_device_count(&n) != KVC_OK) {
+    std::printf("no GPU: %s\n", kvc_cuda_probe_error());
+    return 2;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  g_sms = prop.multiProcessorCount;
+  int rv = 0, dv = 0;
+  kvc_cuda_versions(&rv, &dv);
+  std::printf("device: %s, %d SMs, L2 %d MiB, cc %d.%d; runtime %d driver %d; median of %d timed runs per figure\n", prop.name,
+              g_sms, prop.l2CacheSize >> 20, prop.major, prop.minor, rv, dv, g_iters);
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  unsigned long long* d_out = nullptr;
+  CK(cudaMalloc(&d_out, 8));
+  bench_attn128(st, d_out, quick);
+  bench_step28(st, d_out, quick);
+  bench_mamba(st, d_out, quick);
+  std::printf("\nsummary (every figure checked bit-exact against the CPU kernel first: %s)\n", g_all_exact ? "all exact" : "MISMATCH");
+  for (auto& s : g_summary) std::printf("  %s\n", s.c_str());
+  CK(cudaFree(d_out));
+  CK(cudaStreamDestroy(st));
+  return g_all_exact ? 0 : 1;
+}

@@ -1,0 +1,605 @@
+/**
+ * @file kvc_checksum_cuda.cu
+ * @brief The CUDA checksum kernel (include/kvc_checksum_cuda.h): SPEC v1 sums of a step's rows over
+ *        the same tables as the CPU kernel (include/kvc_checksum.h), in one launch, bit-exact.
+ *
+ * Work decomposition (per-lane code in kvc_cuda_kernel.cuh). Every entry is viewed as "lines" of
+ * contiguous bytes (ATTN: the part's bytes of one head and token; ROWS: the innermost contiguous
+ * element run of one state row, after merging element dims whose strides chain; STREAM: the
+ * state's bytes), read in "units": 16-byte loads (path V16), 8-byte loads (V8), or single
+ * pieces/elements read byte by byte (GEN: unaligned part edges, strided elements). At set_tables
+ * each entry is cut into work items of about chunk_bytes (ATTN: chunks of (head, unit) pairs x
+ * chunks of tokens up to block_tokens; ROWS: segments of lines; STREAM: segments), and each group
+ * gets its list of (entry, item). The kernel's warps are independent: warp w sums item w % W of
+ * row w / W (W = the most items any row's group has; warps past their group's items exit, as do
+ * items past a row's valid tokens). A lane keeps the slice factor m and the piece index fixed and
+ * accumulates plain sums (A = sum s, B = sum t*s, C = sum x1), multiplying once at the end (the
+ * CPU kernel's polynomial regrouped; see kvc_cuda_kernel.cuh); the warp reduces its lanes with
+ * shuffles and lane 0 adds the item's uint64 sum with one 64-bit atomicAdd into
+ * out[row.out_offset + entry.column]. Addition mod 2^64 is exact and commutative, so the result does
+ * not depend on the order, and every byte is read once. Unit numbers are decomposed with
+ * multiply-high divisions by divisors fixed per entry.
+ *
+ * Kernel variants (kvc_cuda_internal.h, for the benchmark; the default is 2): on the ATTN vector
+ * paths, for layouts whose heads are closer in memory than tokens (NHD), lanes take their pairs
+ * inner so each token's heads are read as contiguous runs (V2: 2 pairs x 2 tokens in flight per
+ * lane, 64 registers; V1: 4 pairs, 80 registers); otherwise (HND) tokens inner (V4/V8: 4 or 8
+ * tokens in flight per lane; V2 uses 4).
+ *
+ * Step pipeline (kvc_cuda_submit): the rows reach the kernel either inside its launch parameters
+ * (up to kInlineRows rows: no separate copy at all) or through one pinned host-to-device copy on an
+ * upload stream (it overlaps the caller's earlier work; the caller's stream waits for it on the
+ * GPU); then, on the caller's stream, the one kernel launch and an event. A side stream (non-blocking)
+ * waits on that event (on the GPU), copies the slot's output into pinned host memory, zeroes the
+ * slot's device output for its next use, and records the slot's done event. Slots form a ring;
+ * the host waits in submit only when the slot it reuses still has its copy in flight.
+ */
+#include "kvc_checksum_cuda.h"
+#include "kvc_cuda_internal.h"
+#include "kvc_cuda_kernel.cuh"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace kvc_cuda_detail;
+
+namespace {
+
+/** Rows a submit passes inside the kernel's parameters (3 KiB); more go through a copy. */
+constexpr uint32_t kInlineRows = 128;
+
+/** The kernel's parameters. */
+struct LaunchParams {
+  const DevEntry* entries;
+  const DevGroup* groups;
+  const uint2* items;
+  const kvc_row* rows;  // device rows (the copied path), or nullptr: inline_rows
+  unsigned long long* out;
+  FastDiv per_row;      // work items per row (the most any row's group has)
+  uint32_t n_rows;
+  uint32_t n_work;      // n_rows * per_row.d
+  kvc_row inline_rows[kInlineRows];
+};
+
+__device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/**
+ * One launch per step. Warp w of the grid sums work item w % per_row of row w / per_row (warps
+ * past their row's group's items exit); warps are independent (no block-wide barrier).
+ */
+template <int AU, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __grid_constant__ LaunchParams p) {
+  const uint32_t lane = threadIdx.x & (kLanes - 1);
+  for (uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5); w < p.n_work; w += gridDim.x * kWarps) {
+    const uint32_t ri = fdiv(p.per_row, w), bx = w - ri * p.per_row.d;
+    const kvc_row r = p.rows ? p.rows[ri] : p.inline_rows[ri];
+    const DevEntry* e;
+    uint64_t blk;
+    uint32_t chunk;
+    if (!item_of(p.entries, p.groups, p.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
+    const uint64_t s = warp_sum(lane_partial<AU>(*e, blk, r, chunk, lane));
+    if (lane == 0 && s != 0) atomicAdd(p.out + r.out_offset + e->column, (unsigned long long)s);
+  }
+}
+
+/** The kernel variants: loads in flight per lane on the ATTN vector paths. */
+/**
+ * The kernel variants (they differ on the ATTN vector paths only): 1 = pairs inner where it applies,
+ * 4 pairs in flight per lane, up to 80 registers (3 blocks per SM); 2 = pairs inner, 2 pairs x 2
+ * tokens in flight, 64 registers (4 blocks per SM); 4 / 8 = tokens inner with 4 / 8 loads in flight.
+ */
+constexpr int kAttnVariantDefault = 2;
+
+cudaError_t launch(int variant, dim3 grid, cudaStream_t st, const LaunchParams& p) {
+  switch (variant) {
+    case 1: kvc_sum_kernel<1, 3><<<grid, kThreads, 0, st>>>(p); break;
+    case 4: kvc_sum_kernel<4, 4><<<grid, kThreads, 0, st>>>(p); break;
+    case 8: kvc_sum_kernel<8, 4><<<grid, kThreads, 0, st>>>(p); break;
+    default: kvc_sum_kernel<2, 4><<<grid, kThreads, 0, st>>>(p); break;
+  }
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+struct DeviceGuard {
+  int prev = -1;
+  bool changed = false;
+  explicit DeviceGuard(int dev) {
+    if (cudaGetDevice(&prev) == cudaSuccess && prev != dev) changed = cudaSetDevice(dev) == cudaSuccess;
+  }
+  ~DeviceGuard() {
+    if (changed) cudaSetDevice(prev);
+  }
+};
+
+/** One submit's buffers and events; the slots form a ring. */
+struct Slot {
+  kvc_row* h_rows = nullptr;         // pinned staging of the copied path
+  kvc_row* d_rows = nullptr;
+  size_t cap_rows = 0;
+  uint64_t* h_out = nullptr;         // pinned results
+  unsigned long long* d_out = nullptr;  // zero whenever the slot is free
+  size_t cap_out = 0;
+  cudaEvent_t ev_rows = nullptr;     // after the rows' copy, on the upload stream
+  cudaEvent_t ev_compute = nullptr;  // after the kernel, on the caller's stream
+  cudaEvent_t ev_done = nullptr;     // after the copy back (and the re-zeroing), on the side stream
+  uint64_t ticket = 0;               // 0: no live ticket
+  size_t out_len = 0;
+  bool gpu = false;                  // false: no GPU work was needed (results are zeros)
+  bool busy = false;                 // its events may still be pending
+};
+
+}  // namespace
+
+struct kvc_cuda_ctx {
+  int device = 0;
+  kvc_cuda_options opt{};
+  cudaStream_t side = nullptr;    // copies the results back
+  cudaStream_t upload = nullptr;  // copies rows in (the copied path), ahead of the caller's stream
+  std::vector<Slot> slots;
+  uint64_t next_ticket = 1;
+  uint32_t next_slot = 0;
+  // Tables (device) and their host summary.
+  DevEntry* d_entries = nullptr;
+  DevGroup* d_groups = nullptr;
+  uint2* d_items = nullptr;
+  std::vector<HostGroup> groups;
+  bool have_tables = false;
+  // The last launch (for kvc_cuda_debug_relaunch).
+  int variant = kAttnVariantDefault;
+  LaunchParams last{};
+  dim3 last_grid{0, 0, 0};
+  size_t last_out_len = 0;
+  unsigned long long* scratch_out = nullptr;
+  size_t scratch_len = 0;
+  std::string err;
+
+  int fail(int code, const char* fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    err = buf;
+    return code;
+  }
+  int cuda_fail(cudaError_t e, const char* what) {
+    cudaGetLastError();  // clear a sticky launch error
+    return fail(e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? KVC_ENOCUDA : KVC_ECUDA, "%s: %s (%s)", what,
+                cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+};
+
+namespace {
+
+#define KVC_CU(call, what)                                  \
+  do {                                                      \
+    cudaError_t e_ = (call);                                \
+    if (e_ != cudaSuccess) return ctx->cuda_fail(e_, what); \
+  } while (0)
+
+/** Waits for a slot's copy (if one may be pending) and marks it free; its ticket expires. */
+int drain_slot(kvc_cuda_ctx* ctx, Slot& s) {
+  if (s.busy && s.gpu) KVC_CU(cudaEventSynchronize(s.ev_done), "cudaEventSynchronize");
+  s.busy = false;
+  s.ticket = 0;
+  return KVC_OK;
+}
+
+int drain_all(kvc_cuda_ctx* ctx) {
+  for (auto& s : ctx->slots) {
+    if (s.busy && s.gpu) KVC_CU(cudaEventSynchronize(s.ev_done), "cudaEventSynchronize");
+  }
+  return KVC_OK;
+}
+
+/** Grows a free slot's buffers (a slow path: allocation; the new device output is zeroed). */
+int grow_slot(kvc_cuda_ctx* ctx, Slot& s, size_t rows, size_t outs) {
+  if (rows > s.cap_rows) {
+    const size_t cap = std::max(rows, s.cap_rows * 2);
+    if (s.h_rows) cudaFreeHost(s.h_rows);
+    if (s.d_rows) cudaFree(s.d_rows);
+    s.h_rows = nullptr;
+    s.d_rows = nullptr;
+    s.cap_rows = 0;
+    KVC_CU(cudaHostAlloc((void**)&s.h_rows, cap * sizeof(kvc_row), cudaHostAllocDefault), "cudaHostAlloc (rows)");
+    KVC_CU(cudaMalloc((void**)&s.d_rows, cap * sizeof(kvc_row)), "cudaMalloc (rows)");
+    s.cap_rows = cap;
+  }
+  if (outs > s.cap_out) {
+    const size_t cap = std::max(outs, s.cap_out * 2);
+    if (s.h_out) cudaFreeHost(s.h_out);
+    if (s.d_out) cudaFree(s.d_out);
+    s.h_out = nullptr;
+    s.d_out = nullptr;
+    s.cap_out = 0;
+    KVC_CU(cudaHostAlloc((void**)&s.h_out, cap * 8u, cudaHostAllocDefault), "cudaHostAlloc (output)");
+    KVC_CU(cudaMalloc((void**)&s.d_out, cap * 8u), "cudaMalloc (output)");
+    KVC_CU(cudaMemset(s.d_out, 0, cap * 8u), "cudaMemset (output)");
+    s.cap_out = cap;
+  }
+  return KVC_OK;
+}
+
+void free_tables(kvc_cuda_ctx* ctx) {
+  if (ctx->d_entries) cudaFree(ctx->d_entries);
+  if (ctx->d_groups) cudaFree(ctx->d_groups);
+  if (ctx->d_items) cudaFree(ctx->d_items);
+  ctx->d_entries = nullptr;
+  ctx->d_groups = nullptr;
+  ctx->d_items = nullptr;
+  ctx->groups.clear();
+  ctx->have_tables = false;
+  ctx->last_grid = dim3(0, 0, 0);
+}
+
+char g_probe_error[256] = "";
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// C ABI
+
+extern "C" {
+
+int kvc_cuda_device_count(int* count) {
+  if (count) *count = 0;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(g_probe_error, sizeof g_probe_error, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    cudaGetLastError();
+    return KVC_ENOCUDA;
+  }
+  if (n <= 0) {
+    snprintf(g_probe_error, sizeof g_probe_error, "no CUDA device");
+    return KVC_ENOCUDA;
+  }
+  g_probe_error[0] = 0;
+  if (count) *count = n;
+  return KVC_OK;
+}
+
+const char* kvc_cuda_probe_error(void) { return g_probe_error; }
+
+int kvc_cuda_versions(int* runtime_version, int* driver_version) {
+  int rv = 0, dv = 0;
+  cudaRuntimeGetVersion(&rv);
+  cudaDriverGetVersion(&dv);
+  if (runtime_version) *runtime_version = rv;
+  if (driver_version) *driver_version = dv;
+  return KVC_OK;
+}
+
+int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** out) {
+  if (!out) return KVC_EINVAL;
+  *out = nullptr;
+  int n = 0;
+  if (kvc_cuda_device_count(&n) != KVC_OK || device < 0 || device >= n) return KVC_ENOCUDA;
+  kvc_cuda_options o{};
+  if (options) o = *options;
+  if (!o.slots) o.slots = 8;
+  if (!o.max_rows) o.max_rows = 4096;
+  if (!o.max_out) o.max_out = 16384;
+  if (!o.chunk_bytes) o.chunk_bytes = 32768;
+  if (o.slots > 64 || o.chunk_bytes < 1024 || o.chunk_bytes > (1u << 20)) return KVC_EINVAL;
+
+  kvc_cuda_ctx* ctx = new kvc_cuda_ctx();
+  ctx->device = device;
+  ctx->opt = o;
+  DeviceGuard guard(device);
+  auto bail = [&](int rc) {
+    kvc_cuda_destroy(ctx);
+    return rc;
+  };
+  if (cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&ctx->upload, cudaStreamNonBlocking) != cudaSuccess)
+    return bail(KVC_ECUDA);
+  ctx->slots.resize(o.slots);
+  for (auto& s : ctx->slots) {
+    if (cudaEventCreateWithFlags(&s.ev_rows, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.ev_compute, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.ev_done, cudaEventDisableTiming) != cudaSuccess)
+      return bail(KVC_ECUDA);
+    if (grow_slot(ctx, s, o.max_rows, o.max_out) != KVC_OK) return bail(KVC_ECUDA);
+  }
+  // Warm-up: load the module and run every stage of a step once (an empty launch, the event wait,
+  // the copy back and the re-zeroing), so the first real step loads and allocates nothing.
+  Slot& s = ctx->slots[0];
+  LaunchParams p{};
+  p.out = s.d_out;
+  p.per_row = make_fastdiv(1);
+  if (launch(kAttnVariantDefault, dim3(1), ctx->side, p) != cudaSuccess) return bail(KVC_ECUDA);
+  if (cudaMemcpyAsync(s.d_rows, s.h_rows, sizeof(kvc_row), cudaMemcpyHostToDevice, ctx->upload) != cudaSuccess ||
+      cudaEventRecord(s.ev_rows, ctx->upload) != cudaSuccess || cudaStreamWaitEvent(ctx->side, s.ev_rows, 0) != cudaSuccess ||
+      cudaEventRecord(s.ev_compute, ctx->side) != cudaSuccess ||
+      cudaStreamWaitEvent(ctx->side, s.ev_compute, 0) != cudaSuccess ||
+      cudaMemcpyAsync(s.h_out, s.d_out, 8, cudaMemcpyDeviceToHost, ctx->side) != cudaSuccess ||
+      cudaMemsetAsync(s.d_out, 0, 8, ctx->side) != cudaSuccess || cudaEventRecord(s.ev_done, ctx->side) != cudaSuccess ||
+      cudaEventSynchronize(s.ev_done) != cudaSuccess)
+    return bail(KVC_ECUDA);
+  *out = ctx;
+  return KVC_OK;
+}
+
+void kvc_cuda_destroy(kvc_cuda_ctx* ctx) {
+  if (!ctx) return;
+  DeviceGuard guard(ctx->device);
+  for (auto& s : ctx->slots) {
+    if (s.busy && s.gpu && s.ev_done) cudaEventSynchronize(s.ev_done);
+    if (s.ev_rows) cudaEventDestroy(s.ev_rows);
+    if (s.ev_compute) cudaEventDestroy(s.ev_compute);
+    if (s.ev_done) cudaEventDestroy(s.ev_done);
+    if (s.h_rows) cudaFreeHost(s.h_rows);
+    if (s.d_rows) cudaFree(s.d_rows);
+    if (s.h_out) cudaFreeHost(s.h_out);
+    if (s.d_out) cudaFree(s.d_out);
+  }
+  for (cudaStream_t q : {ctx->side, ctx->upload})
+    if (q) {
+      cudaStreamSynchronize(q);
+      cudaStreamDestroy(q);
+    }
+  if (ctx->scratch_out) cudaFree(ctx->scratch_out);
+  free_tables(ctx);
+  delete ctx;
+}
+
+int kvc_cuda_set_tables(kvc_cuda_ctx* ctx, const kvc_tables* tables, const uint64_t* region_addr,
+                        const uint64_t* region_bytes, uint32_t n_regions) {
+  if (!ctx) return KVC_EINVAL;
+  ctx->err.clear();
+  if (!tables) return ctx->fail(KVC_EINVAL, "tables is NULL");
+  if (n_regions && !region_addr) return ctx->fail(KVC_EINVAL, "region_addr is NULL");
+  // The CPU kernel's checks of the tables (kinds, counts, widths, extents inside the regions).
+  kvc_diag diag;
+  int rc = kvc_check_rows(tables, region_bytes, n_regions, nullptr, 0, 0, &diag);
+  if (rc != KVC_OK) {
+    const char* at = diag.at == KVC_AT_ENTRY ? "entry" : diag.at == KVC_AT_GROUP ? "group_start" : "arguments";
+    return ctx->fail(rc, "%s %llu: %s", at, (unsigned long long)diag.index, diag.reason);
+  }
+  const uint32_t ng = tables->n_groups;
+  const uint32_t e_first = tables->group_start[0], e_end = tables->group_start[ng];
+  for (uint32_t i = e_first; i < e_end; ++i) {
+    const kvc_entry& e = tables->entries[i];
+    if (region_bytes[e.region] != 0 && region_addr[e.region] == 0)
+      return ctx->fail(KVC_EINVAL, "entry %u: its region's device address is 0", i);
+    if (region_addr[e.region] > UINT64_MAX - region_bytes[e.region])
+      return ctx->fail(KVC_ERANGE, "entry %u: region address + size overflows 64 bits", i);
+  }
+  Prepared prep;
+  uint32_t bad = 0;
+  if (const char* why = prepare_tables(tables, region_addr, ctx->opt.chunk_bytes, &prep, &bad))
+    return ctx->fail(KVC_EINVAL, "entry %u: %s", bad, why);
+  DeviceGuard guard(ctx->device);
+  rc = drain_all(ctx);  // work in flight reads the old tables
+  if (rc) return rc;
+  DevEntry* d_entries = nullptr;
+  DevGroup* d_groups = nullptr;
+  uint2* d_items = nullptr;
+  auto upload = [&](void** dst, const void* src, size_t bytes) -> cudaError_t {
+    cudaError_t e = cudaMalloc(dst, std::max<size_t>(bytes, 16));
+    if (e == cudaSuccess && bytes) e = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice);
+    return e;
+  };
+  cudaError_t e = upload((void**)&d_entries, prep.entries.data(), prep.entries.size() * sizeof(DevEntry));
+  if (e == cudaSuccess) e = upload((void**)&d_groups, prep.groups.data(), prep.groups.size() * sizeof(DevGroup));
+  if (e == cudaSuccess) e = upload((void**)&d_items, prep.items.data(), prep.items.size() * sizeof(uint2));
+  if (e != cudaSuccess) {
+    if (d_entries) cudaFree(d_entries);
+    if (d_groups) cudaFree(d_groups);
+    if (d_items) cudaFree(d_items);
+    return ctx->cuda_fail(e, "uploading the tables");
+  }
+  free_tables(ctx);
+  ctx->d_entries = d_entries;
+  ctx->d_groups = d_groups;
+  ctx->d_items = d_items;
+  ctx->groups = std::move(prep.host);
+  ctx->have_tables = true;
+  return KVC_OK;
+}
+
+int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_t out_len, void* stream,
+                    uint64_t* ticket) {
+  if (!ctx) return KVC_EINVAL;
+  ctx->err.clear();
+  if (!ticket) return ctx->fail(KVC_EINVAL, "ticket is NULL");
+  if (!ctx->have_tables) return ctx->fail(KVC_EINVAL, "no tables: call kvc_cuda_set_tables first");
+  if (n_rows && !rows) return ctx->fail(KVC_EINVAL, "rows is NULL");
+  if (n_rows > 0x7fffffffull) return ctx->fail(KVC_EINVAL, "too many rows");
+  // The CPU kernel's row checks, from each group's precomputed bounds (same result, O(rows)).
+  uint32_t grid_x = 0;
+  const uint32_t ng = (uint32_t)ctx->groups.size();
+  for (size_t i = 0; i < n_rows; ++i) {
+    const kvc_row& r = rows[i];
+    if (r.group >= ng) return ctx->fail(KVC_ERANGE, "rows[%zu]: group index is past n_groups", i);
+    const HostGroup& g = ctx->groups[r.group];
+    if (!g.has_entries) continue;
+    if (r.block_id >= g.min_blocks) return ctx->fail(KVC_ERANGE, "rows[%zu]: block_id is past an entry's num_blocks", i);
+    if ((uint64_t)r.out_offset + g.max_column >= (uint64_t)out_len)
+      return ctx->fail(KVC_ERANGE, "rows[%zu]: out_offset + entry column is past the output", i);
+    if (r.valid_tokens > g.min_block_tokens)
+      return ctx->fail(KVC_ERANGE, "rows[%zu]: valid_tokens exceeds the entry's block_tokens", i);
+    grid_x = std::max(grid_x, g.n_items);
+  }
+  if ((uint64_t)n_rows * grid_x >= 0x80000000ull)
+    return ctx->fail(KVC_EINVAL, "step too large for one launch (rows * work items per row >= 2^31): split it");
+  DeviceGuard guard(ctx->device);
+  Slot& s = ctx->slots[ctx->next_slot];
+  int rc = drain_slot(ctx, s);  // waits only when every slot still has a step in flight
+  if (rc) return rc;
+  const bool inline_rows = n_rows <= kInlineRows;
+  rc = grow_slot(ctx, s, inline_rows ? 0 : n_rows, out_len);
+  if (rc) return rc;
+  ctx->next_slot = (ctx->next_slot + 1) % (uint32_t)ctx->slots.size();
+  s.ticket = ctx->next_ticket++;
+  s.out_len = out_len;
+  s.gpu = grid_x > 0 && n_rows > 0;
+  s.busy = true;
+  if (!s.gpu) {  // nothing to read: the results are zeros
+    if (out_len) std::memset(s.h_out, 0, out_len * 8u);
+    *ticket = s.ticket;
+    return KVC_OK;
+  }
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  LaunchParams& p = ctx->last;
+  p.entries = ctx->d_entries;
+  p.groups = ctx->d_groups;
+  p.items = ctx->d_items;
+  p.out = s.d_out;
+  p.n_rows = (uint32_t)n_rows;
+  cudaError_t e = cudaSuccess;
+  if (inline_rows) {
+    p.rows = nullptr;
+    std::memcpy(p.inline_rows, rows, n_rows * sizeof(kvc_row));
+  } else {
+    // The copy runs on the upload stream, so it overlaps the work already on the caller's stream
+    // (the forward pass); the caller's stream waits for it on the GPU just before the kernel.
+    p.rows = s.d_rows;
+    std::memcpy(s.h_rows, rows, n_rows * sizeof(kvc_row));
+    e = cudaMemcpyAsync(s.d_rows, s.h_rows, n_rows * sizeof(kvc_row), cudaMemcpyHostToDevice, ctx->upload);
+    if (e == cudaSuccess) e = cudaEventRecord(s.ev_rows, ctx->upload);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(st, s.ev_rows, 0);
+  }
+  p.per_row = make_fastdiv(grid_x);
+  p.n_work = (uint32_t)((uint64_t)n_rows * grid_x);
+  const dim3 grid((p.n_work + kWarps - 1) / kWarps);
+  if (e == cudaSuccess) e = launch(ctx->variant, grid, st, p);
+  if (e == cudaSuccess) e = cudaEventRecord(s.ev_compute, st);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->side, s.ev_compute, 0);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(s.h_out, s.d_out, out_len * 8u, cudaMemcpyDeviceToHost, ctx->side);
+  if (e == cudaSuccess) e = cudaMemsetAsync(s.d_out, 0, out_len * 8u, ctx->side);
+  if (e == cudaSuccess) e = cudaEventRecord(s.ev_done, ctx->side);
+  if (e != cudaSuccess) {
+    s.ticket = 0;  // drain_slot still waits on ev_done (safe whether or not it was recorded)
+    return ctx->cuda_fail(e, "enqueueing the step");
+  }
+  ctx->last_grid = grid;
+  ctx->last_out_len = out_len;
+  *ticket = s.ticket;
+  return KVC_OK;
+}
+
+static Slot* find_slot(kvc_cuda_ctx* ctx, uint64_t ticket) {
+  if (ticket == 0) return nullptr;
+  for (auto& s : ctx->slots)
+    if (s.ticket == ticket) return &s;
+  return nullptr;
+}
+
+int kvc_cuda_query(kvc_cuda_ctx* ctx, uint64_t ticket) {
+  if (!ctx) return KVC_EINVAL;
+  Slot* s = find_slot(ctx, ticket);
+  if (!s) return ctx->fail(KVC_ERANGE, "unknown, expired or collected ticket %llu", (unsigned long long)ticket);
+  if (!s->gpu) return KVC_OK;
+  DeviceGuard guard(ctx->device);
+  cudaError_t e = cudaEventQuery(s->ev_done);
+  if (e == cudaSuccess) return KVC_OK;
+  if (e == cudaErrorNotReady) return KVC_CUDA_PENDING;
+  return ctx->cuda_fail(e, "cudaEventQuery");
+}
+
+int kvc_cuda_wait(kvc_cuda_ctx* ctx, uint64_t ticket) {
+  if (!ctx) return KVC_EINVAL;
+  Slot* s = find_slot(ctx, ticket);
+  if (!s) return ctx->fail(KVC_ERANGE, "unknown, expired or collected ticket %llu", (unsigned long long)ticket);
+  if (!s->gpu) return KVC_OK;
+  DeviceGuard guard(ctx->device);
+  KVC_CU(cudaEventSynchronize(s->ev_done), "cudaEventSynchronize");
+  return KVC_OK;
+}
+
+int kvc_cuda_collect(kvc_cuda_ctx* ctx, uint64_t ticket, uint64_t* out, size_t out_len) {
+  if (!ctx) return KVC_EINVAL;
+  Slot* s = find_slot(ctx, ticket);
+  if (!s) return ctx->fail(KVC_ERANGE, "unknown, expired or collected ticket %llu", (unsigned long long)ticket);
+  if (out_len != s->out_len)
+    return ctx->fail(KVC_ERANGE, "out_len %zu differs from the submit's %zu", out_len, s->out_len);
+  if (out_len && !out) return ctx->fail(KVC_EINVAL, "out is NULL");
+  int rc = kvc_cuda_wait(ctx, ticket);
+  if (rc) return rc;
+  for (size_t i = 0; i < out_len; ++i) out[i] += s->h_out[i];
+  s->ticket = 0;
+  s->busy = false;
+  return KVC_OK;
+}
+
+const char* kvc_cuda_last_error(const kvc_cuda_ctx* ctx) { return ctx ? ctx->err.c_str() : "context is NULL"; }
+
+int kvc_cuda_dev_alloc(int device, size_t bytes, uint64_t* addr) {
+  if (!addr) return KVC_EINVAL;
+  *addr = 0;
+  DeviceGuard guard(device);
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+    cudaGetLastError();
+    return KVC_ECUDA;
+  }
+  *addr = (uint64_t)(uintptr_t)p;
+  return KVC_OK;
+}
+
+int kvc_cuda_dev_free(int device, uint64_t addr) {
+  DeviceGuard guard(device);
+  return cudaFree((void*)(uintptr_t)addr) == cudaSuccess ? KVC_OK : KVC_ECUDA;
+}
+
+int kvc_cuda_copy_to_device(int device, uint64_t dst, const void* src, size_t bytes) {
+  if (bytes && (!src || !dst)) return KVC_EINVAL;
+  DeviceGuard guard(device);
+  return cudaMemcpy((void*)(uintptr_t)dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? KVC_OK : KVC_ECUDA;
+}
+
+int kvc_cuda_copy_to_host(int device, void* dst, uint64_t src, size_t bytes) {
+  if (bytes && (!src || !dst)) return KVC_EINVAL;
+  DeviceGuard guard(device);
+  return cudaMemcpy(dst, (const void*)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? KVC_OK : KVC_ECUDA;
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------------------------
+// Internal (kvc_cuda_internal.h): for the benchmark only.
+
+int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream) {
+  if (!ctx || ctx->last_grid.x == 0) return KVC_EINVAL;
+  DeviceGuard guard(ctx->device);
+  const size_t need = std::max<size_t>(ctx->last_out_len, 1);
+  if (ctx->scratch_len < need) {
+    if (ctx->scratch_out) cudaFree(ctx->scratch_out);
+    ctx->scratch_out = nullptr;
+    ctx->scratch_len = 0;
+    KVC_CU(cudaMalloc((void**)&ctx->scratch_out, need * 8u), "cudaMalloc (scratch)");
+    ctx->scratch_len = need;
+  }
+  LaunchParams p = ctx->last;
+  p.out = ctx->scratch_out;  // never the slot's output, which must stay zero while the slot is free
+  KVC_CU(launch(ctx->variant, ctx->last_grid, static_cast<cudaStream_t>(stream), p), "relaunch");
+  return KVC_OK;
+}
+
+int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
+  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8)) return KVC_EINVAL;
+  if (variant != ctx->variant) {  // load the variant's module now, not in a timed launch
+    LaunchParams p{};
+    p.per_row = make_fastdiv(1);
+    DeviceGuard guard(ctx->device);
+    KVC_CU(launch(variant, dim3(1), ctx->side, p), "warm-up");
+    KVC_CU(cudaStreamSynchronize(ctx->side), "warm-up");
+  }
+  ctx->variant = variant;
+  return KVC_OK;
+}

@@ -1,0 +1,25 @@
+/**
+ * @file kvc_cuda_internal.h
+ * @brief Internal hooks of the CUDA checksum library for the benchmark and the test (not exported
+ *        from the shared library; they link the object files).
+ */
+#ifndef KVC_CUDA_INTERNAL_H
+#define KVC_CUDA_INTERNAL_H
+
+#include "kvc_checksum_cuda.h"
+
+/**
+ * Launches the context's last kernel again on `stream`, with the same rows and tables, adding into
+ * a scratch output (never a slot's). Times the kernel alone, without the step's copies. The last
+ * submit's rows must still be in its slot (no newer submit into that slot).
+ */
+int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream);
+
+/**
+ * Selects the kernel variant of the ATTN vector paths (kvc_checksum_cuda.cu, launch()): 1 or 2 =
+ * pairs inner where the layout suits it (4 pairs, 80 registers / 2 pairs x 2 tokens, 64 registers),
+ * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane.
+ */
+int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
+
+#endif  // KVC_CUDA_INTERNAL_H
