@@ -1,0 +1,97 @@
+/**
+ * `kv_connector_extra_config` of `MooncakeConnector`, validated into {@link MooncakeOptions}.
+ * @module
+ */
+import { KVTransferConfigError, type ConfigProblem } from '@kvconnect/core';
+
+/** The transfer backends `MooncakeConnector` can move bytes with. */
+export type MooncakeBackend = 'embedded' | 'mooncake';
+
+/** Options of the connector (extra config keys in brackets). */
+export interface MooncakeOptions {
+  /** [`backend`] `embedded` (default: the embedded agent over TCP) or `mooncake` (the Mooncake Transfer Engine through the addon). */
+  backend: MooncakeBackend;
+  /** [`bootstrap_host`] Where the producer's bootstrap server listens (default `127.0.0.1`). */
+  bootstrapHost: string;
+  /** [`bootstrap_port`] Its port (default 8998; 0 = any free port, see `bootstrapAddressOf`). */
+  bootstrapPort: number;
+  /**
+   * [`bootstrap_addr`] Producer: an external bootstrap server (`host:port`) to register with instead
+   * of starting one. Default: the engine's own.
+   */
+  bootstrapAddr?: string;
+  /** [`remote_bootstrap_addr`] Consumer: the producer's bootstrap server, when the request's params do not name one. */
+  remoteBootstrapAddr?: string;
+  /** [`side_channel_host`] Where producer workers bind their ROUTER and agents listen (default `127.0.0.1`). */
+  host: string;
+  /**
+   * [`abort_timeout_ms`] Producer: how long a consumer's request waits for the prefill, and how long
+   * finished blocks are kept for consumers that have not asked (vLLM's abort timeout; default 480 000).
+   */
+  abortTimeoutMs: number;
+  /** [`transfer_timeout_ms`] Consumer: deadline of a load from its start (default `abort_timeout_ms` + 60 000). */
+  transferTimeoutMs: number;
+  /** [`bootstrap_timeout_ms`] Consumer: deadline to find the producer's workers (default 30 000). */
+  bootstrapTimeoutMs: number;
+  /** [`max_message_bytes`] Largest side-channel message (default 64 MiB). */
+  maxMessageBytes: number;
+}
+
+const KEYS = [
+  'backend',
+  'bootstrap_host',
+  'bootstrap_port',
+  'bootstrap_addr',
+  'remote_bootstrap_addr',
+  'side_channel_host',
+  'abort_timeout_ms',
+  'transfer_timeout_ms',
+  'bootstrap_timeout_ms',
+  'max_message_bytes',
+] as const;
+
+/**
+ * Validates `MooncakeConnector`'s extra config. Unknown keys are rejected (a typo would otherwise
+ * be silently ignored).
+ * @throws KVTransferConfigError listing every problem (paths under `kv_connector_extra_config`).
+ */
+export function parseMooncakeOptions(extra: Record<string, unknown>): MooncakeOptions {
+  const problems: ConfigProblem[] = [];
+  const path = (k: string) => `kv_connector_extra_config.${k}`;
+  for (const k of Object.keys(extra)) if (!(KEYS as readonly string[]).includes(k)) problems.push({ path: path(k), message: `unknown key (known: ${KEYS.join(', ')})` });
+  const str = (k: string): string | undefined => {
+    const v = extra[k];
+    if (v === undefined) return undefined;
+    if (typeof v !== 'string' || v.length === 0) {
+      problems.push({ path: path(k), message: 'expected a non-empty string' });
+      return undefined;
+    }
+    return v;
+  };
+  const int = (k: string, dflt: number, min: number, max: number): number => {
+    const v = extra[k];
+    if (v === undefined) return dflt;
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) {
+      problems.push({ path: path(k), message: `expected an integer in ${min}..${max}` });
+      return dflt;
+    }
+    return v;
+  };
+  const backend = str('backend') ?? 'embedded';
+  if (backend !== 'embedded' && backend !== 'mooncake') problems.push({ path: path('backend'), message: `expected "embedded" or "mooncake", got ${JSON.stringify(backend)}` });
+  const abortTimeoutMs = int('abort_timeout_ms', 480_000, 1, 86_400_000);
+  const o: MooncakeOptions = {
+    backend: backend as MooncakeBackend,
+    bootstrapHost: str('bootstrap_host') ?? '127.0.0.1',
+    bootstrapPort: int('bootstrap_port', 8998, 0, 65535),
+    bootstrapAddr: str('bootstrap_addr'),
+    remoteBootstrapAddr: str('remote_bootstrap_addr'),
+    host: str('side_channel_host') ?? '127.0.0.1',
+    abortTimeoutMs,
+    transferTimeoutMs: int('transfer_timeout_ms', abortTimeoutMs + 60_000, 1, 86_400_000),
+    bootstrapTimeoutMs: int('bootstrap_timeout_ms', 30_000, 1, 86_400_000),
+    maxMessageBytes: int('max_message_bytes', 64 * 1024 * 1024, 1024, 1024 * 1024 * 1024),
+  };
+  if (problems.length) throw new KVTransferConfigError(problems);
+  return o;
+}

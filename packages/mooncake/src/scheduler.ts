@@ -1,0 +1,205 @@
+/**
+ * The scheduler half of `MooncakeConnector` (vLLM `MooncakeConnectorScheduler`).
+ *
+ * Producer (`do_remote_decode` with a `transfer_id`): when the prefill finishes normally, the
+ * request's blocks are kept (`delayFree`) and shipped to the workers in the next step's metadata
+ * ({@link MooncakeSendSpec}), with the request's KV checksum payload when the checksum scheduler
+ * handed one over through {@link MooncakeScheduler.sendKvChecksums} (SPEC 7, carrier
+ * `connector`). A request that ends otherwise ships an abort, so a consumer waiting on it gets an
+ * error response at once. No `kv_transfer_params` are returned: the proxy already sent the
+ * consumer its params.
+ *
+ * Consumer (`do_remote_prefill` with a `transfer_id` and `remote_engine_id`): every prompt token
+ * past the local prefix hit is loaded asynchronously; the load ({@link MooncakeLoadSpec}: blocks,
+ * first token, producer engine and bootstrap address) reaches the workers in the next metadata.
+ * The bootstrap address comes from the params (`remote_bootstrap_addr`), else the extra config's
+ * `remote_bootstrap_addr`, else a producer engine in this process.
+ *
+ * The owner of the producer's bootstrap server is this half (one per engine); it listens from
+ * construction, and the engine's workers register with it.
+ * @module
+ */
+import type {
+  BlockIdsPerGroup,
+  ConnectorRequest,
+  FinishReason,
+  KVChecksumCarrier,
+  KVConnectorScheduler,
+  KVTransferConfig,
+  MatchedTokens,
+  RequestFinishedResult,
+  SchedulerContext,
+} from '@kvconnect/core';
+import { BootstrapServer } from './bootstrap.js';
+import type { MooncakeOptions } from './config.js';
+
+/** A producer request whose blocks the workers may now write to consumers. */
+export interface MooncakeSendSpec {
+  requestId: string;
+  transferId: string;
+  /** The request's block ids per group. */
+  blocks: number[][];
+  /** Tokens whose KV the producer computed. */
+  numTokens: number;
+  /** The SPEC 6 checksum payload, when checksums are on. */
+  kvChecksums?: Uint8Array;
+}
+
+/** A consumer load the workers start. */
+export interface MooncakeLoadSpec {
+  requestId: string;
+  transferId: string;
+  remoteEngineId: string;
+  /** The producer's bootstrap server (`host:port`). */
+  bootstrapAddr: string;
+  /** The request's block ids per group (all of them; the load covers tokens `[firstToken, numTokens)`). */
+  blocks: number[][];
+  firstToken: number;
+  numTokens: number;
+}
+
+/** The connector's per-step metadata. */
+export interface MooncakeConnectorMetadata {
+  sends: MooncakeSendSpec[];
+  loads: MooncakeLoadSpec[];
+  /** Transfer ids of producer requests that ended without KV to send. */
+  aborts: string[];
+}
+
+const isStr = (x: unknown): x is string => typeof x === 'string' && x.length > 0;
+
+/** Bootstrap servers started in this process, by producer engine id. */
+const localServers = new Map<string, Promise<BootstrapServer>>();
+/** Their addresses once listening. */
+const localAddrs = new Map<string, string>();
+
+/**
+ * The bootstrap server of a producer engine of this process (its scheduler half started it):
+ * resolves with `host:port`, or undefined when this process runs no producer of that id.
+ */
+export async function bootstrapAddressOf(engineId: string): Promise<string | undefined> {
+  const s = localServers.get(engineId);
+  return s ? (await s).address : undefined;
+}
+
+/** Internal: the in-process bootstrap server of `engineId` (workers register with it directly). */
+export function localBootstrap(engineId: string): Promise<BootstrapServer> | undefined {
+  return localServers.get(engineId);
+}
+
+/** The scheduler half. */
+export class MooncakeScheduler implements KVConnectorScheduler {
+  private sends = new Map<string, MooncakeSendSpec>();
+  private loads: MooncakeLoadSpec[] = [];
+  private aborts: string[] = [];
+  private readonly asked = new Map<string, { local: number; bootstrapAddr: string; remoteEngineId: string; transferId: string }>();
+  private readonly server: Promise<BootstrapServer> | null = null;
+  /** Loads not started because no bootstrap address was known (the request prefilled locally). */
+  noBootstrap = 0;
+
+  constructor(
+    private readonly config: KVTransferConfig,
+    private readonly ctx: SchedulerContext,
+    private readonly opts: MooncakeOptions,
+  ) {
+    if (config.kv_role !== 'kv_consumer' && opts.bootstrapAddr === undefined) {
+      const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort });
+      this.server = p;
+      localServers.set(ctx.engineId, p);
+      p.then((s) => localAddrs.set(ctx.engineId, s.address)).catch(() => localServers.delete(ctx.engineId));
+    }
+  }
+
+  /** The bootstrap server this half started (producer without `bootstrap_addr`), or null. */
+  bootstrapServer(): Promise<BootstrapServer> | null {
+    return this.server;
+  }
+
+  private bootstrapFor(p: Record<string, unknown>, remoteEngineId: string): string | undefined {
+    if (isStr(p.remote_bootstrap_addr)) return p.remote_bootstrap_addr;
+    return this.opts.remoteBootstrapAddr ?? localAddrs.get(remoteEngineId);
+  }
+
+  getNumNewMatchedTokens(request: ConnectorRequest, numComputedTokens: number): MatchedTokens {
+    const p = request.kvTransferParams;
+    if (!p || p.do_remote_prefill !== true || this.config.kv_role === 'kv_producer') return { count: 0, loadAsync: false };
+    if (!isStr(p.transfer_id) || !isStr(p.remote_engine_id)) return { count: 0, loadAsync: false };
+    const bootstrapAddr = this.bootstrapFor(p, p.remote_engine_id);
+    if (bootstrapAddr === undefined) {
+      this.noBootstrap++;
+      return { count: 0, loadAsync: false };
+    }
+    const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
+    if (count === 0) return { count: 0, loadAsync: false };
+    this.asked.set(request.requestId, { local: numComputedTokens, bootstrapAddr, remoteEngineId: p.remote_engine_id, transferId: p.transfer_id });
+    return { count, loadAsync: true };
+  }
+
+  updateStateAfterAlloc(request: ConnectorRequest, blocks: BlockIdsPerGroup, numExternalTokens: number): void {
+    const a = this.asked.get(request.requestId);
+    this.asked.delete(request.requestId);
+    if (!a || numExternalTokens <= 0) return;
+    this.loads.push({
+      requestId: request.requestId,
+      transferId: a.transferId,
+      remoteEngineId: a.remoteEngineId,
+      bootstrapAddr: a.bootstrapAddr,
+      blocks: blocks.map((b) => b.slice()),
+      firstToken: a.local,
+      numTokens: a.local + numExternalTokens,
+    });
+  }
+
+  buildConnectorMeta(): MooncakeConnectorMetadata | null {
+    if (this.sends.size === 0 && this.loads.length === 0 && this.aborts.length === 0) return null;
+    const m: MooncakeConnectorMetadata = { sends: [...this.sends.values()], loads: this.loads, aborts: this.aborts };
+    this.sends = new Map();
+    this.loads = [];
+    this.aborts = [];
+    return m;
+  }
+
+  updateConnectorOutput(): void {}
+
+  requestFinished(request: ConnectorRequest, blocks: BlockIdsPerGroup, reason: FinishReason): RequestFinishedResult {
+    const id = request.requestId;
+    this.asked.delete(id);
+    this.loads = this.loads.filter((l) => l.requestId !== id);
+    const p = request.kvTransferParams;
+    if (!p || p.do_remote_decode !== true || !isStr(p.transfer_id) || this.config.kv_role === 'kv_consumer') return { delayFree: false };
+    const hasBlocks = blocks.some((g) => g.length > 0);
+    if ((reason !== 'stop' && reason !== 'length') || !hasBlocks) {
+      this.aborts.push(p.transfer_id);
+      return { delayFree: false };
+    }
+    this.sends.set(id, { requestId: id, transferId: p.transfer_id, blocks: blocks.map((b) => b.slice()), numTokens: Math.min(request.numComputedTokens, request.numTokens) });
+    return { delayFree: true };
+  }
+
+  kvChecksumCarrier(request: ConnectorRequest): KVChecksumCarrier {
+    const p = request.kvTransferParams;
+    if (!p) return null;
+    if (p.do_remote_prefill === true) return 'connector';
+    if (p.do_remote_decode === true && isStr(p.transfer_id)) return 'connector';
+    return null;
+  }
+
+  /**
+   * Keeps the payload of a request whose blocks are about to be sent; it ships with them in the
+   * next metadata. The payload of a request with nothing to send is dropped.
+   */
+  sendKvChecksums(request: ConnectorRequest, payload: Uint8Array): void {
+    const s = this.sends.get(request.requestId);
+    if (s) s.kvChecksums = payload.slice();
+  }
+
+  async shutdown(): Promise<void> {
+    if (!this.server) return;
+    if (localServers.get(this.ctx.engineId) === this.server) {
+      localServers.delete(this.ctx.engineId);
+      localAddrs.delete(this.ctx.engineId);
+    }
+    const s = await this.server.catch(() => null);
+    await s?.close();
+  }
+}

@@ -1,0 +1,602 @@
+/**
+ * The worker half of `MooncakeConnector` (vLLM `MooncakeConnectorWorker`), P2P with producer
+ * WRITEs.
+ *
+ * Producer worker: registers its KV memory with its transfer agent, binds a ZeroMQ ROUTER and
+ * registers the ROUTER's address with the bootstrap server. A consumer worker's
+ * {@link TransferMetadata} may arrive before the producer has the request: each request waits
+ * (deadline `abort_timeout_ms`) until the scheduler's metadata ships the request's blocks. It then
+ * WRITEs the consumer's blocks through the agent ({@link planWrites}) and answers with a
+ * {@link TransferResponse} per request (CONTINUE, the last one FINISH; ERROR for failures) whose
+ * `kv_checksums` carries the request's checksum payload (SPEC 7). The blocks are reported in
+ * `finishedSending` once every consumer worker (TP x PP, from the metadata) was answered, or when
+ * the lease (`abort_timeout_ms`) expires with no write in flight.
+ *
+ * Consumer worker: for each load of the step, finds the producer's workers through the bootstrap
+ * server, sends its metadata to every producer worker over a DEALER, and finishes the load when
+ * each of them answered. The first copy of the checksum payload is kept and reported in
+ * `kvChecksums` with the finished load. A failed load (an error response, a malformed response,
+ * the deadline) is reported finished with its loaded blocks in `invalidBlockIds`, after every
+ * producer worker answered (none may still be writing into the blocks), or at the deadline.
+ *
+ * Nothing here waits inside an engine step; every network wait is async with a deadline, and no
+ * peer message can throw out of a handler.
+ * @module
+ */
+import { randomUUID } from 'node:crypto';
+import { debuglog } from 'node:util';
+import type { KVConnectorWorker, KVRole, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import type { TransferAgent } from '@kvconnect/transfer';
+import * as zmq from 'zeromq';
+import { createAgent } from './agent.js';
+import { queryEngine, registerWorker, type EngineWorkers } from './bootstrap.js';
+import type { MooncakeOptions } from './config.js';
+import { describeLayout, planWrites } from './layout.js';
+import {
+  decodeTransferMetadata,
+  decodeTransferResponse,
+  encodeTransferMetadata,
+  encodeTransferResponse,
+  XferStatusCode,
+  type TransferMetadata,
+  type TransferResponse,
+  type WireCache,
+  type WireLoad,
+} from './protocol.js';
+import { localBootstrap, type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
+
+const log = debuglog('kvconnect:mooncake');
+
+/** Test and embedding hooks of the connector (fault injection). */
+export interface MooncakeConnectorHooks {
+  /** Wraps each worker's transfer agent (e.g. a fault-injecting agent). */
+  wrapAgent?(agent: TransferAgent, ctx: WorkerContext): TransferAgent;
+  /** Sees every transfer response a producer worker sends; returns the bytes to send instead. */
+  onResponse?(bytes: Uint8Array, ctx: WorkerContext): Uint8Array;
+}
+
+/** Counters of one worker (for tests, logs and metrics). */
+export interface MooncakeWorkerStats {
+  /** Producer: metadata messages received, and rejected by the decoder. */
+  metadataReceived: number;
+  metadataRejected: number;
+  /** Producer: requests that arrived before their prefill finished (and waited). */
+  waitedForPrefill: number;
+  /** Producer: WRITE transfers posted, bytes written, descriptors, error responses. */
+  writes: number;
+  bytesWritten: number;
+  descriptors: number;
+  errorsSent: number;
+  /** Producer: send states ended by lease expiry. */
+  leasesExpired: number;
+  /** Consumer: loads finished, failed, responses received, malformed responses. */
+  loadsFinished: number;
+  loadsFailed: number;
+  responsesReceived: number;
+  responsesMalformed: number;
+}
+
+/** Producer state of one finished request. */
+interface SendState {
+  spec: MooncakeSendSpec;
+  served: Set<string>;
+  expected: number | null;
+  inflight: number;
+  expired: boolean;
+  timer: NodeJS.Timeout;
+}
+
+/** Consumer state of one load. */
+interface LoadState {
+  spec: MooncakeLoadSpec;
+  /** Producer workers (ROUTER addresses) that have not answered yet; null until the metadata went out. */
+  waiting: Set<string> | null;
+  failed: string | null;
+  payload: Uint8Array | null;
+  timer: NodeJS.Timeout;
+}
+
+interface Waiter {
+  resolve(s: SendState | string): void;
+}
+
+/** A serial send queue over one socket (zeromq allows one pending send per socket). */
+class Sender {
+  private q: Promise<void> = Promise.resolve();
+  constructor(private readonly sock: zmq.Router | zmq.Dealer) {}
+  send(msg: Array<Uint8Array | Buffer> | Uint8Array): Promise<void> {
+    const p = this.q.then(() => this.sock.send(msg as never));
+    this.q = p.catch(() => {});
+    return p;
+  }
+}
+
+const FINISHED_MEMORY = 65_536;
+
+/** The worker half. */
+export class MooncakeWorker implements KVConnectorWorker {
+  readonly stats: MooncakeWorkerStats = {
+    metadataReceived: 0,
+    metadataRejected: 0,
+    waitedForPrefill: 0,
+    writes: 0,
+    bytesWritten: 0,
+    descriptors: 0,
+    errorsSent: 0,
+    leasesExpired: 0,
+    loadsFinished: 0,
+    loadsFailed: 0,
+    responsesReceived: 0,
+    responsesMalformed: 0,
+  };
+  /** The last error message of a failed load or request (diagnostics). */
+  lastError: string | null = null;
+  private caches: WorkerKVCaches | null = null;
+  private agent: TransferAgent | null = null;
+  private regionAddrs: number[] = [];
+  private layout: WireCache[] = [];
+  private agentMetadata: Uint8Array | null = null;
+  private router: zmq.Router | null = null;
+  private routerSender: Sender | null = null;
+  /** `tcp://host:port` of this worker's ROUTER (producer). */
+  sideChannelAddr: string | null = null;
+  private meta: MooncakeConnectorMetadata | null = null;
+  private closed = false;
+  // producer
+  private readonly sends = new Map<string, SendState>();
+  private readonly waiters = new Map<string, Set<Waiter>>();
+  private readonly finishedTransfers = new Map<string, string>();
+  private finishedSending = new Set<string>();
+  // consumer
+  private readonly loads = new Map<string, LoadState>();
+  private finishedRecving = new Set<string>();
+  private invalid = new Set<number>();
+  private payloads = new Map<string, Uint8Array>();
+  private readonly dealers = new Map<string, { sock: zmq.Dealer; sender: Sender }>();
+  private readonly producers = new Map<string, Promise<EngineWorkers>>();
+
+  constructor(
+    private readonly role: KVRole,
+    private readonly ctx: WorkerContext,
+    private readonly opts: MooncakeOptions,
+    private readonly hooks: MooncakeConnectorHooks = {},
+  ) {}
+
+  private get key(): string {
+    return `${this.ctx.ppRank}:${this.ctx.tpRank}`;
+  }
+
+  /** This worker's transfer agent (after `registerKvCaches`). */
+  get transferAgent(): TransferAgent | null {
+    return this.agent;
+  }
+
+  async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
+    this.caches = caches;
+    const name = `${this.ctx.engineId.slice(0, 200)}/pp${this.ctx.ppRank}/tp${this.ctx.tpRank}/${randomUUID().slice(0, 8)}`;
+    let agent = await createAgent(this.opts.backend, name, this.opts.host);
+    if (this.hooks.wrapAgent) agent = this.hooks.wrapAgent(agent, this.ctx);
+    this.agent = agent;
+    const reg = await agent.registerMemory(caches.regions.map((bytes) => ({ bytes })));
+    this.regionAddrs = reg.regions.map((r) => r.addr);
+    this.layout = describeLayout(caches);
+    this.agentMetadata = await agent.getLocalMetadata();
+    if (this.role !== 'kv_consumer') await this.startRouter();
+  }
+
+  private async startRouter(): Promise<void> {
+    const router = new zmq.Router({ linger: 0, maxMessageSize: this.opts.maxMessageBytes });
+    await router.bind(`tcp://${this.opts.host}:*`);
+    this.router = router;
+    this.routerSender = new Sender(router);
+    this.sideChannelAddr = router.lastEndpoint;
+    void this.routerLoop(router);
+    const reg = { engineId: this.ctx.engineId, tpRank: this.ctx.tpRank, ppRank: this.ctx.ppRank, tpSize: this.ctx.tpSize, ppSize: this.ctx.ppSize, addr: this.sideChannelAddr! };
+    const local = this.opts.bootstrapAddr === undefined ? localBootstrap(this.ctx.engineId) : undefined;
+    if (local) (await local).register(reg);
+    else if (this.opts.bootstrapAddr !== undefined) await registerWorker(this.opts.bootstrapAddr, reg, { timeoutMs: this.opts.bootstrapTimeoutMs });
+    else throw new Error(`MooncakeConnector worker ${this.key} of ${this.ctx.engineId}: no bootstrap server (set kv_connector_extra_config.bootstrap_addr)`);
+  }
+
+  bindConnectorMetadata(meta: unknown): void {
+    this.meta = (meta as MooncakeConnectorMetadata | null) ?? null;
+    if (!this.meta) return;
+    if (this.role !== 'kv_consumer') {
+      for (const s of this.meta.sends) this.addSend(s);
+      for (const t of this.meta.aborts) this.endTransfer(t, 'the producer request ended without KV to send (aborted or failed)');
+    }
+  }
+
+  startLoadKv(_output: SchedulerOutput): void {
+    const loads = this.meta?.loads ?? [];
+    if (loads.length === 0 || this.role === 'kv_producer') return;
+    const byProducer = new Map<string, MooncakeLoadSpec[]>();
+    for (const l of loads) {
+      const st: LoadState = { spec: l, waiting: null, failed: null, payload: null, timer: setTimeout(() => this.timeout(l.requestId), this.opts.transferTimeoutMs) };
+      this.loads.set(l.requestId, st);
+      const k = `${l.remoteEngineId}\u0000${l.bootstrapAddr}`;
+      let a = byProducer.get(k);
+      if (!a) byProducer.set(k, (a = []));
+      a.push(l);
+    }
+    for (const specs of byProducer.values()) void this.sendLoads(specs);
+  }
+
+  getTransferResults(): TransferResults {
+    const res: TransferResults = { finishedSending: this.finishedSending, finishedRecving: this.finishedRecving, invalidBlockIds: this.invalid, kvChecksums: this.payloads };
+    this.finishedSending = new Set();
+    this.finishedRecving = new Set();
+    this.invalid = new Set();
+    this.payloads = new Map();
+    return res;
+  }
+
+  clearConnectorMetadata(): void {
+    this.meta = null;
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Producer
+
+  private addSend(spec: MooncakeSendSpec): void {
+    const old = this.sends.get(spec.transferId);
+    if (old) clearTimeout(old.timer);
+    const st: SendState = { spec, served: new Set(), expected: null, inflight: 0, expired: false, timer: setTimeout(() => this.expire(spec.transferId), this.opts.abortTimeoutMs) };
+    this.sends.set(spec.transferId, st);
+    this.finishedTransfers.delete(spec.transferId);
+    const ws = this.waiters.get(spec.transferId);
+    this.waiters.delete(spec.transferId);
+    for (const w of ws ?? []) w.resolve(st);
+  }
+
+  private rememberFinished(transferId: string, why: string): void {
+    this.finishedTransfers.set(transferId, why);
+    if (this.finishedTransfers.size > FINISHED_MEMORY) this.finishedTransfers.delete(this.finishedTransfers.keys().next().value!);
+  }
+
+  /** Ends a transfer that will never have blocks (aborted): waiting consumers get an error. */
+  private endTransfer(transferId: string, why: string): void {
+    this.rememberFinished(transferId, why);
+    const ws = this.waiters.get(transferId);
+    this.waiters.delete(transferId);
+    for (const w of ws ?? []) w.resolve(why);
+  }
+
+  private expire(transferId: string): void {
+    const st = this.sends.get(transferId);
+    if (!st) return;
+    st.expired = true;
+    if (st.inflight === 0) {
+      this.stats.leasesExpired++;
+      this.finishSend(st, `the lease of transfer ${transferId} expired`);
+    }
+  }
+
+  private finishSend(st: SendState, why: string): void {
+    clearTimeout(st.timer);
+    if (this.sends.get(st.spec.transferId) === st) this.sends.delete(st.spec.transferId);
+    this.rememberFinished(st.spec.transferId, why);
+    this.finishedSending.add(st.spec.requestId);
+  }
+
+  private waitForSend(transferId: string): Promise<SendState | string> {
+    const st = this.sends.get(transferId);
+    if (st) return Promise.resolve(st);
+    const done = this.finishedTransfers.get(transferId);
+    if (done) return Promise.resolve(`transfer ${transferId} is over: ${done}`);
+    this.stats.waitedForPrefill++;
+    return new Promise((resolve) => {
+      let set = this.waiters.get(transferId);
+      if (!set) this.waiters.set(transferId, (set = new Set()));
+      const w: Waiter = {
+        resolve: (x) => {
+          clearTimeout(timer);
+          resolve(x);
+        },
+      };
+      const timer = setTimeout(() => {
+        set!.delete(w);
+        if (set!.size === 0 && this.waiters.get(transferId) === set) this.waiters.delete(transferId);
+        resolve(`timed out after ${this.opts.abortTimeoutMs} ms waiting for the prefill of transfer ${transferId}`);
+      }, this.opts.abortTimeoutMs);
+      set.add(w);
+    });
+  }
+
+  private async routerLoop(router: zmq.Router): Promise<void> {
+    try {
+      for await (const frames of router) {
+        const [identity, msg] = frames;
+        if (!identity || !msg || frames.length !== 2) {
+          this.stats.metadataRejected++;
+          continue;
+        }
+        void this.onMetadata(identity, msg).catch((e) => log('metadata handler failed: %s', e));
+      }
+    } catch (e) {
+      if (!this.closed) log('router loop ended: %s', e);
+    }
+  }
+
+  private reply(identity: Buffer, r: TransferResponse): void {
+    if (!this.routerSender || this.closed) return;
+    if (r.status === XferStatusCode.ERROR || r.errReqs.length > 0) this.stats.errorsSent++;
+    let bytes = encodeTransferResponse(r);
+    if (this.hooks.onResponse) bytes = this.hooks.onResponse(bytes, this.ctx);
+    this.routerSender.send([identity, bytes]).catch((e) => log('reply failed: %s', e));
+  }
+
+  private async onMetadata(identity: Buffer, msg: Buffer): Promise<void> {
+    this.stats.metadataReceived++;
+    let md: TransferMetadata;
+    try {
+      md = decodeTransferMetadata(msg, this.opts.maxMessageBytes);
+    } catch (e) {
+      this.stats.metadataRejected++;
+      this.lastError = e instanceof Error ? e.message : String(e);
+      this.reply(identity, { status: XferStatusCode.ERROR, okReqs: [], errReqs: [], errMsg: this.lastError, kvChecksums: new Map() });
+      return;
+    }
+    const ids = [...md.requests.keys()];
+    const allErr = (m: string) => {
+      this.lastError = m;
+      this.reply(identity, { status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: m, kvChecksums: new Map() });
+    };
+    if (md.backend !== this.agent!.backend) return allErr(`the consumer uses transfer backend ${md.backend}, this producer ${this.agent!.backend}`);
+    let agentName: string;
+    try {
+      agentName = await this.agent!.loadRemoteMetadata(md.agentMetadata);
+    } catch (e) {
+      return allErr(`cannot load the consumer's agent metadata: ${e instanceof Error ? e.message : String(e)}`);
+    }
+    if (ids.length === 0) {
+      this.reply(identity, { status: XferStatusCode.FINISH, okReqs: [], errReqs: [], kvChecksums: new Map() });
+      return;
+    }
+    let left = ids.length;
+    await Promise.all(
+      ids.map(async (id) => {
+        const r = await this.serve(md, agentName, md.requests.get(id)!);
+        left--;
+        const status = !r.ok ? XferStatusCode.ERROR : left === 0 ? XferStatusCode.FINISH : XferStatusCode.CONTINUE;
+        const kvChecksums = new Map<string, Uint8Array>();
+        if (r.ok && r.payload) kvChecksums.set(id, r.payload);
+        this.reply(identity, { status, okReqs: r.ok ? [id] : [], errReqs: r.ok ? [] : [id], errMsg: r.ok ? undefined : r.error, kvChecksums });
+      }),
+    );
+  }
+
+  /** Writes one request's blocks for one consumer worker. */
+  private async serve(md: TransferMetadata, agentName: string, load: WireLoad): Promise<{ ok: true; payload?: Uint8Array } | { ok: false; error: string }> {
+    const got = await this.waitForSend(load.transferId);
+    if (typeof got === 'string') {
+      this.lastError = got;
+      return { ok: false, error: got };
+    }
+    const st = got;
+    const consumerKey = `${md.engineId}\u0000${md.ppRank}:${md.tpRank}`;
+    st.expected = md.tpSize * md.ppSize;
+    st.inflight++;
+    try {
+      const plan = planWrites(
+        { caches: this.caches!, regionAddrs: this.regionAddrs, blocks: st.spec.blocks, numTokens: st.spec.numTokens },
+        { tpSize: md.tpSize, tpRank: md.tpRank, regions: md.regions, caches: md.caches },
+        load,
+      );
+      if (plan.local.length > 0) {
+        const agent = this.agent!;
+        const local = await agent.prepDescList(null, 'DRAM', plan.local);
+        const remote = await agent.prepDescList(agentName, 'DRAM', plan.remote);
+        try {
+          const req = await agent.makeTransfer({ op: 'WRITE', local, remote });
+          try {
+            let status = await agent.post(req);
+            if (status === 'in-progress') status = await agent.wait(req);
+            if (status !== 'done') throw new Error(`WRITE to ${agentName} failed: ${status}${req.error ? `: ${req.error.message}` : ''}`);
+          } finally {
+            await agent.release(req).catch(() => {});
+          }
+        } finally {
+          await agent.releaseDescList(local).catch(() => {});
+          await agent.releaseDescList(remote).catch(() => {});
+        }
+        this.stats.writes++;
+        this.stats.bytesWritten += plan.bytes;
+        this.stats.descriptors += plan.local.length;
+      }
+      return { ok: true, payload: st.spec.kvChecksums };
+    } catch (e) {
+      const error = e instanceof Error ? e.message : String(e);
+      this.lastError = error;
+      return { ok: false, error };
+    } finally {
+      st.inflight--;
+      // Answered (ok or not): this consumer worker will not ask again.
+      st.served.add(consumerKey);
+      if (this.sends.get(st.spec.transferId) === st) {
+        if (st.expected !== null && st.served.size >= st.expected) this.finishSend(st, `transfer ${st.spec.transferId} was served`);
+        else if (st.expired && st.inflight === 0) {
+          this.stats.leasesExpired++;
+          this.finishSend(st, `the lease of transfer ${st.spec.transferId} expired`);
+        }
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Consumer
+
+  private producerWorkers(engineId: string, bootstrapAddr: string): Promise<EngineWorkers> {
+    const k = `${engineId}\u0000${bootstrapAddr}`;
+    let p = this.producers.get(k);
+    if (!p) {
+      p = queryEngine(bootstrapAddr, engineId, { deadlineMs: this.opts.bootstrapTimeoutMs });
+      this.producers.set(k, p);
+      p.catch(() => this.producers.delete(k));
+    }
+    return p;
+  }
+
+  private dealer(addr: string): { sock: zmq.Dealer; sender: Sender } {
+    let d = this.dealers.get(addr);
+    if (!d) {
+      const sock = new zmq.Dealer({ linger: 0, maxMessageSize: this.opts.maxMessageBytes });
+      sock.connect(addr);
+      d = { sock, sender: new Sender(sock) };
+      this.dealers.set(addr, d);
+      void this.dealerLoop(addr, sock);
+    }
+    return d;
+  }
+
+  private async dealerLoop(addr: string, sock: zmq.Dealer): Promise<void> {
+    try {
+      for await (const frames of sock) this.onResponse(addr, frames);
+    } catch (e) {
+      if (!this.closed) log('dealer loop for %s ended: %s', addr, e);
+    }
+  }
+
+  private async sendLoads(specs: MooncakeLoadSpec[]): Promise<void> {
+    const { remoteEngineId, bootstrapAddr } = specs[0];
+    try {
+      const workers = await this.producerWorkers(remoteEngineId, bootstrapAddr);
+      const addrs = [...new Set(workers.workers.flat().filter((a): a is string => a !== undefined))];
+      const live = specs.filter((s) => this.loads.has(s.requestId));
+      if (live.length === 0 || this.closed) return;
+      const requests = new Map<string, WireLoad>();
+      for (const s of live) requests.set(s.requestId, { transferId: s.transferId, blocks: s.blocks, firstToken: s.firstToken, numTokens: s.numTokens });
+      const bytes = encodeTransferMetadata({
+        agentMetadata: this.agentMetadata!,
+        backend: this.agent!.backend,
+        engineId: this.ctx.engineId,
+        tpSize: this.ctx.tpSize,
+        tpRank: this.ctx.tpRank,
+        ppSize: this.ctx.ppSize,
+        ppRank: this.ctx.ppRank,
+        regions: this.regionAddrs.map((a, i) => [a, this.caches!.regions[i].byteLength] as [number, number]),
+        caches: this.layout,
+        requests,
+      });
+      for (const s of live) this.loads.get(s.requestId)!.waiting = new Set(addrs);
+      for (const a of addrs) {
+        this.dealer(a)
+          .sender.send(bytes)
+          .catch((e) => this.failAddr(a, `cannot send to ${a}: ${e instanceof Error ? e.message : String(e)}`, true));
+      }
+    } catch (e) {
+      const m = e instanceof Error ? e.message : String(e);
+      for (const s of specs) {
+        const st = this.loads.get(s.requestId);
+        if (st) this.fail(st, m, null, true);
+      }
+    }
+  }
+
+  private onResponse(addr: string, frames: Buffer[]): void {
+    this.stats.responsesReceived++;
+    let r: TransferResponse;
+    try {
+      if (frames.length !== 1) throw new Error(`expected one frame, got ${frames.length}`);
+      r = decodeTransferResponse(frames[0], this.opts.maxMessageBytes);
+    } catch (e) {
+      this.stats.responsesMalformed++;
+      this.failAddr(addr, `malformed transfer response from ${addr}: ${e instanceof Error ? e.message : String(e)}`, false);
+      return;
+    }
+    for (const id of r.okReqs) {
+      const st = this.loads.get(id);
+      if (!st || !st.waiting?.has(addr)) continue;
+      const p = r.kvChecksums.get(id);
+      if (p && !st.payload) st.payload = p; // every producer worker may carry it; keep the first
+      st.waiting.delete(addr);
+      this.maybeDone(st);
+    }
+    for (const id of r.errReqs) {
+      const st = this.loads.get(id);
+      if (st?.waiting?.has(addr)) this.fail(st, `producer ${addr}: ${r.errMsg ?? 'error'}`, addr, false);
+    }
+    if (r.status === XferStatusCode.ERROR && r.okReqs.length === 0 && r.errReqs.length === 0) this.failAddr(addr, `producer ${addr}: ${r.errMsg ?? 'error'}`, false);
+  }
+
+  /** Fails every load waiting on `addr` (its answer is lost or unreadable). */
+  private failAddr(addr: string, why: string, force: boolean): void {
+    for (const st of [...this.loads.values()]) if (st.waiting?.has(addr)) this.fail(st, why, addr, force);
+  }
+
+  /**
+   * Marks a load failed. It is reported once every producer worker answered (`addr` just did),
+   * so no producer is still writing into its blocks; `force` reports it now.
+   */
+  private fail(st: LoadState, why: string, addr: string | null, force: boolean): void {
+    st.failed ??= why;
+    this.lastError = why;
+    if (addr !== null) st.waiting?.delete(addr);
+    if (force) st.waiting = new Set();
+    this.maybeDone(st);
+  }
+
+  private timeout(requestId: string): void {
+    const st = this.loads.get(requestId);
+    if (!st) return;
+    // The producer may have restarted elsewhere: ask the bootstrap server again next time.
+    this.producers.delete(`${st.spec.remoteEngineId}\u0000${st.spec.bootstrapAddr}`);
+    this.fail(st, `load of ${requestId} timed out after ${this.opts.transferTimeoutMs} ms`, null, true);
+  }
+
+  private maybeDone(st: LoadState): void {
+    if (st.waiting === null || st.waiting.size > 0) return;
+    const id = st.spec.requestId;
+    if (this.loads.get(id) !== st) return;
+    this.loads.delete(id);
+    clearTimeout(st.timer);
+    if (st.failed !== null) {
+      this.stats.loadsFailed++;
+      log('load %s failed: %s', id, st.failed);
+      for (const b of this.loadedBlocks(st.spec)) this.invalid.add(b);
+    } else {
+      this.stats.loadsFinished++;
+      if (st.payload) this.payloads.set(id, st.payload);
+    }
+    this.finishedRecving.add(id);
+  }
+
+  /** The blocks a load writes (attention: those holding its tokens; state: the running-state block). */
+  private loadedBlocks(l: MooncakeLoadSpec): number[] {
+    const out: number[] = [];
+    const cfgs = this.caches?.groupConfigs ?? [];
+    l.blocks.forEach((ids, g) => {
+      const cfg = cfgs[g];
+      if (!cfg || cfg.kind === 'state') {
+        const last = ids[ids.length - 1];
+        if (last !== undefined && last >= 0) out.push(last);
+        return;
+      }
+      const B = cfg.blockSize;
+      for (let i = Math.floor(l.firstToken / B); i < Math.min(ids.length, Math.ceil(l.numTokens / B)); i++) if (ids[i] >= 0) out.push(ids[i]);
+    });
+    return out;
+  }
+
+  // ------------------------------------------------------------------------------------------
+
+  /** Pending producer sends and consumer loads (diagnostics, leak tests). */
+  pendingCounts(): { sends: number; waiters: number; loads: number } {
+    let w = 0;
+    for (const s of this.waiters.values()) w += s.size;
+    return { sends: this.sends.size, waiters: w, loads: this.loads.size };
+  }
+
+  async shutdown(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const st of this.sends.values()) clearTimeout(st.timer);
+    for (const st of this.loads.values()) clearTimeout(st.timer);
+    for (const [t, ws] of this.waiters) for (const w of ws) w.resolve(`transfer ${t}: the producer is shutting down`);
+    this.waiters.clear();
+    this.router?.close();
+    for (const d of this.dealers.values()) d.sock.close();
+    this.dealers.clear();
+    await this.agent?.close().catch(() => {});
+  }
+}

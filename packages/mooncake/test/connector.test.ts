@@ -1,0 +1,62 @@
+/**
+ * The factory and registry: importing the package registers `MooncakeConnector`; the extra
+ * config is validated; `backend: 'mooncake'` without a Mooncake agent fails with a clear error.
+ */
+import { describe, expect, it } from 'vitest';
+import { KVTransferConfigError, defaultRegistry, parseKVTransferConfig } from '@kvconnect/core';
+import { MOONCAKE_CONNECTOR, MooncakeUnavailableError, createAgent, mooncakeConnectorFactory, mooncakeUnavailableReason, parseMooncakeOptions } from '../src/index.js';
+
+const cfg = (extra: Record<string, unknown>) => parseKVTransferConfig({ kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', kv_connector_extra_config: extra });
+const ctx = { engineId: 'e', tpSize: 1, ppSize: 1, groupConfigs: [] };
+
+describe('MooncakeConnector registration and config', () => {
+  it('importing the package registers MooncakeConnector in the default registry', () => {
+    expect(defaultRegistry.has(MOONCAKE_CONNECTOR)).toBe(true);
+    expect(defaultRegistry.get(MOONCAKE_CONNECTOR)).toBe(mooncakeConnectorFactory);
+  });
+
+  it('defaults', () => {
+    expect(parseMooncakeOptions({})).toEqual({
+      backend: 'embedded',
+      bootstrapHost: '127.0.0.1',
+      bootstrapPort: 8998,
+      bootstrapAddr: undefined,
+      remoteBootstrapAddr: undefined,
+      host: '127.0.0.1',
+      abortTimeoutMs: 480_000,
+      transferTimeoutMs: 540_000,
+      bootstrapTimeoutMs: 30_000,
+      maxMessageBytes: 64 * 1024 * 1024,
+    });
+  });
+
+  it('rejects unknown keys and bad values, listing every problem', () => {
+    try {
+      parseMooncakeOptions({ backend: 'rdma', bootstrap_port: 70000, abort_timeout_ms: -1, typo: 1 });
+      expect.unreachable();
+    } catch (e) {
+      expect(e).toBeInstanceOf(KVTransferConfigError);
+      expect((e as KVTransferConfigError).problems.map((p) => p.path).sort()).toEqual([
+        'kv_connector_extra_config.abort_timeout_ms',
+        'kv_connector_extra_config.backend',
+        'kv_connector_extra_config.bootstrap_port',
+        'kv_connector_extra_config.typo',
+      ]);
+    }
+    expect(() => mooncakeConnectorFactory.createScheduler(cfg({ typo: 1 }), ctx)).toThrow(KVTransferConfigError);
+  });
+
+  it("backend 'mooncake' without a Mooncake agent: a clear error from both halves and from createAgent", async () => {
+    const why = mooncakeUnavailableReason();
+    if (why === null) return; // a build with the Mooncake agent
+    expect(() => mooncakeConnectorFactory.createScheduler(cfg({ backend: 'mooncake' }), ctx)).toThrow(/^Mooncake Transfer Engine not available: /);
+    expect(() => mooncakeConnectorFactory.createWorker(cfg({ backend: 'mooncake' }), { engineId: 'e', tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 })).toThrow(MooncakeUnavailableError);
+    await expect(createAgent('mooncake', 'a', '127.0.0.1')).rejects.toThrow(/^Mooncake Transfer Engine not available: .*MooncakeAgent/);
+  });
+
+  it('the embedded backend makes an embedded agent', async () => {
+    const a = await createAgent('embedded', 'emb-test', '127.0.0.1');
+    expect(a.backend).toBe('embedded');
+    await a.close();
+  });
+});
