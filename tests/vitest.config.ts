@@ -2,5 +2,7 @@ import { defineProject } from 'vitest/config';
 
 export default defineProject({
   resolve: { conditions: ['@kvconnect/source'] },
+  // Tests import workspace packages from src (TypeScript), not from a possibly stale dist.
+  ssr: { resolve: { conditions: ['@kvconnect/source'] } },
   test: { name: 'cross-package', include: ['**/*.test.ts'], testTimeout: 120_000 },
 });

@@ -1,1 +1,102 @@
-export {};
+/**
+ * @kvconnect/nixl-pull: `NixlConnector` (vLLM's NIXL connector, pull mode). Importing this module
+ * registers it as `NixlConnector` in @kvconnect/core's default registry.
+ *
+ * 1. The producer finishes the prompt and returns `kv_transfer_params` (`remote_engine_id`,
+ *    `remote_request_id`, `remote_block_ids` per group, `remote_host` / `remote_port` of its side
+ *    channel, `remote_tp_size`, `lease_expiry`); the KV checksum scheduler adds `kv_checksums`
+ *    (carrier `kv_transfer_params`, SPEC 7). The producer keeps the blocks (`delayFree`) until every
+ *    consumer rank sent its read-done notif, the consumer released them, or the lease expired
+ *    (consumer heartbeats extend it).
+ * 2. Each consumer worker handshakes with the producer (compatibility checked on both sides),
+ *    maps its caches onto the producer's ranks (TP sizes, block sizes, only the tokens past its
+ *    local prefix hit), checks (and pins) the lease with the producer, and READs through its
+ *    transfer agent; its last READ carries the read-done notif `remoteRequestId:consumerWorld`.
+ * 3. A load that cannot run (lease expired, handshake refused, mapping impossible, transfer
+ *    failed) is reported as invalid blocks: the engine applies `kv_load_failure_policy`; the KV is
+ *    never used silently.
+ * @packageDocumentation
+ */
+import { defaultRegistry, type KVConnectorFactory, type KVConnectorRegistry, type KVTransferConfig, type SchedulerContext, type WorkerContext } from '@kvconnect/core';
+import { NixlScheduler, NixlWorkerBase, decodeNotif, encodeNotif, planTransfer, type LoadSpec } from '@kvconnect/nixl-common';
+
+/** The registered connector name. */
+export const NIXL_CONNECTOR = 'NixlConnector';
+
+/** Scheduler half of {@link NIXL_CONNECTOR} (carrier `kv_transfer_params`). */
+export class NixlPullScheduler extends NixlScheduler {
+  constructor(config: KVTransferConfig, ctx: SchedulerContext) {
+    super(config, ctx, 'pull');
+  }
+}
+
+/** Worker half of {@link NIXL_CONNECTOR}: consumer READs, producer read-done accounting. */
+export class NixlPullWorker extends NixlWorkerBase {
+  constructor(config: KVTransferConfig, ctx: WorkerContext) {
+    super(config, ctx, 'pull');
+  }
+
+  protected startLoad(load: LoadSpec): void {
+    void this.runLoad(load);
+  }
+
+  private async runLoad(load: LoadSpec): Promise<void> {
+    let stage = 'handshake';
+    try {
+      const info = await this.hub.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId);
+      stage = 'plan';
+      const plans = planTransfer({
+        dst: this.rank!,
+        producer: info,
+        dstBlocks: load.localBlocks,
+        srcBlocks: load.remoteBlockIds,
+        firstToken: load.firstToken,
+        numTokens: load.numTokens,
+      }).filter((p) => p.pairs.length > 0);
+      if (this.config.leaseCheck) {
+        stage = 'lease';
+        // Pin the lease for the READ's duration; 0 = the producer no longer holds the blocks.
+        const m = await this.hub.lease(load.remoteHost, load.remotePort, [load.remoteRequestId], this.config.transferTimeoutMs + 5_000);
+        if (!((m.get(load.remoteRequestId) ?? 0) > 0)) {
+          this.failLoad(load, 'lease-expired');
+          return;
+        }
+      }
+      stage = 'read';
+      if (plans.length === 0) {
+        this.finishLoad(load);
+        return;
+      }
+      const last = plans[plans.length - 1];
+      await Promise.all(plans.slice(0, -1).map((p) => this.transfer('READ', p.src, p.pairs)));
+      // The read-done notif rides on this rank's last READ, posted after every other READ completed.
+      await this.transfer('READ', last.src, last.pairs, encodeNotif(load.remoteRequestId, this.world));
+      this.finishLoad(load);
+    } catch (e) {
+      this.failLoad(load, stage, e);
+    }
+  }
+
+  protected onNotif(sender: string, bytes: Uint8Array): void {
+    try {
+      const n = decodeNotif(bytes);
+      if (n.payload !== null || !this.isProducer || !this.hub.leases.readerDone(n.remoteRequestId, sender, n.size)) this.hub.metrics.failedNotifs.inc({ mode: 'pull' });
+    } catch {
+      this.hub.metrics.failedNotifs.inc({ mode: 'pull' });
+    }
+  }
+}
+
+/** The `NixlConnector` factory. */
+export const nixlConnectorFactory: KVConnectorFactory = {
+  name: NIXL_CONNECTOR,
+  createScheduler: (config, ctx) => new NixlPullScheduler(config, ctx),
+  createWorker: (config, ctx) => new NixlPullWorker(config, ctx),
+};
+
+/** Registers `NixlConnector` in `registry` (once). Also exported for `kv_connector_module_path`. */
+export function register(registry: KVConnectorRegistry = defaultRegistry): void {
+  if (!registry.has(NIXL_CONNECTOR)) registry.register(nixlConnectorFactory);
+}
+
+register();

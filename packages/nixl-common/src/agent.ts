@@ -1,0 +1,27 @@
+/**
+ * The transfer agent a worker uses, by `kv_connector_extra_config.backend`: `embedded` (TCP,
+ * `EmbeddedAgent`) or `nixl` (libnixl through the native addon, `NixlAgent`, when the transfer
+ * package provides it).
+ * @module
+ */
+import * as transfer from '@kvconnect/transfer';
+import type { TransferAgent } from '@kvconnect/transfer';
+import type { AgentFactory } from './config.js';
+
+/** No agent for a backend (e.g. `nixl` without libnixl). */
+export class AgentUnavailableError extends Error {
+  override readonly name: string = 'AgentUnavailableError';
+}
+
+/**
+ * Creates the agent of `backend` named `name`: the embedded agent listens on `host` (any free
+ * port); the NIXL agent loads `nixlLibrary` (default: the transfer package's search, e.g.
+ * `NIXL_LIBRARY` / `NIXL_PREFIX`) with the UCX backend and `nixlBackendParams`.
+ * @throws AgentUnavailableError for an unknown backend; the agent's error when it cannot start
+ *   (e.g. `NIXL not available: ...`).
+ */
+export const createAgent: AgentFactory = async ({ backend, name, host, nixlLibrary, nixlBackendParams }) => {
+  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host });
+  if (backend === 'nixl') return transfer.NixlAgent.create({ name, library: nixlLibrary, backendParams: nixlBackendParams }) as Promise<TransferAgent>;
+  throw new AgentUnavailableError(`unknown transfer backend ${JSON.stringify(backend)}`);
+};

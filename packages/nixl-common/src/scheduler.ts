@@ -1,0 +1,256 @@
+/**
+ * The scheduler half shared by NIXL pull and push (vLLM `NixlConnectorScheduler`):
+ *
+ * - producer (`kv_producer`, or `kv_both` for requests with `do_remote_decode`): when a request
+ *   finishes normally, holds its blocks (`delayFree`) under a lease and returns
+ *   `kv_transfer_params` `{ remote_engine_id, remote_request_id, remote_block_ids (per group),
+ *   remote_host, remote_port (side channel), remote_tp_size, lease_expiry (ms since epoch) }`;
+ * - consumer (`do_remote_prefill`): offers the prompt tokens past the local prefix hit as an
+ *   async load, ships the load (only the tokens not hit locally) to the workers in the next
+ *   step's metadata, heartbeats the producer's lease while the load is pending, and releases the
+ *   producer's blocks when it will not read them (full local hit, abort).
+ * @module
+ */
+import type {
+  BlockIdsPerGroup,
+  ConnectorRequest,
+  FinishReason,
+  KVChecksumCarrier,
+  KVConnectorOutput,
+  KVConnectorScheduler,
+  KVTransferConfig,
+  MatchedTokens,
+  RequestFinishedResult,
+  SchedulerContext,
+} from '@kvconnect/core';
+import { parseNixlConfig, type NixlConfig } from './config.js';
+import { acquireHub, type NixlEngineHub } from './hub.js';
+import { LIMITS, type TransferMode } from './protocol.js';
+
+/** The producer's params as the consumer reads them. */
+export interface RemoteParams {
+  remoteEngineId: string;
+  remoteRequestId: string;
+  remoteBlockIds: number[][];
+  remoteHost: string;
+  remotePort: number;
+  remoteTpSize: number;
+  leaseExpiry: number | null;
+}
+
+/** One load a consumer worker runs. */
+export interface LoadSpec extends RemoteParams {
+  /** The consumer's request id. */
+  requestId: string;
+  /** The consumer's whole block table per group. */
+  localBlocks: number[][];
+  /** First loaded token (local prefix hit) and the load's numTokens. */
+  firstToken: number;
+  numTokens: number;
+}
+
+/** Push: a finished producer request whose blocks the workers write once the consumer registers. */
+export interface PushSpec {
+  requestId: string;
+  blocks: number[][];
+  /** Tokens the producer's blocks hold. */
+  numTokens: number;
+  /** Encoded checksum payload (SPEC 6) for the completion notif, or null. */
+  checksums: Uint8Array | null;
+}
+
+/** Scheduler-to-worker metadata of a step. */
+export interface NixlMeta {
+  loads: LoadSpec[];
+  pushes: PushSpec[];
+}
+
+const isStr = (x: unknown): x is string => typeof x === 'string' && x.length > 0 && x.length <= LIMITS.idLength;
+const isInt = (x: unknown, min: number, max: number): x is number => typeof x === 'number' && Number.isSafeInteger(x) && x >= min && x <= max;
+
+/**
+ * The producer's params of a consumer request (`do_remote_prefill`), checked; null when any field
+ * is missing or malformed (the request then prefills locally).
+ */
+export function parseRemoteParams(p: Record<string, unknown> | undefined): RemoteParams | null {
+  if (!p) return null;
+  const ids = p.remote_block_ids;
+  if (!Array.isArray(ids) || ids.length > LIMITS.groups) return null;
+  for (const g of ids) if (!Array.isArray(g) || g.length > LIMITS.blocks || !g.every((b) => isInt(b, -1, Number.MAX_SAFE_INTEGER))) return null;
+  if (!isStr(p.remote_engine_id) || !isStr(p.remote_request_id) || !isStr(p.remote_host) || !isInt(p.remote_port, 1, 65535) || !isInt(p.remote_tp_size, 1, LIMITS.ranks)) return null;
+  const lease = p.lease_expiry;
+  return {
+    remoteEngineId: p.remote_engine_id,
+    remoteRequestId: p.remote_request_id,
+    remoteBlockIds: (ids as number[][]).map((g) => g.slice()),
+    remoteHost: p.remote_host,
+    remotePort: p.remote_port,
+    remoteTpSize: p.remote_tp_size,
+    leaseExpiry: typeof lease === 'number' && Number.isFinite(lease) ? lease : null,
+  };
+}
+
+/** The shared scheduler half; pull and push set the mode and the carrier. */
+export class NixlScheduler implements KVConnectorScheduler {
+  readonly config: NixlConfig;
+  readonly hub: NixlEngineHub;
+  private readonly asked = new Map<string, { hit: number; remote: RemoteParams }>();
+  private pendingLoads: LoadSpec[] = [];
+  private pendingPushes = new Map<string, PushSpec>();
+  /** Consumer loads in flight: request -> producer and the workers that finished. */
+  private readonly loading = new Map<string, { remote: RemoteParams; workers: Set<string> }>();
+  private timer: NodeJS.Timeout | null = null;
+  private closed = false;
+
+  constructor(
+    readonly transferConfig: KVTransferConfig,
+    readonly ctx: SchedulerContext,
+    readonly mode: TransferMode,
+  ) {
+    this.config = parseNixlConfig(transferConfig);
+    this.hub = acquireHub({ engineId: ctx.engineId, mode, role: transferConfig.kv_role, tpSize: ctx.tpSize, ppSize: ctx.ppSize, config: this.config, registry: metricsRegistryOf(ctx) });
+    this.hub.setGroups(ctx.groupConfigs);
+  }
+
+  private get isConsumer(): boolean {
+    return this.transferConfig.kv_role !== 'kv_producer';
+  }
+
+  private get isProducer(): boolean {
+    return this.transferConfig.kv_role !== 'kv_consumer';
+  }
+
+  getNumNewMatchedTokens(request: ConnectorRequest, numComputedTokens: number): MatchedTokens {
+    const p = request.kvTransferParams;
+    if (!this.isConsumer || p?.do_remote_prefill !== true) return { count: 0, loadAsync: false };
+    const remote = parseRemoteParams(p);
+    if (!remote) return { count: 0, loadAsync: false };
+    const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
+    if (count === 0) {
+      // Everything is local: the producer can free its blocks now.
+      this.hub.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId]);
+      return { count: 0, loadAsync: false };
+    }
+    this.asked.set(request.requestId, { hit: numComputedTokens, remote });
+    this.armHeartbeats();
+    return { count, loadAsync: true };
+  }
+
+  updateStateAfterAlloc(request: ConnectorRequest, blocks: BlockIdsPerGroup, numExternalTokens: number): void {
+    const a = this.asked.get(request.requestId);
+    this.asked.delete(request.requestId);
+    if (!a) return;
+    if (numExternalTokens <= 0) {
+      this.hub.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
+      return;
+    }
+    this.pendingLoads.push({ ...a.remote, requestId: request.requestId, localBlocks: blocks.map((b) => b.slice()), firstToken: a.hit, numTokens: a.hit + numExternalTokens });
+    this.loading.set(request.requestId, { remote: a.remote, workers: new Set() });
+  }
+
+  buildConnectorMeta(): NixlMeta {
+    const meta: NixlMeta = { loads: this.pendingLoads, pushes: [...this.pendingPushes.values()] };
+    this.pendingLoads = [];
+    this.pendingPushes = new Map();
+    return meta;
+  }
+
+  updateConnectorOutput(outputs: readonly KVConnectorOutput[]): void {
+    const world = this.ctx.tpSize * this.ctx.ppSize;
+    for (const out of outputs) {
+      for (const id of out.finishedRecving) {
+        const l = this.loading.get(id);
+        if (!l) continue;
+        l.workers.add(`${out.ppRank}:${out.tpRank}`);
+        if (l.workers.size >= world) this.loading.delete(id);
+      }
+    }
+  }
+
+  requestFinished(request: ConnectorRequest, blocks: BlockIdsPerGroup, reason: FinishReason): RequestFinishedResult {
+    const id = request.requestId;
+    const a = this.asked.get(id);
+    if (a) {
+      this.asked.delete(id);
+      this.hub.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
+    }
+    this.loading.delete(id);
+    const p = request.kvTransferParams;
+    if (!this.isProducer || p?.do_remote_decode !== true || (reason !== 'stop' && reason !== 'length')) return { delayFree: false };
+    const addr = this.hub.address;
+    if (!addr) return { delayFree: false };
+    const leaseExpiry = this.hub.leases.add(id);
+    const copy = blocks.map((b) => b.slice());
+    if (this.mode === 'push') this.pendingPushes.set(id, { requestId: id, blocks: copy, numTokens: request.numComputedTokens, checksums: null });
+    return {
+      delayFree: true,
+      kvTransferParams: {
+        remote_engine_id: this.ctx.engineId,
+        remote_request_id: id,
+        remote_block_ids: copy,
+        remote_host: addr.host,
+        remote_port: addr.port,
+        remote_tp_size: this.ctx.tpSize,
+        lease_expiry: leaseExpiry,
+      },
+    };
+  }
+
+  kvChecksumCarrier(request: ConnectorRequest): KVChecksumCarrier {
+    const p = request.kvTransferParams;
+    if (p?.do_remote_decode !== true && p?.do_remote_prefill !== true) return null;
+    return this.mode === 'pull' ? 'kv_transfer_params' : 'connector';
+  }
+
+  /**
+   * Push producer: keeps the checksums of a request about to be pushed; they ride to the workers
+   * with its blocks in the next step's metadata. Checksums of a request with nothing to push are dropped.
+   */
+  sendKvChecksums(request: ConnectorRequest, payload: Uint8Array): void {
+    const e = this.pendingPushes.get(request.requestId);
+    if (e) e.checksums = payload.slice();
+  }
+
+  private armHeartbeats(): void {
+    if (this.timer || this.closed || this.config.heartbeatMs <= 0) return;
+    this.timer = setInterval(() => this.heartbeat(), this.config.heartbeatMs);
+    this.timer.unref();
+  }
+
+  /** Sends one heartbeat per producer for the loads not yet done (also called by the timer). */
+  heartbeat(): void {
+    const by = new Map<string, { host: string; port: number; ids: string[] }>();
+    const add = (r: RemoteParams) => {
+      const k = `${r.remoteHost}:${r.remotePort}`;
+      let e = by.get(k);
+      if (!e) by.set(k, (e = { host: r.remoteHost, port: r.remotePort, ids: [] }));
+      e.ids.push(r.remoteRequestId);
+    };
+    for (const a of this.asked.values()) add(a.remote);
+    for (const l of this.loading.values()) add(l.remote);
+    if (by.size === 0 && this.timer) {
+      clearInterval(this.timer);
+      this.timer = null;
+      return;
+    }
+    for (const e of by.values()) this.hub.lease(e.host, e.port, e.ids, 0).catch(() => {});
+  }
+
+  /** Requests with consumer-side state (asked or loading), for leak tests. */
+  pendingCounts(): { asked: number; loading: number; pushes: number } {
+    return { asked: this.asked.size, loading: this.loading.size, pushes: this.pendingPushes.size };
+  }
+
+  async shutdown(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.timer) clearInterval(this.timer);
+    await this.hub.releaseUser();
+  }
+}
+
+/** The engine's metrics registry from a connector context, when it offers one (`metricsRegistry`). */
+export function metricsRegistryOf(ctx: object): NixlConfig['metricsRegistry'] {
+  const r = (ctx as { metricsRegistry?: unknown }).metricsRegistry;
+  return r && typeof (r as { getSingleMetric?: unknown }).getSingleMetric === 'function' ? (r as NixlConfig['metricsRegistry']) : null;
+}

@@ -1,0 +1,241 @@
+/**
+ * The worker half shared by NIXL pull and push: the rank's transfer agent (by
+ * `kv_connector_extra_config.backend`), memory registration, its handshake info in the engine's
+ * hub, a notif poller, transfers with metrics, and the results a step reports. Loads and writes
+ * run asynchronously; no hook waits on the network.
+ * @module
+ */
+import { randomBytes } from 'node:crypto';
+import type { KVConnectorWorker, KVTransferConfig, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import type { TransferAgent, XferOp } from '@kvconnect/transfer';
+import { createAgent } from './agent.js';
+import { parseNixlConfig, type NixlConfig } from './config.js';
+import { acquireHub, type HubWorker, type NixlEngineHub } from './hub.js';
+import { loadedBlockIds, type Pair } from './mapping.js';
+import { buildRankInfo, type RankInfo, type TransferMode } from './protocol.js';
+import { metricsRegistryOf, type LoadSpec, type NixlMeta } from './scheduler.js';
+
+/** A transfer that did not complete (`status`: the agent's error kind). */
+export class TransferFailedError extends Error {
+  override readonly name: string = 'TransferFailedError';
+  constructor(
+    readonly status: string,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+const DEBUG = !!process.env.KVCONNECT_NIXL_DEBUG;
+/** Debug log line (env `KVCONNECT_NIXL_DEBUG`). */
+export function debug(...args: unknown[]): void {
+  if (DEBUG) console.error('[nixl]', ...args);
+}
+
+const sleep = (ms: number) =>
+  new Promise<void>((r) => {
+    const t = setTimeout(r, ms);
+    t.unref();
+  });
+
+/** The shared worker half; pull and push implement loads, notifs and (push) writes. */
+export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
+  readonly config: NixlConfig;
+  readonly hub: NixlEngineHub;
+  /** `ppRank:tpRank`. */
+  readonly key: string;
+  /** The rank's transfer agent (after `registerKvCaches`). */
+  agent: TransferAgent | null = null;
+  /** The rank's handshake info (after `registerKvCaches`). */
+  rank: RankInfo | null = null;
+  protected caches: WorkerKVCaches | null = null;
+  protected meta: NixlMeta | null = null;
+  /** Loads finished (well or not) since the last results. */
+  protected readonly recvDone = new Set<string>();
+  protected readonly invalid = new Set<number>();
+  protected readonly recvChecksums = new Map<string, Uint8Array>();
+  /** Consumer loads started and not reported yet. */
+  protected readonly active = new Set<string>();
+  private readonly peers = new Map<string, Promise<string>>();
+  protected closed = false;
+  private polling: Promise<void> | null = null;
+
+  constructor(
+    readonly transferConfig: KVTransferConfig,
+    readonly ctx: WorkerContext,
+    readonly mode: TransferMode,
+  ) {
+    this.config = parseNixlConfig(transferConfig);
+    this.hub = acquireHub({ engineId: ctx.engineId, mode, role: transferConfig.kv_role, tpSize: ctx.tpSize, ppSize: ctx.ppSize, config: this.config, registry: metricsRegistryOf(ctx) });
+    this.key = `${ctx.ppRank}:${ctx.tpRank}`;
+  }
+
+  /** Consumer role (loads). */
+  get isConsumer(): boolean {
+    return this.transferConfig.kv_role !== 'kv_producer';
+  }
+
+  /** Producer role (serves or pushes). */
+  get isProducer(): boolean {
+    return this.transferConfig.kv_role !== 'kv_consumer';
+  }
+
+  /** Consumer world size (TP x PP of this engine). */
+  get world(): number {
+    return this.ctx.tpSize * this.ctx.ppSize;
+  }
+
+  async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
+    this.caches = caches;
+    this.hub.setGroups(caches.groupConfigs);
+    const name = `${this.ctx.engineId}/pp${this.ctx.ppRank}tp${this.ctx.tpRank}/${randomBytes(4).toString('hex')}`;
+    const agent = await (this.config.agentFactory ?? createAgent)({
+      backend: this.config.backend,
+      name,
+      host: this.config.agentHost,
+      nixlLibrary: this.config.nixlLibrary,
+      nixlBackendParams: this.config.nixlBackendParams,
+    });
+    this.agent = agent;
+    const reg = await agent.registerMemory(caches.regions.map((bytes) => ({ bytes })));
+    const md = await agent.getLocalMetadata();
+    this.rank = buildRankInfo(caches, agent.name, md, reg.regions);
+    this.hub.addRank(this.rank, this, agent.backend);
+    if (this.isProducer) await this.hub.ensureListening();
+    this.polling = this.pollLoop();
+  }
+
+  bindConnectorMetadata(meta: unknown): void {
+    this.meta = (meta as NixlMeta | null) ?? null;
+    if (this.meta) this.onMeta(this.meta);
+  }
+
+  startLoadKv(_output: SchedulerOutput): void {
+    for (const load of this.meta?.loads ?? []) {
+      this.active.add(load.requestId);
+      this.startLoad(load);
+    }
+  }
+
+  getTransferResults(): TransferResults {
+    this.onTick();
+    const res: TransferResults = {
+      finishedSending: new Set(this.isProducer ? this.hub.leases.take(this.key) : []),
+      finishedRecving: new Set(this.recvDone),
+      invalidBlockIds: new Set(this.invalid),
+      kvChecksums: new Map(this.recvChecksums),
+    };
+    for (const id of this.recvDone) this.active.delete(id);
+    this.recvDone.clear();
+    this.invalid.clear();
+    this.recvChecksums.clear();
+    return res;
+  }
+
+  clearConnectorMetadata(): void {
+    this.meta = null;
+  }
+
+  /** New step metadata (push producers take their finished blocks here). */
+  protected onMeta(_meta: NixlMeta): void {}
+  /** Starts one consumer load (asynchronously; report through {@link finishLoad} / {@link failLoad}). */
+  protected abstract startLoad(load: LoadSpec): void;
+  /** One notif from agent `sender`. */
+  protected abstract onNotif(sender: string, bytes: Uint8Array): void;
+  /** Called by the poller and at each step's results (deadlines). */
+  protected onTick(): void {}
+  /** Whether the poller should poll fast (something is in flight). */
+  protected busy(): boolean {
+    return this.active.size > 0 || this.hub.leases.size > 0;
+  }
+
+  private async pollLoop(): Promise<void> {
+    while (!this.closed) {
+      try {
+        const m = await this.agent!.pollNotifs();
+        for (const [sender, msgs] of m) for (const b of msgs) this.onNotif(sender, b);
+      } catch (e) {
+        if (this.closed) break;
+        debug(this.key, 'pollNotifs failed', e);
+      }
+      this.onTick();
+      await sleep(this.busy() ? 1 : 10);
+    }
+  }
+
+  /** Reports a load done (its bytes are in place); `checksums`: a connector-carried payload. */
+  protected finishLoad(load: LoadSpec, checksums?: Uint8Array | null): void {
+    if (!this.active.has(load.requestId) || this.recvDone.has(load.requestId)) return;
+    if (checksums) this.recvChecksums.set(load.requestId, checksums);
+    this.recvDone.add(load.requestId);
+  }
+
+  /**
+   * Reports a load failed: its loaded blocks (never a local prefix hit's) go to
+   * `invalidBlockIds` with the request in `finishedRecving`, so the engine applies the load
+   * failure policy. The producer is told to release its blocks.
+   */
+  protected failLoad(load: LoadSpec, reason: string, err?: unknown): void {
+    if (!this.active.has(load.requestId) || this.recvDone.has(load.requestId)) return;
+    debug(this.key, 'load failed', load.requestId, reason, err instanceof Error ? err.message : err);
+    this.hub.metrics.failedTransfers.inc({ mode: this.mode, reason });
+    const sizes = this.caches!.groupConfigs.map((g) => g.blockSize);
+    for (const b of loadedBlockIds(this.rank!.caches, sizes, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
+    this.recvDone.add(load.requestId);
+    this.hub.release(load.remoteHost, load.remotePort, [load.remoteRequestId]);
+  }
+
+  /** The agent name of `rank` once its metadata is loaded into this rank's agent. */
+  protected ensurePeer(rank: RankInfo): Promise<string> {
+    let p = this.peers.get(rank.agentName);
+    if (!p) {
+      p = this.agent!.loadRemoteMetadata(rank.agentMetadata).then((name) => {
+        if (name !== rank.agentName) throw new TransferFailedError('invalid', `agent metadata names ${name}, the handshake ${rank.agentName}`);
+        return name;
+      });
+      this.peers.set(rank.agentName, p);
+      p.catch(() => this.peers.delete(rank.agentName));
+    }
+    return p;
+  }
+
+  /**
+   * One transfer with `remote` (READ: remote `src` into local `dst`; WRITE: local `src` into
+   * remote `dst`), with an optional notif delivered after the data landed. Records metrics.
+   * @throws TransferFailedError
+   */
+  protected async transfer(op: XferOp, remote: RankInfo, pairs: readonly Pair[], notif?: Uint8Array): Promise<void> {
+    const agent = this.agent!;
+    const t0 = performance.now();
+    const remoteName = await this.ensurePeer(remote);
+    const localDescs = pairs.map((p) => ({ addr: op === 'READ' ? p.dst : p.src, length: p.len }));
+    const remoteDescs = pairs.map((p) => ({ addr: op === 'READ' ? p.src : p.dst, length: p.len }));
+    const local = await agent.prepDescList(null, this.rank!.regions[0]?.kind ?? 'DRAM', localDescs);
+    const rl = await agent.prepDescList(remoteName, remote.regions[0]?.kind ?? 'DRAM', remoteDescs);
+    const req = await agent.makeTransfer({ op, local, remote: rl, notif });
+    try {
+      let s = await agent.post(req, { timeoutMs: this.config.transferTimeoutMs });
+      const t1 = performance.now();
+      this.hub.metrics.postSeconds.observe({ mode: this.mode, op }, (t1 - t0) / 1000);
+      if (s === 'in-progress') s = await agent.wait(req);
+      if (s !== 'done') throw new TransferFailedError(s, `${op} with ${remoteName}: ${s}${req.error ? ` (${req.error.message})` : ''}`, { cause: req.error });
+      this.hub.metrics.xferSeconds.observe({ mode: this.mode, op }, (performance.now() - t1) / 1000);
+      this.hub.metrics.bytes.inc({ mode: this.mode, op }, req.bytes);
+      this.hub.metrics.descriptors.inc({ mode: this.mode, op }, req.count);
+      this.hub.metrics.transfers.inc({ mode: this.mode, op });
+    } finally {
+      await agent.release(req).catch(() => {});
+      await agent.releaseDescList(local).catch(() => {});
+      await agent.releaseDescList(rl).catch(() => {});
+    }
+  }
+
+  async shutdown(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.agent?.close().catch(() => {});
+    await this.polling?.catch(() => {});
+    await this.hub.releaseUser();
+  }
+}

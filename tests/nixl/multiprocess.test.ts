@@ -1,0 +1,80 @@
+/**
+ * NIXL pull and push across processes: producer engine, consumer engine and P/D proxy run as
+ * separate Node processes (`bin/kvconnect-engine.js`, `bin/kvconnect-proxy.js`, started by the
+ * engine's launcher); the connectors load with `imports` (self-registering modules), KV moves
+ * between the processes through EmbeddedAgents over 127.0.0.1 TCP, and the consumer verifies the
+ * KV checksums. The output equals a single in-process engine's, for TP1 -> TP1 and TP2 -> TP1.
+ *
+ * The bins run `dist/`; `beforeAll` brings it up to date with `tsc --build`.
+ */
+import { spawnSync } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { Engine } from '@kvconnect/engine';
+import { launchEngineProcess, launchProxyProcess, type LaunchedProcess } from '../../packages/engine/src/server/launcher.js';
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const PULL = join(ROOT, 'packages/nixl-pull/dist/index.js');
+const PUSH = join(ROOT, 'packages/nixl-push/dist/index.js');
+const PROMPT = 'Prefill in one process, decode in another: the KV crosses over TCP.';
+const MAX = 6;
+
+const children: LaunchedProcess[] = [];
+const track = <T extends LaunchedProcess>(p: T): T => {
+  children.push(p);
+  return p;
+};
+
+beforeAll(() => {
+  const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin/tsc');
+  for (const pkg of ['engine', 'nixl-pull', 'nixl-push']) {
+    const r = spawnSync(process.execPath, [tsc, '--build', join(ROOT, 'packages', pkg, 'tsconfig.json')], { encoding: 'utf8', timeout: 120_000 });
+    if (r.status !== 0) throw new Error(`tsc --build packages/${pkg} failed:\n${`${r.stdout}${r.stderr}`.slice(-4000)}`);
+  }
+}, 180_000);
+
+afterEach(async () => {
+  await Promise.all(children.splice(0).map((c) => c.stop()));
+});
+
+async function metric(url: string, line: string): Promise<boolean> {
+  return (await (await fetch(`${url}/metrics`)).text()).includes(line);
+}
+
+describe('NIXL across processes (producer, consumer, proxy)', () => {
+  const cases = [
+    ['pull', 'NixlConnector', PULL, 1],
+    ['pull', 'NixlConnector', PULL, 2],
+    ['push', 'NixlPushConnector', PUSH, 1],
+    ['push', 'NixlPushConnector', PUSH, 2],
+  ] as const;
+  for (const [mode, connector, module, tp] of cases) {
+    it(`${mode} TP${tp} -> TP1: the output equals a single instance and the load verifies`, async () => {
+      const base = { preset: 'dense-gqa' as const, numBlocks: 128, imports: [module] };
+      const [p, d] = await Promise.all([
+        launchEngineProcess({ config: { ...base, tpSize: tp, engineId: `mp-${mode}-p${tp}`, kvTransferConfig: { kv_connector: connector, kv_role: 'kv_producer', enable_kv_checksum: true } } }).then(track),
+        launchEngineProcess({
+          config: {
+            ...base,
+            engineId: `mp-${mode}-d${tp}`,
+            kvTransferConfig: { kv_connector: connector, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail' },
+          },
+        }).then(track),
+      ]);
+      expect(p.ready).toMatchObject({ kvConnector: connector });
+      const proxy = track(await launchProxyProcess({ config: { prefill: [p.url], decode: [d.url], mode: 'sequential' } }));
+      const res = await fetch(`${proxy.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPT, max_tokens: MAX, ignore_eos: true }) });
+      const body = (await res.json()) as { choices: Array<{ token_ids: number[] }>; kvconnect: { prefill: { kv_transfer_params?: Record<string, unknown> } } };
+      expect(res.status).toBe(200);
+      const want = await new Engine({ preset: 'dense-gqa', engineId: `mp-ref-${mode}-${tp}` }).generate(PROMPT, { maxTokens: MAX, ignoreEos: true });
+      expect(body.choices[0].token_ids).toEqual(want.tokenIds);
+      const params = body.kvconnect.prefill.kv_transfer_params!;
+      expect(params).toMatchObject({ remote_engine_id: `mp-${mode}-p${tp}`, remote_tp_size: tp, remote_host: '127.0.0.1' });
+      if (mode === 'pull') expect(typeof params.kv_checksums).toBe('string');
+      else expect(params.kv_checksums).toBeUndefined();
+      expect(await metric(d.url, 'kvconnect_kv_checksum_loads_total{verdict="verified"} 1')).toBe(true);
+    });
+  }
+});
