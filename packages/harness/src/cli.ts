@@ -1,0 +1,72 @@
+/**
+ * The `kvconnect` command line (commander): `kvconnect run FILE...` runs scenario files and exits
+ * non-zero when an expectation fails; `kvconnect demo` runs the P/D demo and writes its report.
+ * @module
+ */
+import { Command, InvalidArgumentError } from 'commander';
+import { DEMO_CONNECTORS, readPrompts, runDemo } from './demo.js';
+import { runFiles } from './run-files.js';
+
+function rate(v: string): number {
+  const x = Number(v);
+  if (!(x >= 0 && x <= 1)) throw new InvalidArgumentError('expected a share of loads in [0, 1]');
+  return x;
+}
+
+function posInt(v: string): number {
+  const x = Number(v);
+  if (!Number.isSafeInteger(x) || x < 1) throw new InvalidArgumentError('expected a positive integer');
+  return x;
+}
+
+/** The CLI program (not parsed yet). `print` receives every output line. */
+export function buildProgram(print: (line: string) => void = (l) => console.log(l)): Command {
+  const program = new Command('kvconnect').description('kvconnect harness: scenarios with expectations, fault injection, the P/D demo').showHelpAfterError();
+  program
+    .command('run')
+    .description('run scenario files; one line per expectation, then "N passed, N failed"; exit code 1 on any failure')
+    .argument('<files...>', 'scenario JSON files')
+    .action(async (files: string[]) => {
+      const r = await runFiles(files, print);
+      process.exitCode = r.failed > 0 ? 1 : 0;
+    });
+  program
+    .command('demo')
+    .description('send real prompts through P/D with KV checksums (fail-closed, recompute), inject faults into a share of loads, and write a Markdown report')
+    .option('--prompts <file>', 'prompts, one per line (default examples/prompts/prompts.txt)')
+    .option('--faults <rate>', 'share of loads to inject a fault into', rate, 0.25)
+    .option('--connector <name>', `transfer: ${Object.keys(DEMO_CONNECTORS).join(' | ')}`, 'inprocess')
+    .option('--out <dir>', 'report folder (default ./kvconnect-demo-report-<time>)')
+    .option('--model <preset>', 'model preset', 'dense-gqa')
+    .option('--max-tokens <n>', 'tokens to generate per prompt', posInt, 16)
+    .option('--seed <n>', 'seed of the fault choice', posInt, 1)
+    .option('--no-progress', 'no progress bar')
+    .action(async (o: { prompts?: string; faults: number; connector: string; out?: string; model: string; maxTokens: number; seed: number; progress: boolean }) => {
+      if (!(o.connector in DEMO_CONNECTORS)) throw new InvalidArgumentError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}`);
+      const r = await runDemo({
+        prompts: o.prompts ? readPrompts(o.prompts) : undefined,
+        faultRate: o.faults,
+        connector: o.connector,
+        out: o.out,
+        model: o.model,
+        maxTokens: o.maxTokens,
+        seed: o.seed,
+        progress: o.progress && Boolean(process.stderr.isTTY),
+        print,
+      });
+      const bad = r.result.expectations.filter((x) => !x.ok);
+      for (const x of bad) print(x.line);
+      process.exitCode = bad.length > 0 ? 1 : 0;
+    });
+  return program;
+}
+
+/** Runs the CLI with `argv` (default `process.argv`). */
+export async function main(argv: readonly string[] = process.argv): Promise<void> {
+  try {
+    await buildProgram().parseAsync(argv as string[]);
+  } catch (e) {
+    console.error(`kvconnect: ${e instanceof Error ? e.message : String(e)}`);
+    process.exitCode = 2;
+  }
+}

@@ -1,0 +1,129 @@
+/**
+ * Summaries and Markdown reports of scenario runs (the demo's report): counts by verdict and
+ * reason, recomputed and failed loads, outputs equal to a single instance, transfer and checksum
+ * time and bytes, with Mermaid `xychart-beta` plots.
+ * @module
+ */
+import type { RunOutcome, ScenarioResult } from './runner.js';
+
+/** The numbers of one run. */
+export interface RunSummary {
+  requests: number;
+  verdicts: { verified: number; mismatch: number; unverified: number; none: number };
+  /** Unverified (and mismatch-side unverified) reasons, by SPEC 8 code. */
+  unverifiedReasons: Record<string, number>;
+  recomputed: number;
+  failed: number;
+  /** Requests whose loaded bytes the injector changed, and requests any fault hit. */
+  injected: number;
+  faulted: number;
+  identical: number;
+  errors: number;
+  /** Load wall time summed over requests, ms; checksum compute seconds by side. */
+  transferMs: number;
+  checksumMs: { send: number; recv: number };
+  /** KV bytes loaded by the consumers; bytes the checksum workers summed by side. */
+  loadBytes: number;
+  checksumBytes: { send: number; recv: number };
+  wallMs: number;
+}
+
+/** The summary of a run. */
+export function summarize(run: RunOutcome): RunSummary {
+  const r = run.requests;
+  const reasons: Record<string, number> = {};
+  for (const o of r) for (const u of o.verdict?.unverified ?? []) reasons[u.reason] = (reasons[u.reason] ?? 0) + 1;
+  return {
+    requests: r.length,
+    verdicts: {
+      verified: r.filter((o) => o.kind === 'verified').length,
+      mismatch: r.filter((o) => o.kind === 'mismatch').length,
+      unverified: r.filter((o) => o.kind === 'unverified').length,
+      none: r.filter((o) => o.kind === 'none').length,
+    },
+    unverifiedReasons: reasons,
+    recomputed: r.filter((o) => o.action === 'recompute').length,
+    failed: r.filter((o) => o.action === 'fail').length,
+    injected: r.filter((o) => o.injected.size > 0).length,
+    faulted: r.filter((o) => o.faultKinds.length > 0).length,
+    identical: r.filter((o) => o.equalsReference).length,
+    errors: r.filter((o) => o.error !== undefined).length,
+    transferMs: r.reduce((a, o) => a + (o.transferMs ?? 0), 0),
+    checksumMs: { send: run.checksumSeconds.send * 1000, recv: run.checksumSeconds.recv * 1000 },
+    loadBytes: r.reduce((a, o) => a + o.loadBytes, 0),
+    checksumBytes: { ...run.checksumBytes },
+    wallMs: run.wallMs,
+  };
+}
+
+const fmt = (x: number, d = 1) => x.toFixed(d);
+const bytes = (n: number) => (n >= 1 << 20 ? `${fmt(n / (1 << 20), 2)} MiB` : n >= 1024 ? `${fmt(n / 1024, 1)} KiB` : `${n} B`);
+
+/** The summary as plain text lines (the demo prints them). */
+export function summaryLines(s: RunSummary): string[] {
+  const reasons = Object.entries(s.unverifiedReasons)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(', ');
+  return [
+    `requests: ${s.requests} (${s.faulted} hit by a fault, ${s.injected} with changed KV bytes)`,
+    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
+    `outputs identical to a single instance: ${s.identical}/${s.requests}`,
+    `transfer time: ${fmt(s.transferMs)} ms over ${bytes(s.loadBytes)} loaded; checksum time: producer ${fmt(s.checksumMs.send, 2)} ms over ${bytes(s.checksumBytes.send)}, consumer ${fmt(s.checksumMs.recv, 2)} ms over ${bytes(s.checksumBytes.recv)}`,
+    `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
+  ];
+}
+
+function mermaidBar(title: string, labels: string[], values: number[], yLabel: string): string {
+  const max = Math.max(1, ...values);
+  return [
+    '```mermaid',
+    'xychart-beta',
+    `    title "${title}"`,
+    `    x-axis [${labels.map((l) => JSON.stringify(l)).join(', ')}]`,
+    `    y-axis "${yLabel}" 0 --> ${Math.ceil(max * 1.1 * 100) / 100}`,
+    `    bar [${values.map((v) => Math.round(v * 100) / 100).join(', ')}]`,
+    '```',
+  ].join('\n');
+}
+
+const esc = (s: string) => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
+
+/** A Markdown report of a scenario result (first run, or every run with a heading each). */
+export function markdownReport(r: ScenarioResult, o: { title?: string; setup?: string[]; prompts?: string[] } = {}): string {
+  const out: string[] = [`# ${o.title ?? `kvconnect scenario ${r.scenario.name}`}`, '', `Generated ${new Date().toISOString()}.`, ''];
+  if (r.scenario.description) out.push(r.scenario.description, '');
+  if (o.setup?.length) out.push('## Setup', '', ...o.setup.map((l) => `- ${l}`), '');
+  for (const run of r.runs) {
+    const s = summarize(run);
+    if (r.runs.length > 1) out.push(`## ${run.label || 'run'}`, '');
+    out.push('## Summary', '', '| | |', '|---|---|');
+    for (const l of summaryLines(s)) {
+      const [k, ...v] = l.split(': ');
+      out.push(`| ${esc(k)} | ${esc(v.join(': '))} |`);
+    }
+    out.push('', '## Verdicts', '', mermaidBar('Loads by verdict', ['verified', 'mismatch', 'unverified', 'recomputed', 'failed', 'identical output'], [s.verdicts.verified, s.verdicts.mismatch, s.verdicts.unverified, s.recomputed, s.failed, s.identical], 'requests'), '');
+    const reasons = Object.entries(s.unverifiedReasons);
+    if (reasons.length) out.push(mermaidBar('Unverified reasons', reasons.map(([k]) => k), reasons.map(([, v]) => v), 'loads'), '');
+    out.push('## Transfer and checksum time per request', '');
+    out.push(mermaidBar('KV load time per request (ms)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.transferMs ?? 0), 'ms'), '');
+    out.push(mermaidBar('KV bytes loaded per request (KiB)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.loadBytes / 1024), 'KiB'), '');
+    out.push(
+      mermaidBar('Checksum compute time (ms)', ['producer', 'consumer'], [s.checksumMs.send, s.checksumMs.recv], 'ms'),
+      '',
+      '## Requests',
+      '',
+      '| # | prompt | fault | changed blocks | verdict | action | tokens | = single instance | load ms |',
+      '|---|---|---|---|---|---|---|---|---|',
+    );
+    for (const q of run.requests) {
+      const prompt = o.prompts?.[q.index] ?? '';
+      const changed = [...q.injected].map(([g, p]) => `g${g}[${p.join(',')}]`).join(' ');
+      const verdict = q.verdict ? `${q.kind}${q.verdict.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}` : q.kind;
+      out.push(`| ${q.index} | ${esc(prompt.length > 40 ? `${prompt.slice(0, 40)}...` : prompt)} | ${q.faultKinds.join(', ') || '-'} | ${changed || '-'} | ${esc(verdict)} | ${q.action ?? '-'} | ${q.tokenIds.length} | ${q.equalsReference ? 'yes' : 'no'} | ${q.transferMs === null ? '-' : fmt(q.transferMs, 2)} |`);
+    }
+    out.push('');
+  }
+  if (r.expectations.length) out.push('## Checks', '', ...r.expectations.map((x) => `- ${x.ok ? 'PASS' : '**FAIL**'} ${esc(x.line.replace(/^(PASS|FAIL) /, ''))}`), '');
+  return out.join('\n');
+}
