@@ -260,6 +260,12 @@ void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
       const double kus = kernel_only_us(ctx, st);
       line((std::string(name) + ": step").c_str(), bytes, us, plain);
       line((std::string(name) + ": kernel only").c_str(), bytes, kus, plain);
+      if (variant == 2 && chunk == 32768u) {  // the previous path: rows copied, results by copy + memset
+        kvc_cuda_debug_set_submit(ctx, 128, 0, 0);
+        line((std::string(name) + ": step, results by copy + memset (previous)").c_str(), bytes, checksum_us(ctx, {rows}, nb, st), plain);
+        kvc_cuda_debug_set_submit(ctx, 128, 0, 1);
+        line((std::string(name) + ": step again (copy-out kernel)").c_str(), bytes, checksum_us(ctx, {rows}, nb, st), plain);
+      }
       if (!L.hnd && us < best_nhd) best_nhd = us, best_nhd_kernel = kus, best_name = name;
       kvc_cuda_destroy(ctx);
     }
@@ -323,31 +329,49 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
     line("pipelined (device time per step)", bytes, pipelined, plain);
     line("kernel alone (same rows again)", bytes, kernel_only_us(ctx, st), plain);
     // isolated steps: GPU idle before each; device time from an event recorded before submit()
-    std::vector<double> dev, host_submit, wall;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     std::vector<uint64_t> out(n_rows);
-    for (int i = 0; i < g_iters * 4; ++i) {
-      CK(cudaStreamSynchronize(st));
-      auto t0 = std::chrono::steady_clock::now();
-      CK(cudaEventRecord(e0, st));
-      uint64_t tk = 0;
-      const std::vector<kvc_row>& rs = sets[i % sets.size()];
-      if (kvc_cuda_submit(ctx, rs.data(), rs.size(), n_rows, st, &tk) != KVC_OK) std::exit(1);
-      auto t1 = std::chrono::steady_clock::now();
-      CK(cudaEventRecord(e1, st));
-      std::fill(out.begin(), out.end(), 0);
-      if (kvc_cuda_collect(ctx, tk, out.data(), n_rows) != KVC_OK) std::exit(1);
-      auto t2 = std::chrono::steady_clock::now();
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (i < 5) continue;  // warm
-      dev.push_back(ms * 1000.0);
-      host_submit.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-      wall.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
+    auto isolated = [&](double* d, double* hs, double* w) {
+      std::vector<double> dev, host_submit, wall;
+      for (int i = 0; i < g_iters * 4; ++i) {
+        CK(cudaStreamSynchronize(st));
+        auto t0 = std::chrono::steady_clock::now();
+        CK(cudaEventRecord(e0, st));
+        uint64_t tk = 0;
+        const std::vector<kvc_row>& rs = sets[i % sets.size()];
+        if (kvc_cuda_submit(ctx, rs.data(), rs.size(), n_rows, st, &tk) != KVC_OK) std::exit(1);
+        auto t1 = std::chrono::steady_clock::now();
+        CK(cudaEventRecord(e1, st));
+        std::fill(out.begin(), out.end(), 0);
+        if (kvc_cuda_collect(ctx, tk, out.data(), n_rows) != KVC_OK) std::exit(1);
+        auto t2 = std::chrono::steady_clock::now();
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i < 5) continue;  // warm
+        dev.push_back(ms * 1000.0);
+        host_submit.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        wall.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
+      }
+      *d = median(dev), *hs = median(host_submit), *w = median(wall);
+    };
+    if (variant == 2 && H == 2u) {  // the enqueueing options, isolated step (the default last)
+      struct Opt { uint32_t lim, tier; int ck; const char* what; };
+      for (Opt o : {Opt{0, 0, 0, "rows copied, results by copy + memset"},
+                    Opt{128, 128, 0, "rows inline (1.9 KiB parameters), results by copy + memset"},
+                    Opt{128, 0, 0, "rows inline (1 KiB parameters), results by copy + memset"},
+                    Opt{128, 128, 1, "rows inline (1.9 KiB parameters), results by the copy-out kernel"}}) {
+        kvc_cuda_debug_set_submit(ctx, o.lim, o.tier, o.ck);
+        double d, hs, w;
+        isolated(&d, &hs, &w);
+        std::printf("  isolated step, %s: device %.1f us, submit() %.1f us, results after %.1f us\n", o.what, d, hs, w);
+      }
+      kvc_cuda_debug_set_submit(ctx, 128, 0, 1);
     }
+    double d, hs, w;
+    isolated(&d, &hs, &w);
     // queued step: the stream is busy (a 200 us kernel) when submit() is called, as in an engine
     // step: the device time from an event before submit() to one after it, launch latency hidden
     std::vector<double> queued;
@@ -367,7 +391,6 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
     }
     const double qd = median(queued);
     std::printf("  queued step (submitted while the stream is busy): device %.1f us\n", qd);
-    const double d = median(dev), hs = median(host_submit), w = median(wall);
     std::printf("  isolated step: device %.1f us (event before submit -> event after the kernel, GPU idle before: includes the host's\n"
                 "                 row copy and launch), host submit() %.1f us, submit -> results in host memory %.1f us\n",
                 d, hs, w);

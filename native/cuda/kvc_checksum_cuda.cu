@@ -27,11 +27,13 @@
  * tokens in flight per lane; V2 uses 4).
  *
  * Step pipeline (kvc_cuda_submit): the rows reach the kernel either inside its launch parameters
- * (up to kInlineRows rows: no separate copy at all) or through one pinned host-to-device copy on an
+ * (up to kInlineMax = 128 rows, compact: no separate copy at all) or through one pinned host-to-device copy on an
  * upload stream (it overlaps the caller's earlier work; the caller's stream waits for it on the
  * GPU); then, on the caller's stream, the one kernel launch and an event. A side stream (non-blocking)
- * waits on that event (on the GPU), copies the slot's output into pinned host memory, zeroes the
- * slot's device output for its next use, and records the slot's done event. Slots form a ring;
+ * waits on that event (on the GPU) and runs one small kernel that copies the slot's output into its
+ * mapped pinned host buffer and zeroes the device output for its next use (results reach the host
+ * about 7 us sooner than with a device-to-host copy plus a memset), then records the slot's done
+ * event. Slots form a ring;
  * the host waits in submit only when the slot it reuses still has its copy in flight.
  */
 #include "kvc_checksum_cuda.h"
@@ -51,21 +53,43 @@ using namespace kvc_cuda_detail;
 
 namespace {
 
-/** Rows a submit passes inside the kernel's parameters (3 KiB); more go through a copy. */
-constexpr uint32_t kInlineRows = 128;
+/**
+ * Rows a submit passes inside the kernel's parameters, in a compact form (15 bytes a row, as
+ * arrays: block id, first token, output offset, valid tokens as 16 bits, group as 8 bits), when
+ * there are at most 128 and every row's group is < 256 and valid_tokens < 65536; more rows, or rows
+ * outside that, go through a copy. The parameter block comes in two sizes (kernel instantiations):
+ * 64 rows (1 KiB) and 128 rows (1.9 KiB). Measured on an H200 (bench/cuda/README.md): the launch
+ * of a step from an idle GPU costs about 1 us less with 1 KiB of parameters than with 3 KiB, and
+ * 6 us more with 30 KiB (CUDA 12.1+ allows 32764 bytes); a kernel reading 2048 inline rows from
+ * its parameters ran 2.4 us slower than one reading them from device memory (constant-cache
+ * misses), so large steps keep the copy.
+ */
+constexpr uint32_t kInlineTiers[2] = {64, 128};
+constexpr uint32_t kInlineMax = 128;
 
-/** The kernel's parameters. */
-struct LaunchParams {
+/** The kernel's parameters, less the rows. */
+struct LaunchHeader {
   const DevEntry* entries;
   const DevGroup* groups;
   const uint2* items;
-  const kvc_row* rows;  // device rows (the copied path), or nullptr: inline_rows
+  const kvc_row* rows;  // device rows (the copied path, CAP == 1)
   unsigned long long* out;
   FastDiv per_row;      // work items per row (the most any row's group has)
   uint32_t n_rows;
   uint32_t n_work;      // n_rows * per_row.d
-  kvc_row inline_rows[kInlineRows];
 };
+
+/** The kernel's parameters: CAP inline rows (compact), or CAP == 1: rows in device memory. */
+template <int CAP>
+struct LaunchParams {
+  LaunchHeader h;
+  uint32_t block_id[CAP];
+  uint32_t first_token[CAP];
+  uint32_t out_offset[CAP];
+  uint16_t valid_tokens[CAP];
+  uint8_t group[CAP];
+};
+static_assert(sizeof(LaunchParams<kInlineMax>) <= 4096, "kernel parameters over 4 KiB");
 
 __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
 #pragma unroll
@@ -77,22 +101,43 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
  * One launch per step. Warp w of the grid sums work item w % per_row of row w / per_row (warps
  * past their row's group's items exit); warps are independent (no block-wide barrier).
  */
-template <int AU, int MIN_BLOCKS>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __grid_constant__ LaunchParams p) {
+template <int AU, int MIN_BLOCKS, int CAP>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __grid_constant__ LaunchParams<CAP> p) {
   const uint32_t lane = threadIdx.x & (kLanes - 1);
-  for (uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5); w < p.n_work; w += gridDim.x * kWarps) {
-    const uint32_t ri = fdiv(p.per_row, w), bx = w - ri * p.per_row.d;
-    const kvc_row r = p.rows ? p.rows[ri] : p.inline_rows[ri];
+  for (uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5); w < p.h.n_work; w += gridDim.x * kWarps) {
+    const uint32_t ri = fdiv(p.h.per_row, w), bx = w - ri * p.h.per_row.d;
+    kvc_row r;
+    if (CAP == 1) {
+      r = p.h.rows[ri];
+    } else {
+      r.group = p.group[ri];
+      r.block_id = p.block_id[ri];
+      r.first_token = p.first_token[ri];
+      r.valid_tokens = p.valid_tokens[ri];
+      r.out_offset = p.out_offset[ri];
+      r.reserved = 0;
+    }
     const DevEntry* e;
     uint64_t blk;
     uint32_t chunk;
-    if (!item_of(p.entries, p.groups, p.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
+    if (!item_of(p.h.entries, p.h.groups, p.h.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
     const uint64_t s = warp_sum(lane_partial<AU>(*e, blk, r, chunk, lane));
-    if (lane == 0 && s != 0) atomicAdd(p.out + r.out_offset + e->column, (unsigned long long)s);
+    if (lane == 0 && s != 0) atomicAdd(p.h.out + r.out_offset + e->column, (unsigned long long)s);
   }
 }
 
-/** The kernel variants: loads in flight per lane on the ATTN vector paths. */
+/**
+ * After the kernel, on the side stream: copies a slot's results into its pinned host buffer
+ * (mapped: the writes go over the bus) and zeroes them for the slot's next use. One launch instead
+ * of a device-to-host copy and a memset.
+ */
+__global__ void kvc_copy_out_kernel(unsigned long long* d_out, unsigned long long* h_out, uint32_t n) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    h_out[i] = d_out[i];
+    d_out[i] = 0;
+  }
+}
+
 /**
  * The kernel variants (they differ on the ATTN vector paths only): 1 = pairs inner where it applies,
  * 4 pairs in flight per lane, up to 80 registers (3 blocks per SM); 2 = pairs inner, 2 pairs x 2
@@ -100,14 +145,38 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __g
  */
 constexpr int kAttnVariantDefault = 2;
 
-cudaError_t launch(int variant, dim3 grid, cudaStream_t st, const LaunchParams& p) {
+template <int CAP>
+const void* kernel_of(int variant) {
   switch (variant) {
-    case 1: kvc_sum_kernel<1, 3><<<grid, kThreads, 0, st>>>(p); break;
-    case 4: kvc_sum_kernel<4, 4><<<grid, kThreads, 0, st>>>(p); break;
-    case 8: kvc_sum_kernel<8, 4><<<grid, kThreads, 0, st>>>(p); break;
-    default: kvc_sum_kernel<2, 4><<<grid, kThreads, 0, st>>>(p); break;
+    case 1: return (const void*)kvc_sum_kernel<1, 3, CAP>;
+    case 4: return (const void*)kvc_sum_kernel<4, 4, CAP>;
+    case 8: return (const void*)kvc_sum_kernel<8, 4, CAP>;
+    default: return (const void*)kvc_sum_kernel<2, 4, CAP>;
   }
-  return cudaGetLastError();
+}
+
+/** Launches variant `variant` with the parameter block at `params` (a LaunchParams<cap>). */
+cudaError_t launch(int variant, int cap, dim3 grid, cudaStream_t st, const void* params) {
+  const void* fn = nullptr;
+  switch (cap) {
+    case 64: fn = kernel_of<64>(variant); break;
+    case 128: fn = kernel_of<128>(variant); break;
+    default: fn = kernel_of<1>(variant); break;
+  }
+  void* args[1] = {const_cast<void*>(params)};
+  return cudaLaunchKernel(fn, grid, dim3(kThreads), args, 0, st);
+}
+
+/** Every kernel instantiation of a variant loaded now (an empty launch each), not in a timed step. */
+cudaError_t warm_variant(int variant, cudaStream_t st, unsigned long long* out) {
+  LaunchParams<kInlineMax> p{};  // large enough for every tier's parameter block
+  p.h.out = out;
+  p.h.per_row = make_fastdiv(1);
+  for (int cap : {1, 64, 128}) {
+    cudaError_t e = launch(variant, cap, dim3(1), st, &p);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -129,7 +198,8 @@ struct Slot {
   kvc_row* h_rows = nullptr;         // pinned staging of the copied path
   kvc_row* d_rows = nullptr;
   size_t cap_rows = 0;
-  uint64_t* h_out = nullptr;         // pinned results
+  uint64_t* h_out = nullptr;         // pinned results (mapped)
+  unsigned long long* h_out_dev = nullptr;  // h_out's device address (the copy-out kernel writes it)
   unsigned long long* d_out = nullptr;  // zero whenever the slot is free
   size_t cap_out = 0;
   cudaEvent_t ev_rows = nullptr;     // after the rows' copy, on the upload stream
@@ -159,7 +229,13 @@ struct kvc_cuda_ctx {
   bool have_tables = false;
   // The last launch (for kvc_cuda_debug_relaunch).
   int variant = kAttnVariantDefault;
-  LaunchParams last{};
+  // How a step is enqueued (kvc_cuda_debug_set_submit): rows inline up to inline_limit, in a
+  // parameter block of at least min_tier rows; results copied out by a kernel or by a copy + memset.
+  uint32_t inline_limit = kInlineMax;
+  uint32_t min_tier = 0;
+  bool copy_out_kernel = true;
+  alignas(16) unsigned char last[sizeof(LaunchParams<kInlineMax>)];  // the last launch's parameters
+  int last_cap = 1;
   dim3 last_grid{0, 0, 0};
   size_t last_out_len = 0;
   unsigned long long* scratch_out = nullptr;
@@ -225,7 +301,8 @@ int grow_slot(kvc_cuda_ctx* ctx, Slot& s, size_t rows, size_t outs) {
     s.h_out = nullptr;
     s.d_out = nullptr;
     s.cap_out = 0;
-    KVC_CU(cudaHostAlloc((void**)&s.h_out, cap * 8u, cudaHostAllocDefault), "cudaHostAlloc (output)");
+    KVC_CU(cudaHostAlloc((void**)&s.h_out, cap * 8u, cudaHostAllocMapped), "cudaHostAlloc (output)");
+    KVC_CU(cudaHostGetDevicePointer((void**)&s.h_out_dev, s.h_out, 0), "cudaHostGetDevicePointer (output)");
     KVC_CU(cudaMalloc((void**)&s.d_out, cap * 8u), "cudaMalloc (output)");
     KVC_CU(cudaMemset(s.d_out, 0, cap * 8u), "cudaMemset (output)");
     s.cap_out = cap;
@@ -246,6 +323,19 @@ void free_tables(kvc_cuda_ctx* ctx) {
 }
 
 char g_probe_error[256] = "";
+
+/** The compact inline rows of a LaunchParams<CAP> at buf (after its header). */
+template <int CAP>
+void fill_inline(void* buf, const kvc_row* rows, size_t n) {
+  auto* p = static_cast<LaunchParams<CAP>*>(buf);
+  for (size_t i = 0; i < n; ++i) {
+    p->block_id[i] = rows[i].block_id;
+    p->first_token[i] = rows[i].first_token;
+    p->out_offset[i] = rows[i].out_offset;
+    p->valid_tokens[i] = (uint16_t)rows[i].valid_tokens;
+    p->group[i] = (uint8_t)rows[i].group;
+  }
+}
 
 }  // namespace
 
@@ -318,10 +408,9 @@ int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** 
   // Warm-up: load the module and run every stage of a step once (an empty launch, the event wait,
   // the copy back and the re-zeroing), so the first real step loads and allocates nothing.
   Slot& s = ctx->slots[0];
-  LaunchParams p{};
-  p.out = s.d_out;
-  p.per_row = make_fastdiv(1);
-  if (launch(kAttnVariantDefault, dim3(1), ctx->side, p) != cudaSuccess) return bail(KVC_ECUDA);
+  if (warm_variant(kAttnVariantDefault, ctx->side, s.d_out) != cudaSuccess) return bail(KVC_ECUDA);
+  kvc_copy_out_kernel<<<1, 256, 0, ctx->side>>>(s.d_out, s.h_out_dev, 1);
+  if (cudaGetLastError() != cudaSuccess) return bail(KVC_ECUDA);
   if (cudaMemcpyAsync(s.d_rows, s.h_rows, sizeof(kvc_row), cudaMemcpyHostToDevice, ctx->upload) != cudaSuccess ||
       cudaEventRecord(s.ev_rows, ctx->upload) != cudaSuccess || cudaStreamWaitEvent(ctx->side, s.ev_rows, 0) != cudaSuccess ||
       cudaEventRecord(s.ev_compute, ctx->side) != cudaSuccess ||
@@ -421,10 +510,12 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   if (n_rows && !rows) return ctx->fail(KVC_EINVAL, "rows is NULL");
   if (n_rows > 0x7fffffffull) return ctx->fail(KVC_EINVAL, "too many rows");
   // The CPU kernel's row checks, from each group's precomputed bounds (same result, O(rows)).
-  uint32_t grid_x = 0;
+  uint32_t grid_x = 0, max_group = 0, max_valid = 0;
   const uint32_t ng = (uint32_t)ctx->groups.size();
   for (size_t i = 0; i < n_rows; ++i) {
     const kvc_row& r = rows[i];
+    max_group = std::max(max_group, r.group);
+    max_valid = std::max(max_valid, r.valid_tokens);
     if (r.group >= ng) return ctx->fail(KVC_ERANGE, "rows[%zu]: group index is past n_groups", i);
     const HostGroup& g = ctx->groups[r.group];
     if (!g.has_entries) continue;
@@ -441,7 +532,8 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   Slot& s = ctx->slots[ctx->next_slot];
   int rc = drain_slot(ctx, s);  // waits only when every slot still has a step in flight
   if (rc) return rc;
-  const bool inline_rows = n_rows <= kInlineRows;
+  // rows inline (compact) when they fit: no copy, no cross-stream wait
+  const bool inline_rows = n_rows <= ctx->inline_limit && max_group < 256u && max_valid < 65536u;
   rc = grow_slot(ctx, s, inline_rows ? 0 : n_rows, out_len);
   if (rc) return rc;
   ctx->next_slot = (ctx->next_slot + 1) % (uint32_t)ctx->slots.size();
@@ -455,16 +547,20 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
     return KVC_OK;
   }
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  LaunchParams& p = ctx->last;
+  LaunchHeader& p = *reinterpret_cast<LaunchHeader*>(ctx->last);
   p.entries = ctx->d_entries;
   p.groups = ctx->d_groups;
   p.items = ctx->d_items;
   p.out = s.d_out;
   p.n_rows = (uint32_t)n_rows;
   cudaError_t e = cudaSuccess;
+  int cap = 1;
   if (inline_rows) {
     p.rows = nullptr;
-    std::memcpy(p.inline_rows, rows, n_rows * sizeof(kvc_row));
+    const size_t want = std::max<size_t>(n_rows, ctx->min_tier);
+    cap = want <= kInlineTiers[0] ? (int)kInlineTiers[0] : (int)kInlineTiers[1];
+    if (cap == 64) fill_inline<64>(ctx->last, rows, n_rows);
+    else fill_inline<128>(ctx->last, rows, n_rows);
   } else {
     // The copy runs on the upload stream, so it overlaps the work already on the caller's stream
     // (the forward pass); the caller's stream waits for it on the GPU just before the kernel.
@@ -477,17 +573,27 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   p.per_row = make_fastdiv(grid_x);
   p.n_work = (uint32_t)((uint64_t)n_rows * grid_x);
   const dim3 grid((p.n_work + kWarps - 1) / kWarps);
-  if (e == cudaSuccess) e = launch(ctx->variant, grid, st, p);
+  if (e == cudaSuccess) e = launch(ctx->variant, cap, grid, st, ctx->last);
   if (e == cudaSuccess) e = cudaEventRecord(s.ev_compute, st);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->side, s.ev_compute, 0);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(s.h_out, s.d_out, out_len * 8u, cudaMemcpyDeviceToHost, ctx->side);
-  if (e == cudaSuccess) e = cudaMemsetAsync(s.d_out, 0, out_len * 8u, ctx->side);
+  if (ctx->copy_out_kernel && out_len <= 0x7fffffffu) {
+    // one small kernel: results into the mapped pinned buffer, device output re-zeroed
+    const uint32_t n = (uint32_t)out_len, blocks = std::min<uint32_t>((n + 255u) / 256u, 256u);
+    if (e == cudaSuccess) {
+      kvc_copy_out_kernel<<<blocks, 256, 0, ctx->side>>>(s.d_out, s.h_out_dev, n);
+      e = cudaGetLastError();
+    }
+  } else {
+    if (e == cudaSuccess) e = cudaMemcpyAsync(s.h_out, s.d_out, out_len * 8u, cudaMemcpyDeviceToHost, ctx->side);
+    if (e == cudaSuccess) e = cudaMemsetAsync(s.d_out, 0, out_len * 8u, ctx->side);
+  }
   if (e == cudaSuccess) e = cudaEventRecord(s.ev_done, ctx->side);
   if (e != cudaSuccess) {
     s.ticket = 0;  // drain_slot still waits on ev_done (safe whether or not it was recorded)
     return ctx->cuda_fail(e, "enqueueing the step");
   }
   ctx->last_grid = grid;
+  ctx->last_cap = cap;
   ctx->last_out_len = out_len;
   *ticket = s.ticket;
   return KVC_OK;
@@ -585,21 +691,28 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream) {
     KVC_CU(cudaMalloc((void**)&ctx->scratch_out, need * 8u), "cudaMalloc (scratch)");
     ctx->scratch_len = need;
   }
-  LaunchParams p = ctx->last;
-  p.out = ctx->scratch_out;  // never the slot's output, which must stay zero while the slot is free
-  KVC_CU(launch(ctx->variant, ctx->last_grid, static_cast<cudaStream_t>(stream), p), "relaunch");
+  LaunchParams<kInlineMax> p;
+  std::memcpy(&p, ctx->last, sizeof p);
+  p.h.out = ctx->scratch_out;  // never the slot's output, which must stay zero while the slot is free
+  KVC_CU(launch(ctx->variant, ctx->last_cap, ctx->last_grid, static_cast<cudaStream_t>(stream), &p), "relaunch");
   return KVC_OK;
 }
 
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
   if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8)) return KVC_EINVAL;
   if (variant != ctx->variant) {  // load the variant's module now, not in a timed launch
-    LaunchParams p{};
-    p.per_row = make_fastdiv(1);
     DeviceGuard guard(ctx->device);
-    KVC_CU(launch(variant, dim3(1), ctx->side, p), "warm-up");
+    KVC_CU(warm_variant(variant, ctx->side, ctx->slots[0].d_out), "warm-up");
     KVC_CU(cudaStreamSynchronize(ctx->side), "warm-up");
   }
   ctx->variant = variant;
+  return KVC_OK;
+}
+
+int kvc_cuda_debug_set_submit(kvc_cuda_ctx* ctx, uint32_t inline_limit, uint32_t min_tier, int copy_out_kernel) {
+  if (!ctx || inline_limit > kInlineMax || min_tier > kInlineMax) return KVC_EINVAL;
+  ctx->inline_limit = inline_limit;
+  ctx->min_tier = min_tier;
+  ctx->copy_out_kernel = copy_out_kernel != 0;
   return KVC_OK;
 }

@@ -22,4 +22,14 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream);
  */
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
 
+/**
+ * How submit() enqueues a step (for the benchmark's comparisons and the test's coverage): rows go
+ * inline (compact, in the launch's parameters) when there are at most inline_limit of them (default
+ * and max 128; 0: always the copied path), in a parameter block of at least min_tier rows (default
+ * 0: the smallest that holds them: 64 or 128); copy_out_kernel != 0 (default): the
+ * results go to host memory through one small kernel that also re-zeroes them, else through a
+ * device-to-host copy and a memset.
+ */
+int kvc_cuda_debug_set_submit(kvc_cuda_ctx* ctx, uint32_t inline_limit, uint32_t min_tier, int copy_out_kernel);
+
 #endif  // KVC_CUDA_INTERNAL_H

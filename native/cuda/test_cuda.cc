@@ -992,7 +992,7 @@ void mixed_groups_case(kvc_cuda_ctx* ctx, cudaStream_t st) {
 // Ordering, tickets, validation
 
 /** A compute-stream kernel sleeps, then writes the KV; the checksum enqueued after it must see it. */
-void ordering_case(kvc_cuda_ctx* ctx, cudaStream_t st, uint32_t n_blocks) {
+void ordering_case(kvc_cuda_ctx* ctx, cudaStream_t st, uint32_t n_blocks, bool copied = false) {
   Rng rng(5);
   Case c;
   AttnCache a;
@@ -1050,7 +1050,7 @@ void ordering_case(kvc_cuda_ctx* ctx, cudaStream_t st, uint32_t n_blocks) {
     ok = false;
     detail = "checksum did not see the KV written before it on the stream: " + first_diff(got, want, "gpu", "cpu(new)");
   }
-  report(ok, "ordering: " + std::to_string(n_blocks) + " rows (" + (n_blocks <= 128 ? "inline" : "copied") +
+  report(ok, "ordering: " + std::to_string(n_blocks) + " rows (" + (copied ? "copied" : "inline") +
                  ") after a late compute-stream write",
          std::string(buf) + (detail.empty() ? "" : "; " + detail));
 }
@@ -1209,7 +1209,23 @@ int main(int argc, char** argv) {
   big_state_cases(ctx, st);
   mixed_groups_case(ctx, st);
   ordering_case(ctx, st, 64);
-  ordering_case(ctx, st, 256);
+  ordering_case(ctx, st, 128);
+  ordering_case(ctx, st, 256, true);
+  // the copied rows path (inline rows off; copy-out by memcpy + memset), and 3000 rows (copied)
+  {
+    kvc_cuda_ctx* cp = nullptr;
+    if (kvc_cuda_create(0, nullptr, &cp) == KVC_OK && kvc_cuda_debug_set_submit(cp, 0, 0, 0) == KVC_OK) {
+      random_attention_cases(cp, st, quick ? 10 : 60, 41);
+      random_state_cases(cp, st, quick ? 10 : 40, 42);
+      mixed_groups_case(cp, st);
+      ordering_case(cp, st, 64, true);
+      kvc_cuda_debug_set_submit(cp, 128, 128, 1);  // every step in the 128-row parameter block
+      random_attention_cases(cp, st, quick ? 10 : 40, 43);
+      kvc_cuda_destroy(cp);
+    } else {
+      report(false, "create (copied rows path)");
+    }
+  }
   ticket_and_validation_cases(ctx, st);
   // the same kernel with a different chunk size (more work items per entry)
   {

@@ -13,11 +13,13 @@
  *     divisors, the work items of each group) to device memory. Regions are device addresses.
  *  3. Each step, kvc_cuda_submit(rows, stream): validates the rows (the CPU kernel's row checks)
  *     and enqueues ONE kernel launch on the caller's stream that sums every entry of every group
- *     for all rows. Up to 128 rows travel inside the launch's parameters; more go through one
+ *     for all rows. Up to 128 rows travel inside the launch's parameters (a compact 15-byte form,
+ *     when every row's group is < 256 and valid_tokens < 65536); more go through one
  *     pinned host-to-device copy on an upload stream that overlaps the caller's earlier work (the
  *     caller's stream waits for it on the GPU). After the kernel an event is recorded on the
  *     caller's stream; a side stream waits for that event (cudaStreamWaitEvent, on the GPU),
- *     copies the results into pinned host memory, re-zeroes the device output and records a done
+ *     copies the results into pinned host memory and re-zeroes the device output (one small kernel
+ *     writing the mapped pinned buffer) and records a done
  *     event. submit() never waits for the GPU, except when all `slots` result buffers are still in
  *     flight (then it waits for the oldest's copy).
  *  4. A reader polls kvc_cuda_query() or blocks in kvc_cuda_wait()/kvc_cuda_collect(), which wait only
