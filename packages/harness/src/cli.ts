@@ -13,6 +13,11 @@ function rate(v: string): number {
   return x;
 }
 
+function policyArg(v: string): 'fail' | 'recompute' {
+  if (v !== 'fail' && v !== 'recompute') throw new InvalidArgumentError('expected recompute or fail');
+  return v;
+}
+
 function posInt(v: string): number {
   const x = Number(v);
   if (!Number.isSafeInteger(x) || x < 1) throw new InvalidArgumentError('expected a positive integer');
@@ -32,32 +37,66 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     });
   program
     .command('demo')
-    .description('send real prompts through P/D with KV checksums (fail-closed, recompute), inject faults into a share of loads, and write a Markdown report')
+    .description(
+      'send real prompts through P/D with KV checksums (fail-closed, recompute), inject faults into a share of loads, compare every output with a single instance, and write a Markdown report. ' +
+        'By default a proxy, a producer engine (TP2) and a consumer engine (TP1) run as separate processes on 127.0.0.1, the KV moving through the embedded transfer agent (run `npm run build` first: the processes run dist/).',
+    )
     .option('--prompts <file>', 'prompts, one per line (default examples/prompts/prompts.txt)')
-    .option('--faults <rate>', 'share of loads to inject a fault into', rate, 0.25)
-    .option('--connector <name>', `transfer: ${Object.keys(DEMO_CONNECTORS).join(' | ')}`, 'inprocess')
+    .option(
+      '--faults <rate>',
+      'share of loads to inject a fault into (seeded). Multi-process connectors inject consumer-side faults only (bit flip, misplaced block, wrong layout, checksum payload truncated / dropped), by the FaultInjectingConnector in the consumer process; producer-side faults (stale blocks, producer payload) need the producer in this process: use --connector inprocess',
+      rate,
+      0.25,
+    )
+    .option('--connector <name>', 'pull: NixlConnector, sequential proxy | push: NixlPushConnector, sequential proxy | mooncake: MooncakeConnector, concurrent proxy (each: proxy, producer, consumer as separate processes) | inprocess: one process, the in-process connector', 'pull')
     .option('--out <dir>', 'report folder (default ./kvconnect-demo-report-<time>)')
     .option('--model <preset>', 'model preset', 'dense-gqa')
     .option('--max-tokens <n>', 'tokens to generate per prompt', posInt, 16)
     .option('--seed <n>', 'seed of the fault choice', posInt, 1)
+    .option('--concurrency <n>', 'requests in flight at once (multi-process: faults go to the proxy\'s n-th requests, so with more than 1 the arrival order decides which prompt gets which; 1 is fully reproducible)', posInt, 4)
+    .option('--no-checksums', 'turn KV checksums off (faults then go undetected)')
+    .option('--fail-open', 'use loads that do not verify (default: fail-closed)')
+    .option('--policy <policy>', 'what a fail-closed consumer does with a load that does not verify: recompute | fail', policyArg, 'recompute')
+    .option('--verbose', 'copy the engine and proxy processes\' stderr to this stderr')
     .option('--no-progress', 'no progress bar')
-    .action(async (o: { prompts?: string; faults: number; connector: string; out?: string; model: string; maxTokens: number; seed: number; progress: boolean }) => {
-      if (!(o.connector in DEMO_CONNECTORS)) throw new InvalidArgumentError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}`);
-      const r = await runDemo({
-        prompts: o.prompts ? readPrompts(o.prompts) : undefined,
-        faultRate: o.faults,
-        connector: o.connector,
-        out: o.out,
-        model: o.model,
-        maxTokens: o.maxTokens,
-        seed: o.seed,
-        progress: o.progress && Boolean(process.stderr.isTTY),
-        print,
-      });
-      const bad = r.result.expectations.filter((x) => !x.ok);
-      for (const x of bad) print(x.line);
-      process.exitCode = bad.length > 0 ? 1 : 0;
-    });
+    .action(
+      async (o: {
+        prompts?: string;
+        faults: number;
+        connector: string;
+        out?: string;
+        model: string;
+        maxTokens: number;
+        seed: number;
+        concurrency: number;
+        checksums: boolean;
+        failOpen?: boolean;
+        policy: 'fail' | 'recompute';
+        verbose?: boolean;
+        progress: boolean;
+      }) => {
+        if (!(o.connector in DEMO_CONNECTORS)) throw new InvalidArgumentError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}`);
+        const r = await runDemo({
+          prompts: o.prompts ? readPrompts(o.prompts) : undefined,
+          faultRate: o.faults,
+          connector: o.connector,
+          out: o.out,
+          model: o.model,
+          maxTokens: o.maxTokens,
+          seed: o.seed,
+          concurrency: o.concurrency,
+          checksums: o.checksums,
+          failClosed: !o.failOpen,
+          policy: o.policy,
+          echoStderr: o.verbose === true,
+          progress: o.progress && Boolean(process.stderr.isTTY),
+          print,
+        });
+        const bad = r.result.expectations.filter((x) => !x.ok);
+        for (const x of bad) print(x.line);
+        process.exitCode = bad.length > 0 ? 1 : 0;
+      },
+    );
   return program;
 }
 

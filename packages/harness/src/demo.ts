@@ -3,25 +3,34 @@
  * recompute), faults injected into a share of the loads, a progress bar, a summary, and a Markdown
  * report with plots in a folder of its own.
  *
- * The topology is pluggable ({@link DemoOptions.topology}): today producer and consumer run as
- * engines of this process over the harness's in-process connector (or a NIXL / Mooncake connector
- * when its package is installed); a multi-process topology (engine server processes) plugs in
- * through the same {@link Topology} type.
+ * Topologies: by default (`--connector pull | push | mooncake`) a proxy, a producer engine and a
+ * consumer engine run as separate processes on 127.0.0.1 (see `topology-multiprocess.ts`), the KV
+ * moving through the connector's embedded transfer agent (NIXL pull, NIXL push or Mooncake); the
+ * consumer's connector is the FaultInjectingConnector (loaded by module path) around the chosen
+ * one, so only consumer-side faults are injected. Every output is compared token for token with a
+ * single engine of this process (greedy). `--connector inprocess` runs producer and consumer as
+ * engines of this process over the harness's in-process connector (every fault kind, with the
+ * injector's ground truth); a custom {@link Topology} plugs into that path.
  * @module
  */
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
+import type { Verdict } from '@kvconnect/checksum';
+import { Engine, type LoadInfo } from '@kvconnect/engine';
 import cliProgress from 'cli-progress';
 import type { FaultSpec } from './faults.js';
 import { prng } from './locate.js';
+import { resolveModelSpec } from './models.js';
 import { generatedPrompts } from './prompts.js';
 import { markdownReport, summarize, summaryLines, type RunSummary } from './report.js';
-import { resolveConnector, runScenario, type ScenarioResult, type Topology } from './runner.js';
-import { parseScenario, type ConnectorName } from './scenario.js';
+import { checkExpectations, resolveConnector, runScenario, type RequestOutcome, type RunOutcome, type ScenarioResult, type Topology } from './runner.js';
+import { parseScenario, type ConnectorName, type Scenario, type VerdictKind } from './scenario.js';
+import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics } from './topology-multiprocess.js';
 
 /** `--connector` values and the scenario connector each means. */
-export const DEMO_CONNECTORS: Readonly<Record<string, ConnectorName>> = Object.freeze({ inprocess: 'in-process', pull: 'nixl-pull', push: 'nixl-push', mooncake: 'mooncake' });
+export const DEMO_CONNECTORS: Readonly<Record<string, ConnectorName>> = Object.freeze({ pull: 'nixl-pull', push: 'nixl-push', mooncake: 'mooncake', inprocess: 'in-process' });
 
 /** Options of {@link runDemo}. */
 export interface DemoOptions {
@@ -29,7 +38,11 @@ export interface DemoOptions {
   prompts?: string[];
   /** Share of loads to inject a fault into, [0, 1] (default 0.25). */
   faultRate?: number;
-  /** `inprocess` (default), `pull`, `push`, `mooncake`. */
+  /**
+   * `pull` (default: NixlConnector, sequential proxy), `push` (NixlPushConnector, sequential
+   * proxy), `mooncake` (MooncakeConnector, concurrent proxy): proxy, producer and consumer as
+   * separate processes; `inprocess`: one process, the harness's in-process connector.
+   */
   connector?: keyof typeof DEMO_CONNECTORS | string;
   /** Report folder (default a fresh `./kvconnect-demo-report-<time>`). */
   out?: string;
@@ -37,10 +50,19 @@ export interface DemoOptions {
   model?: string;
   maxTokens?: number;
   seed?: number;
+  /** KV checksums (default true), consumer fail-closed (default true), load failure policy (default recompute). */
+  checksums?: boolean;
+  failClosed?: boolean;
+  policy?: 'fail' | 'recompute';
+  /** Requests in flight at once (default 4). */
+  concurrency?: number;
   /** Show a progress bar (default: when stderr is a TTY). */
   progress?: boolean;
   /** Where lines go (default console.log). */
   print?: (line: string) => void;
+  /** Copy the engine and proxy processes' stderr to this process's stderr (multi-process; default false). */
+  echoStderr?: boolean;
+  /** A custom topology for the scenario runner (single-process path, whatever the connector). */
   topology?: Topology;
 }
 
@@ -52,6 +74,10 @@ export interface DemoResult {
   reportPath: string;
   /** The connector that ran (after any fallback). */
   connector: ConnectorName;
+  /** `processes`: proxy, producer and consumer as child processes; `in-process`: engines of this process. */
+  topology: 'processes' | 'in-process';
+  /** What the engine processes' /metrics said (multi-process only). */
+  metrics?: ProcessMetrics;
 }
 
 /** The fault kinds the demo cycles through, one per faulted load. */
@@ -62,6 +88,19 @@ export const DEMO_FAULTS: ReadonlyArray<Omit<FaultSpec, 'requests'>> = [
   { kind: 'wrong-layout', note: 'HND read as NHD' },
   { kind: 'payload', mode: 'truncate', note: 'checksum payload truncated' },
   { kind: 'random-stale-range', note: 'one 16-token range keeps its previous owner bytes' },
+  { kind: 'payload', mode: 'drop', note: 'checksum payload missing' },
+] as FaultSpec[];
+
+/**
+ * The fault kinds of the multi-process demo, one per faulted load: consumer-side faults only (the
+ * producer's memory is in another process, so `stale` and producer-side payload faults cannot be
+ * injected there).
+ */
+export const DEMO_PROCESS_FAULTS: ReadonlyArray<Omit<FaultSpec, 'requests'>> = [
+  { kind: 'bit-flip', note: 'one bit of one loaded cell flipped' },
+  { kind: 'misplaced-block', note: 'first loaded block gets the next block' },
+  { kind: 'wrong-layout', note: 'HND read as NHD' },
+  { kind: 'payload', mode: 'truncate', note: 'checksum payload truncated' },
   { kind: 'payload', mode: 'drop', note: 'checksum payload missing' },
 ] as FaultSpec[];
 
@@ -79,6 +118,19 @@ export function readPrompts(file: string): string[] {
     .filter((l) => l.length > 0 && !l.startsWith('#'));
 }
 
+/** The seeded choice of faulted requests: an exact share of `n`, in order. */
+export function faultedRequests(n: number, rate: number, seed: number): number[] {
+  const r = prng(seed);
+  const order = Array.from({ length: n }, (_, i) => i);
+  for (let i = order.length - 1; i > 0; i--) {
+    const j = r() % (i + 1);
+    [order[i], order[j]] = [order[j], order[i]];
+  }
+  return order.slice(0, Math.round(rate * n)).sort((a, b) => a - b);
+}
+
+const faultLabel = (f: Omit<FaultSpec, 'requests'>) => `${f.kind}${'mode' in f ? ` ${(f as { mode: string }).mode}` : ''}`;
+
 /** Runs the demo and writes its report. */
 export async function runDemo(o: DemoOptions = {}): Promise<DemoResult> {
   const print = o.print ?? ((l: string) => console.log(l));
@@ -91,75 +143,79 @@ export async function runDemo(o: DemoOptions = {}): Promise<DemoResult> {
     prompts = f ? readPrompts(f) : generatedPrompts({ count: 20, promptTokens: [40, 120], seed });
   }
   if (prompts.length === 0) throw new RangeError('no prompts');
-  const wanted = o.connector ?? 'inprocess';
-  let connector = DEMO_CONNECTORS[wanted];
+  const wanted = o.connector ?? 'pull';
+  const connector = DEMO_CONNECTORS[wanted];
   if (!connector) throw new RangeError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}, got ${wanted}`);
-  if (connector !== 'in-process') {
-    const c = await resolveConnector(connector);
-    if ('skip' in c) {
-      print(`note: ${c.skip}; running over the in-process connector instead`);
-      connector = 'in-process';
-    }
-  }
-  // Faulted loads: an exact share of the requests, chosen from the seed; kinds in turn.
-  const r = prng(seed);
-  const order = prompts.map((_, i) => i);
-  for (let i = order.length - 1; i > 0; i--) {
-    const j = r() % (i + 1);
-    [order[i], order[j]] = [order[j], order[i]];
-  }
-  const hit = order.slice(0, Math.round(rate * prompts.length)).sort((a, b) => a - b);
-  const faults = hit.map((i, k) => ({ ...DEMO_FAULTS[k % DEMO_FAULTS.length], requests: [i], seed: seed + i }));
-  const scenario = parseScenario({
+  if (o.policy !== undefined && o.policy !== 'fail' && o.policy !== 'recompute') throw new RangeError(`--policy must be fail or recompute, got ${String(o.policy)}`);
+  const concurrency = o.concurrency ?? 4;
+  if (!(Number.isSafeInteger(concurrency) && concurrency >= 1)) throw new RangeError(`--concurrency must be a positive integer, got ${concurrency}`);
+  const ctx: DemoContext = { o, print, rate, seed, prompts, concurrency, checksums: o.checksums ?? true, failClosed: o.failClosed ?? true, policy: o.policy ?? 'recompute', model: o.model ?? 'dense-gqa', maxTokens: o.maxTokens ?? 16 };
+  if (connector === 'in-process' || o.topology) return runInProcessDemo(ctx, connector);
+  return runProcessDemo(ctx, connector);
+}
+
+interface DemoContext {
+  o: DemoOptions;
+  print: (line: string) => void;
+  rate: number;
+  seed: number;
+  prompts: string[];
+  concurrency: number;
+  checksums: boolean;
+  failClosed: boolean;
+  policy: 'fail' | 'recompute';
+  model: string;
+  maxTokens: number;
+}
+
+function demoScenario(c: DemoContext, connector: ConnectorName, faults: FaultSpec[], faulted: number, groundTruth = true): Scenario {
+  return parseScenario({
     name: 'demo',
-    description: `${prompts.length} prompts through P/D with KV checksums (fail-closed, recompute); faults injected into ${hit.length} loads.`,
-    model: o.model ?? 'dense-gqa',
+    description: `${c.prompts.length} prompts through P/D with KV checksums ${c.checksums ? `on (${c.failClosed ? 'fail-closed' : 'fail-open'}, ${c.policy})` : 'off'}; faults injected into ${faulted} loads.`,
+    model: c.model,
     connector,
+    checksums: c.checksums,
     producer: { tp: 2, blockSize: 16, maxBatchedTokens: 128 },
-    consumer: { tp: 1, blockSize: 32, layout: 'HND', failClosed: true, policy: 'recompute' },
-    requests: prompts.map((p) => ({ prompt: p, maxTokens: o.maxTokens ?? 16 })),
-    concurrency: 4,
+    consumer: { tp: 1, blockSize: 32, layout: 'HND', failClosed: c.failClosed, policy: c.policy },
+    requests: c.prompts.map((p) => ({ prompt: p, maxTokens: c.maxTokens })),
+    concurrency: c.concurrency,
+    timeoutMs: 120_000,
     faults,
-    expect: { requests: [{ request: '*', output: 'reference', error: false }] },
+    // Without the injector's ground truth (faults injected in another process) the demo checks detection itself.
+    expect: { requests: [{ request: '*', output: 'reference', error: false }], noFalseVerify: groundTruth },
   });
-  const setup = [
-    `model ${o.model ?? 'dense-gqa'}; producer TP2, block 16, NHD; consumer TP1, block 32, HND`,
-    `connector ${connector} (wrapped by FaultInjectingConnector, loaded by module path)`,
-    `checksums on, fail-closed, policy recompute; fault rate ${rate} (seed ${seed})`,
-    `faulted requests: ${faults.map((f) => `r${f.requests[0]} ${f.kind}${'mode' in f ? ` ${(f as { mode: string }).mode}` : ''}`).join(', ') || 'none'}`,
-  ];
-  for (const l of setup) print(l);
-  const showBar = o.progress ?? Boolean(process.stderr.isTTY);
+}
+
+function progressBar(c: DemoContext) {
+  const showBar = c.o.progress ?? Boolean(process.stderr.isTTY);
   const bar = showBar ? new cliProgress.SingleBar({ format: 'P/D requests [{bar}] {value}/{total} | {verdicts}', hideCursor: true }, cliProgress.Presets.shades_classic) : null;
   const counts = { verified: 0, mismatch: 0, unverified: 0, none: 0 };
-  bar?.start(prompts.length, 0, { verdicts: '' });
-  let result: ScenarioResult;
-  try {
-    result = await runScenario(scenario, {
-      topology: o.topology,
-      onRequestDone: (q) => {
-        counts[q.kind]++;
-        bar?.increment(1, { verdicts: `verified ${counts.verified}, mismatch ${counts.mismatch}, unverified ${counts.unverified}` });
-      },
-    });
-  } finally {
-    bar?.stop();
-  }
+  bar?.start(c.prompts.length, 0, { verdicts: '' });
+  return {
+    done(kind: VerdictKind) {
+      counts[kind]++;
+      bar?.increment(1, { verdicts: `verified ${counts.verified}, mismatch ${counts.mismatch}, unverified ${counts.unverified}` });
+    },
+    stop: () => bar?.stop(),
+  };
+}
+
+function requestLine(q: RequestOutcome): string {
+  return `  r${q.index}: ${q.faultKinds.join('+') || 'no fault'} -> ${q.kind}${q.verdict?.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict?.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}, ${q.action ?? 'no load'}, output ${q.equalsReference ? 'identical' : 'DIFFERENT'}${q.error ? ` (error: ${q.error})` : ''}`;
+}
+
+function writeReport(c: DemoContext, result: ScenarioResult, summary: RunSummary, markdown: string, extra: Record<string, unknown> = {}) {
   const run = result.runs[0];
-  const summary = summarize(run);
-  for (const l of summaryLines(summary)) print(l);
-  for (const q of run.requests) {
-    print(`  r${q.index}: ${q.faultKinds.join('+') || 'no fault'} -> ${q.kind}${q.verdict?.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict?.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}, ${q.action ?? 'no load'}, output ${q.equalsReference ? 'identical' : 'DIFFERENT'}`);
-  }
-  const outDir = resolve(o.out ?? `kvconnect-demo-report-${new Date().toISOString().replace(/[:.]/g, '-')}`);
+  const outDir = resolve(c.o.out ?? `kvconnect-demo-report-${new Date().toISOString().replace(/[:.]/g, '-')}`);
   mkdirSync(outDir, { recursive: true });
   const reportPath = join(outDir, 'report.md');
-  writeFileSync(reportPath, markdownReport(result, { title: 'kvconnect demo: P/D with KV checksums under injected faults', setup, prompts }));
+  writeFileSync(reportPath, markdown);
   writeFileSync(
     join(outDir, 'summary.json'),
     JSON.stringify(
       {
         summary,
+        ...extra,
         requests: run.requests.map((q) => ({
           index: q.index,
           faults: q.faultKinds,
@@ -170,6 +226,8 @@ export async function runDemo(o: DemoOptions = {}): Promise<DemoResult> {
           action: q.action,
           tokens: q.tokenIds.length,
           identical: q.equalsReference,
+          error: q.error,
+          latencyMs: q.latencyMs,
           transferMs: q.transferMs,
           loadBytes: q.loadBytes,
         })),
@@ -179,6 +237,256 @@ export async function runDemo(o: DemoOptions = {}): Promise<DemoResult> {
       2,
     ),
   );
-  print(`report: ${reportPath}`);
-  return { result, summary, outDir, reportPath, connector };
+  c.print(`report: ${reportPath}`);
+  return { outDir, reportPath };
+}
+
+/** The single-process demo: engines of this process over the in-process connector (or a custom topology). */
+async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promise<DemoResult> {
+  const { print, seed, prompts } = c;
+  if (connector !== 'in-process') {
+    const r = await resolveConnector(connector);
+    if ('skip' in r) {
+      print(`note: ${r.skip}; running over the in-process connector instead`);
+      connector = 'in-process';
+    }
+  }
+  // Faulted loads: an exact share of the requests, chosen from the seed; kinds in turn.
+  const hit = faultedRequests(prompts.length, c.rate, seed);
+  const faults = hit.map((i, k) => ({ ...DEMO_FAULTS[k % DEMO_FAULTS.length], requests: [i], seed: seed + i }));
+  const scenario = demoScenario(c, connector, faults as FaultSpec[], hit.length);
+  const setup = [
+    `one process: model ${c.model}; producer TP2, block 16, NHD; consumer TP1, block 32, HND`,
+    `connector ${connector} (wrapped by FaultInjectingConnector, loaded by module path)`,
+    `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed})`,
+    `faulted requests: ${faults.map((f) => `r${f.requests[0]} ${faultLabel(f)}`).join(', ') || 'none'}`,
+  ];
+  for (const l of setup) print(l);
+  const bar = progressBar(c);
+  let result: ScenarioResult;
+  try {
+    result = await runScenario(scenario, { topology: c.o.topology, onRequestDone: (q) => bar.done(q.kind) });
+  } finally {
+    bar.stop();
+  }
+  const run = result.runs[0];
+  const summary = summarize(run);
+  for (const l of summaryLines(summary)) print(l);
+  for (const q of run.requests) print(requestLine(q));
+  const md = markdownReport(result, { title: 'kvconnect demo: P/D with KV checksums under injected faults', setup, prompts });
+  const { outDir, reportPath } = writeReport(c, result, summary, md);
+  return { result, summary, outDir, reportPath, connector, topology: 'in-process' };
+}
+
+/** A completion answer of the proxy process (the fields the demo reads). */
+interface ProxyAnswer {
+  choices?: Array<{ token_ids?: number[]; text?: string; finish_reason?: string }>;
+  error?: { message?: string };
+  kvconnect?: { decode?: { request_id?: string; load?: LoadInfo; error?: string } };
+}
+
+const fmt = (x: number, d = 1) => x.toFixed(d);
+const bytesText = (n: number) => (n >= 1 << 20 ? `${fmt(n / (1 << 20), 2)} MiB` : n >= 1024 ? `${fmt(n / 1024, 1)} KiB` : `${n} B`);
+
+/** Summary lines of the multi-process demo (transfer and checksum numbers from the processes' metrics, n/a when not exposed). */
+export function processSummaryLines(s: RunSummary, m: ProcessMetrics | null, faulted: number): string[] {
+  const reasons = Object.entries(s.unverifiedReasons)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(', ');
+  const transfer =
+    m && m.transferSeconds !== null
+      ? `${fmt(m.transferSeconds * 1000)} ms${m.transfers !== null ? ` over ${m.transfers} transfers` : ''}${m.transferBytes !== null ? `, ${bytesText(m.transferBytes)} moved` : ''}`
+      : `n/a (the engine processes expose no transfer metrics${m && m.connectorMetrics.length ? `; found ${m.connectorMetrics.join(', ')}` : ''})${m && m.transferBytes !== null ? `; ${bytesText(m.transferBytes)} moved` : ''}`;
+  const cs = (sec: number | null, b: number | null) => (sec === null ? 'n/a' : `${fmt(sec * 1000, 2)} ms${b === null ? '' : ` over ${bytesText(b)}`}`);
+  return [
+    `requests: ${s.requests} (${faulted} with a consumer-side fault injected)`,
+    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
+    `outputs identical to a single instance: ${s.identical}/${s.requests}`,
+    `transfer time: ${transfer}`,
+    `checksum time: producer ${m ? cs(m.checksumSeconds.send, m.checksumBytes.send) : 'n/a'}, consumer ${m ? cs(m.checksumSeconds.recv, m.checksumBytes.recv) : 'n/a'}`,
+    `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
+  ];
+}
+
+/** Replaces the rows of the report's first Summary table with `lines` (`key: value`). */
+function replaceSummaryTable(md: string, lines: string[]): string {
+  const out = md.split('\n');
+  const h = out.indexOf('## Summary');
+  if (h < 0) return md;
+  let i = h + 1;
+  while (i < out.length && !out[i].startsWith('|---')) i++;
+  if (i >= out.length) return md;
+  let j = i + 1;
+  while (j < out.length && out[j].startsWith('|')) j++;
+  const esc = (s: string) => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
+  const rows = lines.map((l) => {
+    const [k, ...v] = l.split(': ');
+    return `| ${esc(k)} | ${esc(v.join(': '))} |`;
+  });
+  out.splice(i + 1, j - i - 1, ...rows);
+  return out.join('\n');
+}
+
+/** The proxy's sequence number of a consumer request id (`pd-<n>-<uuid>-d`). */
+function proxySeq(requestId: string | undefined): number | undefined {
+  const m = requestId ? /^pd-(\d+)-/.exec(requestId) : null;
+  return m ? Number(m[1]) : undefined;
+}
+
+/** The default demo: proxy, producer and consumer as separate processes on 127.0.0.1. */
+async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 'in-process'>): Promise<DemoResult> {
+  const { print, seed, prompts } = c;
+  const t0 = performance.now();
+  const spec = PROCESS_CONNECTORS[connector];
+  // Faults are chosen by the proxy's request sequence number (its consumer request ids are
+  // `pd-<n>-...-d`, n = 0, 1, ... in arrival order): an exact, seeded share of the requests.
+  const hit = faultedRequests(prompts.length, c.rate, seed);
+  const planned = new Map(hit.map((n, k) => [n, DEMO_PROCESS_FAULTS[k % DEMO_PROCESS_FAULTS.length]]));
+  const faults = hit.map((n) => ({ ...planned.get(n)!, requestIds: [`pd-${n}-`], seed: seed + n }) as FaultSpec);
+  const scenario = demoScenario(c, connector, [], hit.length, false);
+  const model = resolveModelSpec(c.model);
+  const setup = [
+    `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
+    `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
+    `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
+    `faulted proxy requests: ${hit.map((n) => `#${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
+  ];
+  for (const l of setup) print(l);
+  // The single instance: a greedy engine of this process, on the same prompts.
+  const reference = new Engine({ model, numBlocks: 4096, maxNumBatchedTokens: 512, engineId: `demo-reference-${process.pid}` });
+  let pd: PDProcesses | null = null;
+  let interrupted: NodeJS.Signals | null = null;
+  const onSignal = (sig: NodeJS.Signals) => {
+    interrupted = sig;
+    print(`${sig}: stopping the proxy and engine processes`);
+    void (pd?.shutdown() ?? Promise.resolve()).finally(() => process.exit(sig === 'SIGINT' ? 130 : 143));
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  let bar: ReturnType<typeof progressBar> | null = null;
+  try {
+    const refP = Promise.all(prompts.map((p) => reference.generate(p, { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true })));
+    refP.catch(() => {});
+    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
+    if (interrupted) throw new Error(`interrupted (${interrupted})`);
+    print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
+    const references = (await refP).map((r) => r.tokenIds);
+    const tRun = performance.now();
+    const outcomes: RequestOutcome[] = new Array(prompts.length);
+    bar = progressBar(c);
+    let next = 0;
+    const url = `${pd.url}/v1/completions`;
+    const worker = async () => {
+      while (next < prompts.length) {
+        const i = next++;
+        const started = performance.now();
+        let body: ProxyAnswer = {};
+        let error: string | undefined;
+        try {
+          const res = await fetch(url, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ prompt: prompts[i], max_tokens: c.maxTokens, temperature: 0, ignore_eos: true }),
+            signal: AbortSignal.timeout(scenario.timeoutMs),
+          });
+          body = (await res.json().catch(() => ({}))) as ProxyAnswer;
+          if (res.status !== 200) error = `HTTP ${res.status}: ${body.error?.message ?? 'no message'}`;
+        } catch (e) {
+          error = e instanceof Error ? e.message : String(e);
+        }
+        const choice = body.choices?.[0];
+        const tokenIds = choice?.token_ids ?? [];
+        const dec = body.kvconnect?.decode;
+        const load = dec?.load;
+        const n = proxySeq(dec?.request_id);
+        const fault = n !== undefined ? planned.get(n) : undefined;
+        const verdict: Verdict | null = load
+          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [] }
+          : null;
+        const o: RequestOutcome = {
+          index: i,
+          run: 0,
+          tokenIds,
+          text: choice?.text ?? '',
+          finishReason: (error && !choice ? 'error' : (choice?.finish_reason ?? 'error')) as RequestOutcome['finishReason'],
+          error: error ?? dec?.error,
+          verdict,
+          kind: load ? load.verdict : 'none',
+          action: load ? load.action : null,
+          invalidBlocks: false,
+          reference: references[i],
+          equalsReference: tokenIds.length === references[i].length && tokenIds.every((t, k) => t === references[i][k]),
+          injected: new Map(),
+          faultKinds: fault ? [faultLabel(fault)] : [],
+          transferMs: null,
+          loadBytes: 0,
+          latencyMs: performance.now() - started,
+        };
+        outcomes[i] = o;
+        bar!.done(o.kind);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(c.concurrency, prompts.length) }, worker));
+    bar.stop();
+    bar = null;
+    const wallMs = performance.now() - tRun;
+    const metrics = await pd.metrics();
+    const run: RunOutcome = {
+      label: '',
+      spec: scenario.runs[0],
+      requests: outcomes,
+      checksumSeconds: { send: metrics.checksumSeconds.send ?? 0, recv: metrics.checksumSeconds.recv ?? 0 },
+      checksumBytes: { send: metrics.checksumBytes.send ?? 0, recv: metrics.checksumBytes.recv ?? 0 },
+      records: [],
+      loads: [],
+      wallMs,
+    };
+    const expectations = checkExpectations(scenario, [run]);
+    if (c.checksums) {
+      const missed = outcomes.filter((q) => q.faultKinds.length > 0 && q.kind === 'verified').map((q) => `r${q.index} (${q.faultKinds.join('+')}) verified`);
+      const n = outcomes.filter((q) => q.faultKinds.length > 0).length;
+      expectations.push({ ok: missed.length === 0, line: `${missed.length === 0 ? 'PASS' : 'FAIL'} demo: every one of the ${n} faulted load(s) detected (mismatch or unverified)${missed.length ? ` -- ${missed.slice(0, 4).join('; ')}` : ''}` });
+    }
+    const result: ScenarioResult = { scenario, runs: [run], expectations, durationMs: performance.now() - t0 };
+    const summary = summarize(run);
+    const faulted = outcomes.filter((q) => q.faultKinds.length > 0).length;
+    const lines = processSummaryLines(summary, metrics, faulted);
+    for (const l of lines) print(l);
+    for (const q of run.requests) print(requestLine(q));
+    const fullSetup = [
+      ...setup,
+      `proxy ${pd.url} (pid ${pd.proxy.pid}); producer ${pd.producer.engineId} ${pd.producer.url} (pid ${pd.producer.pid}); consumer ${pd.consumer.engineId} ${pd.consumer.url} (pid ${pd.consumer.pid})`,
+      'single instance: a greedy engine of the demo process, same prompts',
+    ];
+    const ms = (x: number | null) => (x === null ? 'n/a' : fmt(x * 1000, 2));
+    let md = markdownReport(result, { title: 'kvconnect demo: P/D across processes with KV checksums under injected faults', setup: fullSetup, prompts });
+    md = replaceSummaryTable(md, lines);
+    md += [
+      '',
+      '## Process metrics',
+      '',
+      'Scraped from each engine process\'s `GET /metrics` after the run (n/a: not exposed).',
+      '',
+      '| metric | value |',
+      '|---|---|',
+      `| consumer loads by verdict | ${metrics.loads ? Object.entries(metrics.loads).map(([k, v]) => `${k} ${v}`).join(', ') : 'n/a'} |`,
+      `| consumer loads recomputed / failed | ${metrics.recomputed ?? 'n/a'} / ${metrics.failed ?? 'n/a'} |`,
+      `| checksum time, ms (producer / consumer) | ${ms(metrics.checksumSeconds.send)} / ${ms(metrics.checksumSeconds.recv)} |`,
+      `| checksum bytes summed (producer / consumer) | ${metrics.checksumBytes.send ?? 'n/a'} / ${metrics.checksumBytes.recv ?? 'n/a'} |`,
+      `| connector transfer time, ms / transfers / bytes | ${ms(metrics.transferSeconds)} / ${metrics.transfers ?? 'n/a'} / ${metrics.transferBytes ?? 'n/a'} |`,
+      `| connector metrics found | ${metrics.connectorMetrics.join(', ') || 'none'} |`,
+      '',
+      'Faults were injected by the consumer process, so the injector\'s ground truth (which blocks really changed) and per-load transfer times stay there: the Requests table shows the fault planned for each request, and no changed blocks or load time. Producer-side faults (`stale`, producer-side `payload`) need the producer\'s memory in the demo\'s process: run `--connector inprocess` for them.',
+      '',
+    ].join('\n');
+    const { outDir, reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid } });
+    return { result, summary, outDir, reportPath, connector, topology: 'processes', metrics };
+  } finally {
+    bar?.stop();
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    await pd?.shutdown();
+    await reference.shutdown();
+  }
 }

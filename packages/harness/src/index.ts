@@ -14,4 +14,5 @@ export { IN_PROCESS_CONNECTOR, InProcessBus, inProcessBus, inProcessConnectorFac
 export * from './runner.js';
 export * from './run-files.js';
 export * from './demo.js';
+export * from './topology-multiprocess.js';
 export * from './report.js';

@@ -1,0 +1,149 @@
+/**
+ * `kvconnect demo` over the multi-process topology: a proxy, a producer engine and a consumer
+ * engine as separate processes on 127.0.0.1, the KV moving through the embedded transfer agent,
+ * consumer-side faults injected by the FaultInjectingConnector loaded by module path in the
+ * consumer process. Every faulted load must be detected and recomputed, every output must equal
+ * the single instance, the report must be written, and no child process may outlive the demo.
+ *
+ * The engine processes and the bin run `dist/`; `beforeAll` brings it up to date with `tsc --build`.
+ */
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { parsePrometheus, processMetrics, runDemo } from '../src/index.js';
+
+const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
+const BIN = join(ROOT, 'packages/harness/bin/kvconnect.js');
+const dir = mkdtempSync(join(tmpdir(), 'kvc-demo-mp-'));
+const PROMPTS = [
+  'Explain in two sentences why a decode server should verify the KV cache it receives.',
+  'The capital of France is',
+  'Write a haiku about a block of memory that moved between two machines.',
+  'List three reasons a lease on shared memory can expire, and what a consumer should do then.',
+];
+
+beforeAll(() => {
+  const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin/tsc');
+  const pkgs = ['engine', 'nixl-pull', 'nixl-push', 'harness'].map((p) => join(ROOT, 'packages', p));
+  const r = spawnSync(process.execPath, [tsc, '--build', ...pkgs], { encoding: 'utf8', timeout: 170_000 });
+  if (r.status !== 0) throw new Error(`tsc --build failed:\n${`${r.stdout}${r.stderr}`.slice(-4000)}`);
+}, 180_000);
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function gone(pids: number[]): Promise<boolean> {
+  for (let i = 0; i < 50 && pids.some(alive); i++) await new Promise((r) => setTimeout(r, 100));
+  return !pids.some(alive);
+}
+
+interface SummaryJson {
+  topology: string;
+  processes: { proxy: number; producer: number; consumer: number };
+  requests: Array<{ index: number; faults: string[]; verdict: string; action: string | null; identical: boolean; error?: string }>;
+  checks: Array<{ ok: boolean; line: string }>;
+}
+
+describe('kvconnect demo, multi-process topology', () => {
+  it('default (NIXL pull): 4 prompts, faults at rate 0.5, via the bin: faults detected and recomputed, outputs = single instance, report written', async () => {
+    const prompts = join(dir, 'prompts.txt');
+    writeFileSync(prompts, `# demo prompts\n${PROMPTS.join('\n')}\n`);
+    const out = join(dir, 'pull');
+    const t0 = Date.now();
+    const r = spawnSync(process.execPath, [BIN, 'demo', '--prompts', prompts, '--faults', '0.5', '--out', out, '--max-tokens', '8', '--no-progress'], { encoding: 'utf8', cwd: dir, timeout: 60_000 });
+    const ms = Date.now() - t0;
+    expect(r.status, `${r.stdout}\n${r.stderr}`).toBe(0);
+    expect(ms).toBeLessThan(40_000);
+    const lines = r.stdout.split('\n');
+    expect(lines.some((l) => l.startsWith('processes on 127.0.0.1: proxy (sequential)'))).toBe(true);
+    expect(lines.some((l) => l.startsWith('connector NixlConnector'))).toBe(true);
+    expect(lines).toContain('outputs identical to a single instance: 4/4');
+    expect(lines.some((l) => /^checksum time: producer \d/.test(l))).toBe(true);
+    const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
+    expect(s.topology).toBe('processes');
+    expect(s.requests).toHaveLength(4);
+    const faulted = s.requests.filter((q) => q.faults.length > 0);
+    expect(faulted).toHaveLength(2);
+    for (const q of s.requests) {
+      expect(q.error, `r${q.index}`).toBeUndefined();
+      expect(q.identical, `r${q.index}`).toBe(true);
+      // Verified and used, or detected and recomputed.
+      expect(q.verdict === 'verified' ? q.action : `${q.verdict}:${q.action}`, `r${q.index}`).toMatch(/^(use|mismatch:recompute|unverified:recompute)$/);
+      if (q.faults.length > 0) expect(q.verdict, `r${q.index} ${q.faults.join('+')}`).not.toBe('verified');
+    }
+    expect(s.checks.every((c) => c.ok)).toBe(true);
+    const md = readFileSync(join(out, 'report.md'), 'utf8');
+    expect(md).toContain('## Summary');
+    expect(md).toContain('## Process metrics');
+    expect(md).toContain('| outputs identical to a single instance | 4/4 |');
+    // Every child process went away with the demo.
+    expect(await gone(Object.values(s.processes))).toBe(true);
+  }, 60_000);
+
+  it('--connector push (exported runDemo): faults detected and recomputed, outputs = single instance, report written', async () => {
+    const out = join(dir, 'push');
+    const printed: string[] = [];
+    const t0 = Date.now();
+    const r = await runDemo({ connector: 'push', prompts: PROMPTS, faultRate: 0.5, maxTokens: 8, out, progress: false, print: (l) => printed.push(l) });
+    expect(Date.now() - t0).toBeLessThan(40_000);
+    expect(r.topology).toBe('processes');
+    expect(r.connector).toBe('nixl-push');
+    expect(printed.some((l) => l.startsWith('connector NixlPushConnector'))).toBe(true);
+    expect(r.result.expectations.filter((x) => !x.ok)).toEqual([]);
+    const run = r.result.runs[0];
+    expect(run.requests).toHaveLength(4);
+    expect(run.requests.filter((q) => q.faultKinds.length > 0)).toHaveLength(2);
+    for (const q of run.requests) {
+      expect(q.equalsReference, `r${q.index}`).toBe(true);
+      expect(q.kind === 'verified' ? q.action : `${q.kind}:${q.action}`, `r${q.index}`).toMatch(/^(use|mismatch:recompute|unverified:recompute)$/);
+      if (q.faultKinds.length > 0) expect(q.kind, `r${q.index}`).not.toBe('verified');
+    }
+    expect(r.summary.identical).toBe(4);
+    expect(r.summary.recomputed).toBe(2);
+    expect(r.metrics?.checksumBytes.recv).toBeGreaterThan(0);
+    expect(r.metrics?.loads).toMatchObject({ verified: 2 });
+    expect(existsSync(r.reportPath)).toBe(true);
+    const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
+    expect(await gone(Object.values(s.processes))).toBe(true);
+  }, 60_000);
+
+  it('metrics: Prometheus text of the engines reduces to checksum and transfer numbers (n/a when absent)', () => {
+    const producer = parsePrometheus(
+      [
+        '# HELP kvconnect_kv_checksum_seconds x',
+        'kvconnect_kv_checksum_seconds_sum{side="send"} 0.25',
+        'kvconnect_kv_checksum_bytes_summed_total{side="send"} 4096',
+        'kvconnect_nixl_bytes_transferred_total{mode="push",op="WRITE"} 8192',
+      ].join('\n'),
+    );
+    const consumer = parsePrometheus(
+      [
+        'kvconnect_kv_checksum_seconds_sum{side="recv"} 0.5',
+        'kvconnect_kv_checksum_loads_total{verdict="verified"} 3',
+        'kvconnect_kv_checksum_loads_total{verdict="mismatch"} 1',
+        'kvconnect_kv_checksum_recomputed_total{reason="mismatch"} 1',
+        'kvconnect_nixl_xfer_seconds_sum{mode="pull",op="READ"} 0.125',
+      ].join('\n'),
+    );
+    const m = processMetrics(producer, consumer);
+    expect(m.checksumSeconds).toEqual({ send: 0.25, recv: 0.5 });
+    expect(m.checksumBytes).toEqual({ send: 4096, recv: null });
+    expect(m.loads).toEqual({ verified: 3, mismatch: 1 });
+    expect(m.recomputed).toBe(1);
+    expect(m.failed).toBeNull();
+    expect(m.transferSeconds).toBe(0.125);
+    expect(m.transferBytes).toBe(8192);
+    expect(m.connectorMetrics).toEqual(['kvconnect_nixl_bytes_transferred_total', 'kvconnect_nixl_xfer_seconds']);
+    expect(processMetrics(null, null)).toMatchObject({ transferSeconds: null, loads: null, scraped: { producer: false, consumer: false } });
+  });
+});
