@@ -26,6 +26,7 @@
  * @module
  */
 import type { GroupSpec, RankContext } from '@kvconnect/checksum';
+import type { Registry } from 'prom-client';
 
 /** The role of an engine in P/D (vLLM `kv_role`). */
 export type KVRole = 'kv_producer' | 'kv_consumer' | 'kv_both';
@@ -207,6 +208,8 @@ export interface SchedulerContext {
   tpSize: number;
   ppSize: number;
   groupConfigs: readonly KVCacheGroupConfig[];
+  /** The engine's Prometheus registry: connectors register their metrics here (served on /metrics). */
+  metricsRegistry?: Registry;
 }
 
 /** What a connector's worker half knows about its engine. */
@@ -216,6 +219,8 @@ export interface WorkerContext {
   tpSize: number;
   ppRank: number;
   ppSize: number;
+  /** The engine's Prometheus registry (as {@link SchedulerContext.metricsRegistry}). */
+  metricsRegistry?: Registry;
 }
 
 /** The KV transfer config (vLLM `kv_transfer_config`), validated by `parseKVTransferConfig`. */

@@ -175,7 +175,7 @@ export class Engine {
     const registry = this.o.registry ?? defaultRegistry;
     if (cfg) {
       await registry.prepare(cfg);
-      this.connector = registry.createScheduler(cfg, { engineId: this.engineId, tpSize: this.tpSize, ppSize: this.ppSize, groupConfigs: this.groupConfigs });
+      this.connector = registry.createScheduler(cfg, { engineId: this.engineId, tpSize: this.tpSize, ppSize: this.ppSize, groupConfigs: this.groupConfigs, metricsRegistry: this.observability?.registry });
       if (cfg.enable_kv_checksum) {
         this.checksumScheduler = new KVChecksumScheduler({
           config: cfg,
@@ -187,7 +187,7 @@ export class Engine {
         });
       }
       for (const w of this.workers.flat()) {
-        w.connector = registry.createWorker(cfg, { engineId: this.engineId, tpRank: w.tpRank, tpSize: this.tpSize, ppRank: w.ppRank, ppSize: this.ppSize });
+        w.connector = registry.createWorker(cfg, { engineId: this.engineId, tpRank: w.tpRank, tpSize: this.tpSize, ppRank: w.ppRank, ppSize: this.ppSize, metricsRegistry: this.observability?.registry });
         await w.connector.registerKvCaches(w.kvCaches());
         if (this.checksumScheduler?.enabled) {
           const ck = new KVChecksumWorker({ config: cfg, backend: this.o.checksumBackend ?? 'auto' });
