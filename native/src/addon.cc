@@ -21,6 +21,7 @@
 
 #include "kvc_checksum.h"
 #include "nixl_addon.h"
+#include "mooncake_addon.h"
 #ifdef KVC_WITH_CUDA
 #include "addon_cuda.h"
 #endif
@@ -275,6 +276,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("weightedSum64", Napi::Function::New(env, WeightedSum64, "weightedSum64"));
   if (env.IsExceptionPending()) return exports;
   KvcRegisterTransfer(env, exports);
+  if (env.IsExceptionPending()) return exports;
+  KvcRegisterMooncake(env, exports);
   if (env.IsExceptionPending()) return exports;
 #ifdef KVC_WITH_CUDA
   KvcRegisterCuda(env, exports);

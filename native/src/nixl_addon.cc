@@ -77,12 +77,16 @@ std::string DirName(const std::string& p) {
   return i == std::string::npos ? std::string() : p.substr(0, i);
 }
 
-/** dlopen(path); when a dependency is missing, preloads it from the same directory (NIXL's libs have no RUNPATH) and retries. */
-void* OpenWithSiblings(const std::string& path, std::string* err) {
+/**
+ * dlopen(path, mode); when a dependency is missing, loads it from the same directory first (NIXL's
+ * libraries have no RUNPATH), recursively (a dependency's own missing siblings are loaded the same
+ * way), then retries. `budget` bounds the total number of dlopen attempts over the recursion.
+ */
+void* OpenWithSiblingsIn(const std::string& path, int mode, std::string* err, int* budget) {
   const std::string dir = DirName(path);
-  for (int attempt = 0; attempt < 16; ++attempt) {
+  while ((*budget)-- > 0) {
     dlerror();
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    void* h = dlopen(path.c_str(), mode);
     if (h) return h;
     const char* e = dlerror();
     *err = e ? e : "dlopen failed";
@@ -92,11 +96,18 @@ void* OpenWithSiblings(const std::string& path, std::string* err) {
     if (colon == std::string::npos) return nullptr;
     size_t start = err->rfind(' ', colon);
     std::string dep = err->substr(start == std::string::npos ? 0 : start + 1, colon - (start == std::string::npos ? 0 : start + 1));
-    if (dep.empty() || dep.find('/') != std::string::npos || dep == path) return nullptr;
+    if (dep.empty() || dep.find('/') != std::string::npos) return nullptr;  // the file itself is missing
     std::string dep_path = dir + "/" + dep;
-    if (!dlopen(dep_path.c_str(), RTLD_NOW | RTLD_GLOBAL)) return nullptr;  // not next to it either: give up
+    if (dep_path == path) return nullptr;
+    std::string dep_err;
+    if (!OpenWithSiblingsIn(dep_path, RTLD_NOW | RTLD_GLOBAL, &dep_err, budget)) return nullptr;  // not next to it: give up
   }
   return nullptr;
+}
+
+void* OpenWithSiblings(const std::string& path, std::string* err) {
+  int budget = 512;  // NIXL with its abseil libraries needs about 50
+  return OpenWithSiblingsIn(path, RTLD_NOW | RTLD_LOCAL, err, &budget);
 }
 
 template <typename F>

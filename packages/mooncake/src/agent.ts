@@ -16,35 +16,41 @@ export class MooncakeUnavailableError extends Error {
   }
 }
 
-interface AgentClass {
-  create(options: { name: string; host?: string }): Promise<TransferAgent>;
-}
+const PREFIX = 'Mooncake Transfer Engine not available: ';
 
-/** `@kvconnect/transfer`'s Mooncake agent class, when the package provides one. */
-function mooncakeAgentClass(): AgentClass | null {
-  const c = (transfer as Record<string, unknown>).MooncakeAgent;
-  return typeof c === 'function' && typeof (c as unknown as AgentClass).create === 'function' ? (c as unknown as AgentClass) : null;
+function messageOf(e: unknown): string {
+  const m = e instanceof Error ? e.message : String(e);
+  return m.startsWith(PREFIX) ? m.slice(PREFIX.length) : m;
 }
 
 /**
- * Why `backend: 'mooncake'` cannot be used, or null when it may be (the engine itself may still
- * fail to start: {@link createAgent} reports that).
+ * Why `backend: 'mooncake'` cannot be used (the Transfer Engine library cannot be loaded: the
+ * reason lists every path tried), or null when it may be (the engine itself may still fail to
+ * start: {@link createAgent} reports that). The library is looked for as
+ * `transfer.mooncakeLibraryCandidates` says: `$MOONCAKE_LIBRARY`, then `$MOONCAKE_PREFIX/lib`,
+ * `lib/<arch>-linux-gnu`, `lib64`, then the library path.
  */
 export function mooncakeUnavailableReason(): string | null {
-  return mooncakeAgentClass() ? null : '@kvconnect/transfer provides no Mooncake agent (MooncakeAgent) in this build';
+  try {
+    transfer.loadMooncakeLibrary();
+    return null;
+  } catch (e) {
+    return `MooncakeAgent cannot load libtransfer_engine.so (${messageOf(e)})`;
+  }
 }
 
 /**
- * Creates a worker's agent.
- * @throws MooncakeUnavailableError for `mooncake` when the Mooncake agent is missing or fails to start.
+ * Creates a worker's agent: an `EmbeddedAgent`, or for `mooncake` a `MooncakeAgent` (one
+ * Transfer Engine per worker, P2PHANDSHAKE metadata, segment host `host`).
+ * @throws MooncakeUnavailableError for `mooncake` when the library is missing or the engine fails to start.
  */
 export async function createAgent(backend: MooncakeBackend, name: string, host: string): Promise<TransferAgent> {
   if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host });
-  const cls = mooncakeAgentClass();
-  if (!cls) throw new MooncakeUnavailableError(mooncakeUnavailableReason()!);
+  const why = mooncakeUnavailableReason();
+  if (why) throw new MooncakeUnavailableError(why);
   try {
-    return await cls.create({ name, host });
+    return await transfer.MooncakeAgent.create({ name, host });
   } catch (e) {
-    throw new MooncakeUnavailableError(e instanceof Error ? e.message : String(e), { cause: e });
+    throw new MooncakeUnavailableError(messageOf(e), { cause: e });
   }
 }

@@ -8,3 +8,13 @@ export * from './types.js';
 export { TransferError, ProtocolError, isTransferError } from './errors.js';
 export { EmbeddedAgent, decodeMetadata as decodeEmbeddedMetadata, type EmbeddedAgentOptions, type PeerInfo as EmbeddedPeerInfo } from './embedded.js';
 export { NixlAgent, loadNixlLibrary, nixlLibraryCandidates, NIXL_STATUS, type NixlAgentOptions } from './nixl.js';
+export {
+  MooncakeAgent,
+  loadMooncakeLibrary,
+  mooncakeLibraryCandidates,
+  encodeMooncakeMetadata,
+  decodeMooncakeMetadata,
+  MOONCAKE_STATUS,
+  type MooncakeAgentOptions,
+  type MooncakeMetadata,
+} from './mooncake.js';

@@ -43,7 +43,7 @@ const realPrefix = process.env.NIXL_PREFIX;
 if (realPrefix) {
   // Real NIXL, UCX over TCP / shared memory on this host (set UCX_TLS as needed).
   const params = process.env.KVC_NIXL_BACKEND_PARAMS ? (JSON.parse(process.env.KVC_NIXL_BACKEND_PARAMS) as Record<string, string>) : {};
-  defineConformance({ label: `nixl (real, NIXL_PREFIX=${realPrefix})`, canStall: false, pair: () => nixlPair(undefined, false, params) });
+  defineConformance({ label: `nixl (real, NIXL_PREFIX=${realPrefix})`, canStall: false, refusesAfterDeregistration: false, pair: () => nixlPair(undefined, false, params) });
 } else {
   console.info('[transfer] real-NIXL conformance skipped: NIXL_PREFIX is not set (point it at a NIXL install to run it)');
   describe.skip('TransferAgent conformance: nixl (real): skipped because NIXL_PREFIX is not set', () => {
