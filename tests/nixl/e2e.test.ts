@@ -48,14 +48,17 @@ for (const mode of ['pull', 'push'] as const) {
   });
 }
 
-describe('backend nixl (through the addon, over the fake libnixl_capi)', () => {
+// Real NIXL when NIXL_PREFIX names an install (then the agent searches it), else the fake library.
+const REAL_NIXL = process.env.NIXL_PREFIX !== undefined && process.env.NIXL_PREFIX !== '';
+
+describe(`backend nixl (through the addon, over ${REAL_NIXL ? `real NIXL at ${process.env.NIXL_PREFIX}` : 'the fake libnixl_capi'})`, () => {
   const FAKE = fileURLToPath(new URL('../../native/build/test/libfake_nixl_capi.so', import.meta.url));
   const native = createRequire(import.meta.url)('@kvconnect/native') as { addon: { transfer?: unknown } | null };
-  const missing = !native.addon?.transfer || !existsSync(FAKE);
+  const missing = !native.addon?.transfer || (!REAL_NIXL && !existsSync(FAKE));
   for (const mode of ['pull', 'push'] as const) {
     it.skipIf(missing)(`${mode} dense-gqa TP2 -> TP1 verifies and equals a single instance`, async () => {
       const ref = await single('dense-gqa').generate(PROMPT, S);
-      const extra = { backend: 'nixl', nixl_library: FAKE };
+      const extra = REAL_NIXL ? { backend: 'nixl' } : { backend: 'nixl', nixl_library: FAKE };
       const pd = await makeNixlPD({ mode, model: 'dense-gqa', producer: { tpSize: 2 }, policy: 'fail', producerExtra: extra, consumerExtra: extra });
       try {
         expect(pd.producer.workers[0][0].connector).toMatchObject({ agent: { backend: 'nixl' } });
