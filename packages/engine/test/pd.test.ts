@@ -5,7 +5,7 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { Engine } from '../src/engine.js';
-import { IN_PROCESS_CONNECTOR, inProcessBus, registerInProcessConnector } from './utils/in-process-connector.js';
+import { IN_PROCESS_CONNECTOR, inProcessBus, registerInProcessConnector } from '@kvconnect/engine/testing';
 import { counter, makePD, single, until } from './utils/pd.js';
 
 afterEach(() => inProcessBus.reset());

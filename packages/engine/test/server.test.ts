@@ -13,7 +13,7 @@ import { startEngineServer, type EngineServer } from '../src/server/engine-serve
 import { parseEngineArgs, parseProxyArgs } from '../src/server/main.js';
 import { findStop, parseCompletionRequest } from '../src/server/protocol.js';
 import { startProxyServer, type ProxyServer } from '../src/server/proxy-server.js';
-import { inProcessBus } from './utils/in-process-connector.js';
+import { inProcessBus } from '@kvconnect/engine/testing';
 import { makePD, single, until } from './utils/pd.js';
 
 const PROMPT = 'Hello P/D world, how are you?';

@@ -20,6 +20,9 @@
  * Every address is derived from the views' addressing (`part offset + block * blockStride +
  * kernel block + token * tokenStride + head * headStride`) and bounds-checked against the
  * rank's registered regions; a layout that does not fit raises {@link PlanError}.
+ *
+ * A producer rank that knows only its own layout (push: MooncakeConnector) plans its share with a
+ * partial producer side ({@link ProducerSide.partial}): the cells other ranks hold are left out.
  * @module
  */
 import { DTYPE_BYTES } from '@kvconnect/checksum';
@@ -48,12 +51,21 @@ export interface RankPlan {
   readonly pairs: Pair[];
   /** Total bytes. */
   readonly bytes: number;
+  /** Cells (attention token x head x part, or state elements) before coalescing. */
+  readonly cells: number;
 }
 
 /** The producer side of a plan: its ranks and TP size. */
 export interface ProducerSide {
   readonly tpSize: number;
   readonly ranks: readonly RankInfo[];
+  /**
+   * When true, `ranks` are only some of the producer's ranks (a producer rank planning its own
+   * writes): a cache none of them holds (another PP stage's) and the heads or rows a rank not
+   * listed holds are left out, not refused. A source rank outside `tpSize` is still refused.
+   * Default false: `ranks` are all of them, and anything they lack is a {@link PlanError}.
+   */
+  readonly partial?: boolean;
 }
 
 /** What {@link planTransfer} maps. */
@@ -135,6 +147,14 @@ export function coalesce(pairs: Pair[]): Pair[] {
 
 type Holder = { rank: RankInfo; cache: CacheLayout };
 
+/** The holder at producer TP rank `tpRank`; null when a partial producer side lacks it (another rank's share). */
+function holderAt(i: PlanInput, holders: Map<number, Holder>, tpRank: number, kind: CacheLayout['kind'], name: string, forWhat = ''): Holder | null {
+  const h = holders.get(tpRank);
+  if (h?.cache.kind === kind) return h;
+  if (!h && i.producer.partial && tpRank >= 0 && tpRank < i.producer.tpSize) return null;
+  throw new PlanError(`${name}: no producer rank ${tpRank}${forWhat}`);
+}
+
 function lastBlock(ids: readonly number[] | undefined, what: string): number {
   const b = ids?.[ids.length - 1];
   if (b === undefined || b < 0) throw new PlanError(`${what}: no running-state block`);
@@ -168,13 +188,17 @@ export function planTransfer(i: PlanInput): RankPlan[] {
   };
   for (const dc of dst.caches) {
     const holders = byName.get(dc.name);
-    if (!holders || holders.size === 0) throw new PlanError(`the producer has no cache ${dc.name}`);
+    if (!holders || holders.size === 0) {
+      if (producer.partial) continue; // another PP stage holds it
+      throw new PlanError(`the producer has no cache ${dc.name}`);
+    }
     if (dc.kind === 'attention') planAttention(i, dc, holders, add);
     else planState(i, dc, holders, add);
   }
   return [...out].map(([src, pairs]) => {
+    const cells = pairs.length;
     const c = coalesce(pairs);
-    return { src, pairs: c, bytes: c.reduce((a, p) => a + p.len, 0) };
+    return { src, pairs: c, bytes: c.reduce((a, p) => a + p.len, 0), cells };
   });
 }
 
@@ -182,25 +206,28 @@ function planAttention(i: PlanInput, dc: AttentionLayout, holders: Map<number, H
   const { dst, producer } = i;
   const any = holders.values().next().value!.cache;
   if (any.kind !== 'attention') throw new PlanError(`${dc.name}: attention on the consumer, state on the producer`);
-  if (any.dtype !== dc.dtype) throw new PlanError(`${dc.name}: dtype ${dc.dtype} vs producer ${any.dtype}`);
-  if (any.parts.length !== dc.parts.length || any.parts.some((p, q) => p.bytes !== dc.parts[q].bytes)) throw new PlanError(`${dc.name}: cell parts differ`);
+  if (any.dtype !== dc.dtype) throw new PlanError(`${dc.name}: dtype ${dc.dtype} on the consumer, ${any.dtype} on the producer`);
+  if (any.parts.length !== dc.parts.length || any.parts.some((p, q) => p.bytes !== dc.parts[q].bytes)) {
+    throw new PlanError(`${dc.name}: cell parts differ (consumer ${dc.parts.map((x) => x.bytes).join('+')} bytes, producer ${any.parts.map((x) => x.bytes).join('+')})`);
+  }
   const globalD = (dc.localHeads * dst.tpSize) / dc.replicas;
   const globalP = (any.localHeads * producer.tpSize) / any.replicas;
-  if (globalD !== globalP || !Number.isInteger(globalD)) throw new PlanError(`${dc.name}: ${globalD} global heads on the consumer, ${globalP} on the producer`);
+  if (globalD !== globalP || !Number.isInteger(globalD)) throw new PlanError(`${dc.name}: global heads differ: ${globalD} KV heads on the consumer, ${globalP} on the producer`);
   const [g0] = headsOfRank(dst.tpRank, dc.localHeads, dc.replicas);
   const dBlocks = i.dstBlocks[dc.group] ?? [];
   const Bd = dc.blockSize;
   for (let h = 0; h < dc.localHeads; h++) {
     const src = sourceOfHead(g0 + h, any.localHeads, any.replicas);
-    const holder = holders.get(src.tpRank);
-    if (!holder || holder.cache.kind !== 'attention') throw new PlanError(`${dc.name}: no producer rank ${src.tpRank} for head ${g0 + h}`);
-    const sc = holder.cache;
+    const holder = holderAt(i, holders, src.tpRank, 'attention', dc.name, ` for head ${g0 + h}`);
+    if (!holder) continue;
+    const sc = holder.cache as AttentionLayout;
     const sBlocks = i.srcBlocks[sc.group] ?? [];
     const Bp = sc.blockSize;
     for (let t = i.firstToken; t < i.numTokens; t++) {
       const bd = dBlocks[Math.floor(t / Bd)];
       const bp = sBlocks[Math.floor(t / Bp)];
-      if (bd === undefined || bp === undefined) throw new PlanError(`${dc.name}: no block for token ${t} (consumer ${dBlocks.length} blocks of ${Bd}, producer ${sBlocks.length} of ${Bp})`);
+      if (bd === undefined) throw new PlanError(`${dc.name}: the consumer gave no block for token ${t} (${dBlocks.length} blocks of ${Bd})`);
+      if (bp === undefined) throw new PlanError(`${dc.name}: the producer has no block for token ${t} (${sBlocks.length} blocks of ${Bp})`);
       if (bd < 0 || bp < 0) continue;
       if (bd >= dc.numBlocks || bp >= sc.numBlocks) throw new PlanError(`${dc.name}: block id out of range`);
       for (let q = 0; q < dc.parts.length; q++) {
@@ -224,12 +251,12 @@ function planState(i: PlanInput, dc: StateLayoutInfo, holders: Map<number, Holde
   const { dst, producer } = i;
   const any = holders.values().next().value!.cache;
   if (any.kind !== 'state') throw new PlanError(`${dc.name}: state on the consumer, attention on the producer`);
-  if (any.states.length !== dc.states.length) throw new PlanError(`${dc.name}: ${dc.states.length} states vs producer ${any.states.length}`);
+  if (any.states.length !== dc.states.length) throw new PlanError(`${dc.name}: ${dc.states.length} states on the consumer, ${any.states.length} on the producer`);
   const bd = lastBlock(i.dstBlocks[dc.group], `${dc.name} (consumer)`);
   if (bd >= dc.numBlocks) throw new PlanError(`${dc.name}: block id out of range`);
   dc.states.forEach((sd, k) => {
     const sp0 = any.states[k];
-    if (sd.dtype !== sp0.dtype) throw new PlanError(`${dc.name} state ${k}: dtype ${sd.dtype} vs producer ${sp0.dtype}`);
+    if (sd.dtype !== sp0.dtype) throw new PlanError(`${dc.name} state ${k}: dtype ${sd.dtype} on the consumer, ${sp0.dtype} on the producer`);
     const eb = DTYPE_BYTES[sd.dtype];
     const pairAt = (holder: Holder, sp: StateTensorLayout, dOffs: number[], pOffs: number[]) => {
       const sc = holder.cache as StateLayoutInfo;
@@ -245,9 +272,9 @@ function planState(i: PlanInput, dc: StateLayoutInfo, holders: Map<number, Holde
     };
     if (!sd.split || !sp0.split) {
       if (dst.tpSize !== producer.tpSize) throw new PlanError(`${dc.name} state ${k}: no TP split declaration, and TP sizes differ (${producer.tpSize} -> ${dst.tpSize})`);
-      const holder = holders.get(dst.tpRank);
-      if (!holder || holder.cache.kind !== 'state') throw new PlanError(`${dc.name}: no producer rank ${dst.tpRank}`);
-      const sp = holder.cache.states[k];
+      const holder = holderAt(i, holders, dst.tpRank, 'state', dc.name);
+      if (!holder) return;
+      const sp = (holder.cache as StateLayoutInfo).states[k];
       if (sp.shape.length !== sd.shape.length || sp.shape.some((d, x) => d !== sd.shape[x])) throw new PlanError(`${dc.name} state ${k}: shapes differ`);
       pairAt(holder, sp, allElementOffsets(sd.shape, sd.strides), allElementOffsets(sp.shape, sp.strides));
       return;
@@ -260,14 +287,14 @@ function planState(i: PlanInput, dc: StateLayoutInfo, holders: Map<number, Holde
     let offD = 0;
     sd.split.segments.forEach(([Ld, Rd], s) => {
       const [Lp, Rp] = sp0.split!.segments[s];
-      if ((Ld * dst.tpSize) / Rd !== (Lp * producer.tpSize) / Rp) throw new PlanError(`${dc.name} state ${k} segment ${s}: global sizes differ`);
+      if ((Ld * dst.tpSize) / Rd !== (Lp * producer.tpSize) / Rp) throw new PlanError(`${dc.name} state ${k} segment ${s}: ${(Ld * dst.tpSize) / Rd} rows on the consumer, ${(Lp * producer.tpSize) / Rp} on the producer`);
       const shardD = Math.floor(dst.tpRank / Rd);
       for (let r = 0; r < Ld; r++) {
         const g = shardD * Ld + r;
         const shardP = Math.floor(g / Lp);
-        const holder = holders.get(shardP * Rp);
-        if (!holder || holder.cache.kind !== 'state') throw new PlanError(`${dc.name}: no producer rank ${shardP * Rp} for row ${g}`);
-        const sp = holder.cache.states[k];
+        const holder = holderAt(i, holders, shardP * Rp, 'state', dc.name, ` for row ${g}`);
+        if (!holder) continue;
+        const sp = (holder.cache as StateLayoutInfo).states[k];
         if (!sp.split) throw new PlanError(`${dc.name} state ${k}: producer ranks disagree on the split`);
         const offP = sp.split.segments.slice(0, s).reduce((a, x) => a + x[0], 0);
         pairAt(holder, sp, rowElementOffsets(sd.shape, sd.strides, axis, offD + r), rowElementOffsets(sp.shape, sp.strides, axis, offP + g - shardP * Lp));

@@ -5,7 +5,7 @@
 import { KVChecksumObservability } from '@kvconnect/core';
 import { Engine, type EngineOptions } from '../../src/engine.js';
 import { PDProxy } from '../../src/proxy.js';
-import { IN_PROCESS_CONNECTOR, registerInProcessConnector } from './in-process-connector.js';
+import { IN_PROCESS_CONNECTOR, registerInProcessConnector } from '@kvconnect/engine/testing';
 
 let seq = 0;
 
