@@ -205,9 +205,14 @@ export class NixlEngineHub {
     return info;
   }
 
-  /** LEASE to a producer: heartbeat (`pinMs` 0) or pin. @returns expiry per request (0 = gone). */
-  lease(host: string, port: number, requestIds: string[], pinMs: number): Promise<Map<string, number>> {
-    return this.client(host, port).request({ type: 'lease', requestIds, pinMs }, decodeLeaseBody);
+  /**
+   * LEASE to a producer: heartbeat (`pinMs` 0) or pin. `timeoutMs`: how long to wait for the
+   * answer (default the handshake timeout; a pin before a READ passes the transfer's deadline: a
+   * producer busy with a long engine step answers only after it).
+   * @returns expiry per request (0 = gone).
+   */
+  lease(host: string, port: number, requestIds: string[], pinMs: number, timeoutMs?: number): Promise<Map<string, number>> {
+    return this.client(host, port).request({ type: 'lease', requestIds, pinMs }, decodeLeaseBody, timeoutMs);
   }
 
   /** RELEASE to a producer (best effort; errors are swallowed). */
@@ -217,9 +222,12 @@ export class NixlEngineHub {
       .catch(() => {});
   }
 
-  /** PUSH_REG to a producer. @throws SideChannelError with the refusal code. */
-  pushRegister(host: string, port: number, reg: PushRegistration): Promise<void> {
-    return this.client(host, port).request({ type: 'push-reg', reg }, decodeEmptyBody);
+  /**
+   * PUSH_REG to a producer; `timeoutMs` as for {@link lease} (a push load passes what is left of
+   * its deadline). @throws SideChannelError with the refusal code.
+   */
+  pushRegister(host: string, port: number, reg: PushRegistration, timeoutMs?: number): Promise<void> {
+    return this.client(host, port).request({ type: 'push-reg', reg }, decodeEmptyBody, timeoutMs);
   }
 
   /** Serves one side-channel request (producer side). */

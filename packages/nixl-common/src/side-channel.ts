@@ -234,19 +234,33 @@ export class SideChannelClient {
 
   /**
    * Sends `req` and resolves with the decoded ok body (`decode` is the body's strict decoder).
+   * `timeoutMs`: how long to wait for the answer (default: the client's). A peer answers between
+   * its engine steps, so requests that belong to a transfer (lease pin, push registration) pass
+   * the transfer's deadline, not the handshake's.
+   *
+   * The deadline is checked after pending input was read: when this process was itself busy past
+   * the deadline, the timer fires before the socket is polled, so the rejection waits one turn
+   * (`setImmediate`, after the poll phase) and an answer that already arrived wins.
    * @throws SideChannelError: the peer's refusal code, or `transport` / `timeout` / `protocol`.
    */
-  async request<T>(req: SideRequest, decode: (body: unknown) => T): Promise<T> {
+  async request<T>(req: SideRequest, decode: (body: unknown) => T, timeoutMs: number = this.timeoutMs): Promise<T> {
     if (this.closed) throw new SideChannelError('transport', 'client closed');
     const s = await this.connect();
     const seq = this.seq;
     this.seq = this.seq >= 0xffffffff ? 1 : this.seq + 1;
     const body = await new Promise<unknown>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.waiters.delete(seq);
-        reject(new SideChannelError('timeout', `side channel ${this.host}:${this.port}: no answer in ${this.timeoutMs} ms`));
-      }, this.timeoutMs);
-      this.waiters.set(seq, { resolve, reject, timer });
+      const w: Waiter = {
+        resolve,
+        reject,
+        timer: setTimeout(() => {
+          setImmediate(() => {
+            if (this.waiters.get(seq) !== w) return; // answered (or dropped) meanwhile
+            this.waiters.delete(seq);
+            reject(new SideChannelError('timeout', `side channel ${this.host}:${this.port}: no answer in ${timeoutMs} ms`));
+          });
+        }, timeoutMs),
+      };
+      this.waiters.set(seq, w);
       s.write(frame(encodeRequest(seq, req)));
     });
     try {

@@ -141,6 +141,28 @@ describe('side channel over TCP', () => {
     await expect(c.request({ type: 'release', requestIds: [] }, decodeEmptyBody)).rejects.toMatchObject({ code: 'timeout' });
     const d = new SideChannelClient('127.0.0.1', 1, { timeoutMs: 500 });
     await expect(d.request({ type: 'release', requestIds: [] }, decodeEmptyBody)).rejects.toMatchObject({ code: 'transport' });
+    // A per-request timeout overrides the client's.
+    const t0 = Date.now();
+    await expect(c.request({ type: 'release', requestIds: [] }, decodeEmptyBody, 300)).rejects.toMatchObject({ code: 'timeout' });
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(290);
+  });
+  it('an answer that arrived while this process was busy past the deadline wins over the timeout', async () => {
+    // The server answers, then this process blocks (a long engine step) past the client's
+    // deadline: the expired timer runs before the socket is polled, yet the answer is there.
+    const server = new SideChannelServer((req) => {
+      setImmediate(() => {
+        const t = Date.now();
+        while (Date.now() - t < 200) {
+          /* busy */
+        }
+      });
+      return req.type === 'lease' ? { ok: req.requestIds.map((id) => [id, 7]) } : { ok: [] };
+    });
+    const a = await server.listen('127.0.0.1', 0);
+    closers.push(() => server.close());
+    const c = new SideChannelClient(a.host, a.port, { timeoutMs: 50 });
+    closers.push(() => c.close());
+    expect((await c.request({ type: 'lease', requestIds: ['z'], pinMs: 0 }, decodeLeaseBody)).get('z')).toBe(7);
   });
 });
 

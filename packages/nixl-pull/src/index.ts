@@ -55,8 +55,10 @@ export class NixlPullWorker extends NixlWorkerBase {
       }).filter((p) => p.pairs.length > 0);
       if (this.config.leaseCheck) {
         stage = 'lease';
-        // Pin the lease for the READ's duration; 0 = the producer no longer holds the blocks.
-        const m = await this.hub.lease(load.remoteHost, load.remotePort, [load.remoteRequestId], this.config.transferTimeoutMs + 5_000);
+        // Pin the lease for the READ's duration; 0 = the producer no longer holds the blocks. The
+        // pin is part of the transfer: the producer answers between its engine steps, which can
+        // take longer than a handshake, so it waits as long as a READ would.
+        const m = await this.hub.lease(load.remoteHost, load.remotePort, [load.remoteRequestId], this.config.transferTimeoutMs + 5_000, this.config.transferTimeoutMs);
         if (!((m.get(load.remoteRequestId) ?? 0) > 0)) {
           this.failLoad(load, 'lease-expired');
           return;

@@ -83,15 +83,22 @@ export class NixlPushWorker extends NixlWorkerBase {
       };
       this.loads.set(load.requestId, e);
       stage = 'register';
-      await this.hub.pushRegister(load.remoteHost, load.remotePort, {
-        consumerRequestId: load.requestId,
-        producerRequestId: load.remoteRequestId,
-        consumerEngineId: this.ctx.engineId,
-        rank: this.rank!,
-        firstToken: load.firstToken,
-        numTokens: load.numTokens,
-        blockIds: load.localBlocks,
-      });
+      // The producer answers between its engine steps: the registration may take what is left
+      // of the load's deadline, not just a handshake's time.
+      await this.hub.pushRegister(
+        load.remoteHost,
+        load.remotePort,
+        {
+          consumerRequestId: load.requestId,
+          producerRequestId: load.remoteRequestId,
+          consumerEngineId: this.ctx.engineId,
+          rank: this.rank!,
+          firstToken: load.firstToken,
+          numTokens: load.numTokens,
+          blockIds: load.localBlocks,
+        },
+        Math.max(1, e.deadline - Date.now()),
+      );
       e.registered = true;
       this.check(load.requestId);
     } catch (err) {
