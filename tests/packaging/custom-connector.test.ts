@@ -22,7 +22,7 @@ import { packPackages } from '../../scripts/pack-packages.mjs';
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const EXAMPLE = join(ROOT, 'examples/custom-connector');
 /** Every package published from the monorepo (the harness is checked once it is finished). */
-const PUBLISHED = ['native', 'checksum', 'core', 'engine', 'transfer', 'nixl-common', 'nixl-pull', 'nixl-push', 'mooncake'].map((n) => `@kvconnect/${n}`);
+const PUBLISHED = ['native', 'checksum', 'core', 'engine', 'transfer', 'nixl-common', 'nixl-pull', 'nixl-push', 'mooncake', 'harness'].map((n) => `@kvconnect/${n}`);
 const EXAMPLE_DEPS = ['@kvconnect/native', '@kvconnect/checksum', '@kvconnect/core', '@kvconnect/engine'];
 
 
