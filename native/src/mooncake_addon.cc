@@ -27,171 +27,47 @@
  */
 #include "mooncake_addon.h"
 
-#include <dlfcn.h>
-
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <unordered_map>
-#include <utility>
-#include <vector>
 
 #include "mooncake_capi.h"
+#include "native_agent_common.h"
 
 namespace {
 
 using namespace kvc_mooncake;
 
-constexpr double kMaxSafe = 9007199254740991.0;  // 2^53 - 1
+using namespace kvc_agent;
+
 constexpr int kErrClosed = -1000;                 // our own code: the engine is closed
 constexpr int kErrArg = -1001;                    // our own code: a bad argument caught here
-
-Napi::Value ThrowType(Napi::Env env, const std::string& msg) {
-  if (!env.IsExceptionPending()) Napi::TypeError::New(env, msg).ThrowAsJavaScriptException();
-  return env.Undefined();
-}
-Napi::Value ThrowRange(Napi::Env env, const std::string& msg) {
-  if (!env.IsExceptionPending()) Napi::RangeError::New(env, msg).ThrowAsJavaScriptException();
-  return env.Undefined();
-}
 
 // ---------------------------------------------------------------------------------------------
 // Library loading
 
-struct Lib {
-  std::string path;
-  void* handle = nullptr;
-  Api api{};
-};
+using MooncakeLib = kvc_agent::Lib<Api>;
 
-std::map<std::string, std::unique_ptr<Lib>>& Libs() {
-  static std::map<std::string, std::unique_ptr<Lib>> m;  // never unloaded
-  return m;
-}
-
-std::string DirName(const std::string& p) {
-  size_t i = p.rfind('/');
-  return i == std::string::npos ? std::string() : p.substr(0, i);
-}
-
-/** dlopen(path); when a dependency is missing, preloads it from the same directory and retries. */
-void* OpenWithSiblings(const std::string& path, std::string* err) {
-  const std::string dir = DirName(path);
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    dlerror();
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h) return h;
-    const char* e = dlerror();
-    *err = e ? e : "dlopen failed";
-    if (dir.empty()) return nullptr;
-    size_t colon = err->find(": cannot open shared object file");
-    if (colon == std::string::npos) return nullptr;
-    size_t start = err->rfind(' ', colon);
-    std::string dep = err->substr(start == std::string::npos ? 0 : start + 1, colon - (start == std::string::npos ? 0 : start + 1));
-    if (dep.empty() || dep.find('/') != std::string::npos || dep == path) return nullptr;
-    std::string dep_path = dir + "/" + dep;
-    if (!dlopen(dep_path.c_str(), RTLD_NOW | RTLD_GLOBAL)) return nullptr;
-  }
-  return nullptr;
-}
-
-template <typename F>
-void Sym(void* h, const char* name, F* out, bool required, std::string* missing) {
-  void* p = dlsym(h, name);
-  *out = reinterpret_cast<F>(p);
-  if (!p && required) {
-    if (!missing->empty()) *missing += ", ";
-    *missing += name;
-  }
-}
-
-Lib* LoadLib(const std::string& path, std::string* err) {
-  auto& libs = Libs();
-  auto it = libs.find(path);
-  if (it != libs.end()) return it->second.get();
-  void* h = OpenWithSiblings(path, err);
-  if (!h) return nullptr;
-  auto lib = std::make_unique<Lib>();
-  lib->path = path;
-  lib->handle = h;
-  Api& a = lib->api;
-  std::string missing;
-#define REQ(f) Sym(h, #f, &a.f, true, &missing)
-#define OPT(f) Sym(h, #f, &a.f, false, &missing)
-  REQ(createTransferEngine); REQ(destroyTransferEngine); REQ(getLocalIpAndPort); REQ(openSegment); OPT(openSegmentNoCache);
-  REQ(closeSegment); OPT(syncSegmentCache); REQ(registerLocalMemory); REQ(unregisterLocalMemory); REQ(allocateBatchID);
-  REQ(submitTransfer); REQ(submitTransferWithNotify); REQ(getTransferStatus); REQ(freeBatchID); REQ(genNotifyInEngine);
-  REQ(getNotifsFromEngine); REQ(freeNotifsMsgBuf);
+/** Loads `path`; a missing dependency next to it is preloaded (not recursively) and the load retried. */
+MooncakeLib* LoadLib(const std::string& path, std::string* err) {
+  return kvc_agent::LoadLib<Api>(path, err, 16, false, [](void* h, Api& a, std::string* missing) {
+#define REQ(f) Sym(h, #f, &a.f, true, missing)
+#define OPT(f) Sym(h, #f, &a.f, false, missing)
+    REQ(createTransferEngine); REQ(destroyTransferEngine); REQ(getLocalIpAndPort); REQ(openSegment); OPT(openSegmentNoCache);
+    REQ(closeSegment); OPT(syncSegmentCache); REQ(registerLocalMemory); REQ(unregisterLocalMemory); REQ(allocateBatchID);
+    REQ(submitTransfer); REQ(submitTransferWithNotify); REQ(getTransferStatus); REQ(freeBatchID); REQ(genNotifyInEngine);
+    REQ(getNotifsFromEngine); REQ(freeNotifsMsgBuf);
 #undef REQ
 #undef OPT
-  if (!missing.empty()) {
-    *err = "missing symbols: " + missing;
-    dlclose(h);
-    return nullptr;
-  }
-  Lib* out = lib.get();
-  libs[path] = std::move(lib);
-  return out;
+  });
 }
 
 /** load(candidates: string[]): { ok, path, tried: string[] }: the first candidate that loads with every symbol. */
 Napi::Value Load(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsArray()) return ThrowType(env, "load(candidates: string[])");
-  Napi::Array c = info[0].As<Napi::Array>();
-  uint32_t n = c.Length();
-  if (env.IsExceptionPending()) return env.Undefined();
-  std::vector<std::string> tried;
-  Lib* lib = nullptr;
-  for (uint32_t i = 0; i < n && !lib; ++i) {
-    Napi::Value v = c.Get(i);
-    if (env.IsExceptionPending()) return env.Undefined();
-    if (!v.IsString()) return ThrowType(env, "load: candidates must be strings");
-    std::string path = v.As<Napi::String>().Utf8Value();
-    std::string err;
-    lib = LoadLib(path, &err);
-    if (!lib) tried.push_back(path + ": " + err);
-  }
-  Napi::Object r = Napi::Object::New(env);
-  r.Set("ok", Napi::Boolean::New(env, lib != nullptr));
-  r.Set("path", lib ? Napi::String::New(env, lib->path) : env.Null());
-  Napi::Array t = Napi::Array::New(env, tried.size());
-  for (size_t i = 0; i < tried.size(); ++i) t.Set((uint32_t)i, Napi::String::New(env, tried[i]));
-  r.Set("tried", t);
-  r.Set("hasNoCache", Napi::Boolean::New(env, lib && lib->api.openSegmentNoCache));
-  if (env.IsExceptionPending()) return env.Undefined();
-  return r;
-}
-
-/** addressOf(view: TypedArray | DataView): number */
-Napi::Value AddressOf(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  napi_env e = env;
-  if (info.Length() < 1) return ThrowType(env, "addressOf(view)");
-  bool is = false;
-  void* data = nullptr;
-  napi_value ab;
-  size_t len, off;
-  if (napi_is_typedarray(e, info[0], &is) == napi_ok && is) {
-    napi_typedarray_type t;
-    if (napi_get_typedarray_info(e, info[0], &t, &len, &data, &ab, &off) != napi_ok) return ThrowType(env, "addressOf: cannot read the view");
-  } else if (napi_is_dataview(e, info[0], &is) == napi_ok && is) {
-    if (napi_get_dataview_info(e, info[0], &len, &data, &ab, &off) != napi_ok) return ThrowType(env, "addressOf: cannot read the view");
-  } else {
-    return ThrowType(env, "addressOf: expected a TypedArray or DataView");
-  }
-  double a = (double)reinterpret_cast<uintptr_t>(data);
-  if (a > kMaxSafe) return ThrowRange(env, "addressOf: address above 2^53");
-  return Napi::Number::New(env, a);
+  return LoadCandidates<MooncakeLib>(info, "load(candidates: string[])", "load: candidates must be strings", LoadLib, [](Napi::Object r, MooncakeLib* lib) {
+    r.Set("hasNoCache", Napi::Boolean::New(r.Env(), lib && lib->api.openSegmentNoCache));
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -228,41 +104,20 @@ struct Batch {
   bool abandoned = false;
 };
 
-struct EngineState {
+struct EngineState : WorkerCommon {
   const Api* api = nullptr;
   std::string metadata, server_name;
   bool auto_discover = true;
   int poll_us = 20;
   int idle_poll_us = 1000;
-
-  std::mutex mu;
-  std::condition_variable cv;
   std::deque<Cmd*> queue;  // guarded by mu
-  bool stop = false;       // guarded by mu
-  std::vector<std::pair<std::string, std::string>> notifs;  // guarded by mu
-  napi_threadsafe_function tsfn = nullptr;
-  std::thread thread;
 
   // engine thread only
   Engine engine = nullptr;
   std::map<uint32_t, Batch> batches;  // submitted, not yet freed
   uint32_t next_id = 1;
   bool torn_down = false;
-
-  // JS thread only
-  int pending = 0;
-  std::unordered_map<uint32_t, bool> js_active;
-  bool refd = false;
-  bool hook = false;
-  napi_env env = nullptr;
 };
-
-void Send(EngineState& st, Msg* m) {
-  if (napi_call_threadsafe_function(st.tsfn, m, napi_tsfn_nonblocking) != napi_ok) {
-    delete m->cmd;  // the environment is going away
-    delete m;
-  }
-}
 
 int Fail(Cmd& c, const char* fn, int rc) {
   c.err = std::string(c.what) + ": " + fn + " returned " + std::to_string(rc);
@@ -327,142 +182,65 @@ void Teardown(EngineState& st) {
 }
 
 void Loop(std::shared_ptr<EngineState> sp) {
-  EngineState& st = *sp;
-  for (;;) {
-    std::deque<Cmd*> batch;
-    bool stopping;
-    {
-      std::unique_lock<std::mutex> lk(st.mu);
-      if (st.queue.empty() && !st.stop) {
+  RunLoop(
+      *sp,
+      [](EngineState& st) {
         // Poll fast only while JS waits for a batch; abandoned ones (timed out, released) are
         // still polled to their end, at the idle pace.
         bool hot = false;
         for (auto& b : st.batches) hot = hot || !b.second.reported;
-        int us = hot ? st.poll_us : st.idle_poll_us;
-        st.cv.wait_for(lk, std::chrono::microseconds(us));
-      }
-      batch.swap(st.queue);
-      stopping = st.stop;
-    }
-    bool closing = false;
-    for (Cmd* c : batch) {
-      if (st.torn_down && !c->closes) {
+        return hot ? st.poll_us : st.idle_poll_us;
+      },
+      [](EngineState& st, Cmd* c) {
+        if (st.torn_down && !c->closes) {
+          c->code = kErrClosed;
+          c->err = std::string(c->what) + ": the engine is closed";
+        } else if (!st.engine && !c->closes && std::strcmp(c->what, "init") != 0) {
+          c->code = kErrClosed;
+          c->err = std::string(c->what) + ": the engine was not created";
+        } else {
+          c->code = c->fn(st, *c);
+        }
+      },
+      [](Cmd* c) { return new Msg{Msg::kDone, c, 0, 0, 0}; },
+      [](EngineState& st) {
+        if (st.engine && !st.torn_down) {
+          PollBatches(st);
+          PollNotifs(st);
+        }
+      },
+      Teardown,
+      [](Cmd* c) {
         c->code = kErrClosed;
         c->err = std::string(c->what) + ": the engine is closed";
-      } else if (!st.engine && !c->closes && std::strcmp(c->what, "init") != 0) {
-        c->code = kErrClosed;
-        c->err = std::string(c->what) + ": the engine was not created";
-      } else {
-        c->code = c->fn(st, *c);
-      }
-      if (c->closes) closing = true;
-      Send(st, new Msg{Msg::kDone, c, 0, 0, 0});
-    }
-    if (st.engine && !st.torn_down) {
-      PollBatches(st);
-      PollNotifs(st);
-    }
-    if (stopping || closing) break;
-  }
-  Teardown(st);
-  std::deque<Cmd*> rest;
-  {
-    std::lock_guard<std::mutex> lk(st.mu);
-    rest.swap(st.queue);
-    st.stop = true;
-  }
-  for (Cmd* c : rest) {
-    c->code = kErrClosed;
-    c->err = std::string(c->what) + ": the engine is closed";
-    Send(st, new Msg{Msg::kDone, c, 0, 0, 0});
-  }
-  napi_release_threadsafe_function(st.tsfn, napi_tsfn_release);
-}
-
-void UpdateRef(EngineState& st) {
-  bool want = st.pending > 0 || !st.js_active.empty();
-  if (want == st.refd || !st.tsfn) return;
-  if (want) napi_ref_threadsafe_function(st.env, st.tsfn);
-  else napi_unref_threadsafe_function(st.env, st.tsfn);
-  st.refd = want;
-}
-
-void JoinThread(EngineState& st) {
-  {
-    std::lock_guard<std::mutex> lk(st.mu);
-    st.stop = true;
-  }
-  st.cv.notify_all();
-  if (st.thread.joinable()) st.thread.join();
-}
-
-void CleanupHook(void* arg) {
-  EngineState* st = static_cast<EngineState*>(arg);
-  st->hook = false;
-  JoinThread(*st);
+      });
 }
 
 void CallJs(napi_env env, napi_value js_cb, void* context, void* data) {
-  Msg* m = static_cast<Msg*>(data);
-  std::unique_ptr<Msg> guard(m);
-  std::unique_ptr<Cmd> cmd(m->cmd);
-  if (!env) return;
-  EngineState& st = **static_cast<std::shared_ptr<EngineState>*>(context);
-  Napi::Env e(env);
-  Napi::HandleScope scope(e);
-  if (m->type == Msg::kStatus) {
-    st.js_active.erase(m->xfer);
+  DispatchToJs<EngineState, Msg>(env, context, data, [env, js_cb](Napi::Env e, EngineState& st, Msg* m, Cmd* cmd) {
+    if (m->type == Msg::kStatus) {
+      st.js_active.erase(m->xfer);
+      UpdateRef(st);
+      napi_value args[3] = {Napi::Number::New(e, m->xfer), Napi::Number::New(e, m->status), Napi::Number::New(e, m->rc)};
+      CallListener(env, js_cb, 3, args);
+      return;
+    }
+    Cmd& c = *cmd;
+    CommandDone(env, st, c.closes);
+    if (c.tracks && c.code == 0) st.js_active[(uint32_t)c.num] = true;
     UpdateRef(st);
-    napi_value args[3] = {Napi::Number::New(e, m->xfer), Napi::Number::New(e, m->status), Napi::Number::New(e, m->rc)};
-    napi_value undef, res;
-    napi_get_undefined(env, &undef);
-    if (napi_call_function(env, undef, js_cb, 3, args, &res) != napi_ok) {
-      napi_value ex;
-      napi_get_and_clear_last_exception(env, &ex);
+    if (c.code != 0) {
+      RejectWithCode(e, c.deferred, c.err.empty() ? std::string(c.what) + " failed with " + std::to_string(c.code) : c.err, "code", c.code, true);
+      return;
     }
-    return;
-  }
-  Cmd& c = *cmd;
-  st.pending--;
-  if (c.closes) {
-    JoinThread(st);
-    if (st.hook) {
-      napi_remove_env_cleanup_hook(env, CleanupHook, &st);
-      st.hook = false;
+    napi_value v;
+    switch (c.out) {
+      case Cmd::kNum: v = Napi::Number::New(e, c.num); break;
+      case Cmd::kStr: v = Napi::String::New(e, c.str); break;
+      default: napi_get_undefined(env, &v); break;
     }
-  }
-  if (c.tracks && c.code == 0) st.js_active[(uint32_t)c.num] = true;
-  UpdateRef(st);
-  if (c.code != 0) {
-    Napi::Error err = Napi::Error::New(e, c.err.empty() ? std::string(c.what) + " failed with " + std::to_string(c.code) : c.err);
-    err.Set("code", Napi::Number::New(e, c.code));
-    napi_value ev = err.Value();
-    if (e.IsExceptionPending()) {
-      napi_value ex;
-      napi_get_and_clear_last_exception(env, &ex);
-    }
-    napi_reject_deferred(env, c.deferred, ev);
-    return;
-  }
-  napi_value v;
-  switch (c.out) {
-    case Cmd::kNum: v = Napi::Number::New(e, c.num); break;
-    case Cmd::kStr: v = Napi::String::New(e, c.str); break;
-    default: napi_get_undefined(env, &v); break;
-  }
-  if (e.IsExceptionPending()) {
-    napi_value ex;
-    napi_get_and_clear_last_exception(env, &ex);
-    napi_reject_deferred(env, c.deferred, ex);
-    return;
-  }
-  napi_resolve_deferred(env, c.deferred, v);
-}
-
-void FinalizeTsfn(napi_env, void* data, void*) {
-  auto* sp = static_cast<std::shared_ptr<EngineState>*>(data);
-  (*sp)->tsfn = nullptr;
-  delete sp;
+    Settle(e, c.deferred, v);
+  });
 }
 
 // ---- argument helpers (JS thread) ----
@@ -522,79 +300,32 @@ class MooncakeEngineCore : public Napi::ObjectWrap<MooncakeEngineCore> {
       return;
     }
     std::string path = info[0].As<Napi::String>().Utf8Value();
-    auto it = Libs().find(path);
-    if (it == Libs().end()) {
-      ThrowType(env, "MooncakeEngineCore: library not loaded (call load first): " + path);
-      return;
-    }
+    const Api* api = LoadedApi<Api>(env, path, "MooncakeEngineCore: library not loaded (call load first): ");
+    if (!api) return;
     auto st = std::make_shared<EngineState>();
-    st->api = &it->second->api;
+    st->api = api;
     Napi::Object cfg = info[1].As<Napi::Object>();
     if (!GetStr(env, cfg.Get("metadata"), &st->metadata, "config.metadata", false, nullptr)) return;
     if (!GetStr(env, cfg.Get("serverName"), &st->server_name, "config.serverName", false, nullptr)) return;
     Napi::Value ad = cfg.Get("autoDiscover");
     st->auto_discover = !ad.IsBoolean() || ad.As<Napi::Boolean>().Value();
-    auto num = [&](const char* k, double dflt, double lo, double hi) {
-      Napi::Value v = cfg.Get(k);
-      double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : dflt;
-      return d >= lo && d <= hi ? d : dflt;
-    };
+    auto num = [&](const char* k, double dflt, double lo, double hi) { return CfgNum(cfg, k, dflt, lo, hi); };
     st->poll_us = (int)num("pollUs", 20, 0, 1e6);
     st->idle_poll_us = (int)num("idlePollUs", 1000, 1, 1e7);
     if (env.IsExceptionPending()) return;
-    st->env = env;
-    napi_value name;
-    napi_create_string_utf8(env, "kvconnect-mooncake", NAPI_AUTO_LENGTH, &name);
-    auto* ctx = new std::shared_ptr<EngineState>(st);
-    if (napi_create_threadsafe_function(env, info[2], nullptr, name, 0, 1, ctx, FinalizeTsfn, ctx, CallJs, &st->tsfn) != napi_ok) {
-      delete ctx;
-      ThrowType(env, "MooncakeEngineCore: cannot create a thread-safe function");
-      return;
-    }
-    napi_unref_threadsafe_function(env, st->tsfn);
-    st->thread = std::thread(Loop, st);
-    napi_add_env_cleanup_hook(env, CleanupHook, st.get());
-    st->hook = true;
+    if (!StartWorker(env, st, info[2], "kvconnect-mooncake", "MooncakeEngineCore: cannot create a thread-safe function", CallJs, Loop)) return;
     st_ = st;
   }
 
   ~MooncakeEngineCore() override {
-    if (!st_) return;
-    JoinThread(*st_);
-    if (st_->hook) {
-      napi_remove_env_cleanup_hook(st_->env, CleanupHook, st_.get());
-      st_->hook = false;
-    }
+    if (st_) StopWorker(*st_);
   }
 
  private:
   std::shared_ptr<EngineState> st_;
 
   Napi::Value Enqueue(Napi::Env env, Cmd* c) {
-    if (!st_) {
-      delete c;
-      return ThrowType(env, "MooncakeEngineCore was not constructed");
-    }
-    napi_value promise;
-    if (napi_create_promise(env, &c->deferred, &promise) != napi_ok) {
-      delete c;
-      return ThrowType(env, "cannot create a promise");
-    }
-    {
-      std::lock_guard<std::mutex> lk(st_->mu);
-      if (st_->stop) {
-        Napi::Error err = Napi::Error::New(env, std::string(c->what) + ": the engine is closed");
-        err.Set("code", Napi::Number::New(env, kErrClosed));
-        napi_reject_deferred(env, c->deferred, err.Value());
-        delete c;
-        return Napi::Value(env, promise);
-      }
-      st_->queue.push_back(c);
-    }
-    st_->pending++;
-    UpdateRef(*st_);
-    st_->cv.notify_one();
-    return Napi::Value(env, promise);
+    return kvc_agent::Enqueue(env, st_, c, "MooncakeEngineCore was not constructed", ": the engine is closed", "code", kErrClosed);
   }
 
   /** init(): Promise<string>: creates the engine; resolves with its segment name (getLocalIpAndPort). */
@@ -784,21 +515,7 @@ class MooncakeEngineCore : public Napi::ObjectWrap<MooncakeEngineCore> {
   }
 
   /** takeNotifs(): flat [name, Buffer(msg), name, Buffer(msg), ...] received since the last call. */
-  Napi::Value TakeNotifs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    std::vector<std::pair<std::string, std::string>> got;
-    if (st_) {
-      std::lock_guard<std::mutex> lk(st_->mu);
-      got.swap(st_->notifs);
-    }
-    Napi::Array out = Napi::Array::New(env, got.size() * 2);
-    for (size_t i = 0; i < got.size(); ++i) {
-      out.Set((uint32_t)(2 * i), Napi::String::New(env, got[i].first));
-      out.Set((uint32_t)(2 * i + 1), Napi::Buffer<char>::Copy(env, got[i].second.data(), got[i].second.size()));
-    }
-    if (env.IsExceptionPending()) return env.Undefined();
-    return out;
-  }
+  Napi::Value TakeNotifs(const Napi::CallbackInfo& info) { return kvc_agent::TakeNotifs(info.Env(), st_.get()); }
 
   Napi::Value Close(const Napi::CallbackInfo& info) {
     Cmd* c = new Cmd();

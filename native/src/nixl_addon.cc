@@ -23,189 +23,49 @@
  */
 #include "nixl_addon.h"
 
-#include <dlfcn.h>
-
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <unordered_map>
-#include <utility>
-#include <vector>
 
+#include "native_agent_common.h"
 #include "nixl_capi.h"
 
 namespace {
 
 using namespace kvc_nixl;
 
-constexpr double kMaxSafe = 9007199254740991.0;  // 2^53 - 1
-
-Napi::Value ThrowType(Napi::Env env, const std::string& msg) {
-  if (!env.IsExceptionPending()) Napi::TypeError::New(env, msg).ThrowAsJavaScriptException();
-  return env.Undefined();
-}
-Napi::Value ThrowRange(Napi::Env env, const std::string& msg) {
-  if (!env.IsExceptionPending()) Napi::RangeError::New(env, msg).ThrowAsJavaScriptException();
-  return env.Undefined();
-}
+using namespace kvc_agent;
 
 // ---------------------------------------------------------------------------------------------
 // Library loading
 
-struct Lib {
-  std::string path;
-  void* handle = nullptr;
-  Api api{};
-};
-
-std::map<std::string, std::unique_ptr<Lib>>& Libs() {
-  static std::map<std::string, std::unique_ptr<Lib>> m;  // never unloaded
-  return m;
-}
-
-std::string DirName(const std::string& p) {
-  size_t i = p.rfind('/');
-  return i == std::string::npos ? std::string() : p.substr(0, i);
-}
-
-/**
- * dlopen(path, mode); when a dependency is missing, loads it from the same directory first (NIXL's
- * libraries have no RUNPATH), recursively (a dependency's own missing siblings are loaded the same
- * way), then retries. `budget` bounds the total number of dlopen attempts over the recursion.
- */
-void* OpenWithSiblingsIn(const std::string& path, int mode, std::string* err, int* budget) {
-  const std::string dir = DirName(path);
-  while ((*budget)-- > 0) {
-    dlerror();
-    void* h = dlopen(path.c_str(), mode);
-    if (h) return h;
-    const char* e = dlerror();
-    *err = e ? e : "dlopen failed";
-    if (dir.empty()) return nullptr;
-    // "libfoo.so.1: cannot open shared object file: No such file or directory"
-    size_t colon = err->find(": cannot open shared object file");
-    if (colon == std::string::npos) return nullptr;
-    size_t start = err->rfind(' ', colon);
-    std::string dep = err->substr(start == std::string::npos ? 0 : start + 1, colon - (start == std::string::npos ? 0 : start + 1));
-    if (dep.empty() || dep.find('/') != std::string::npos) return nullptr;  // the file itself is missing
-    std::string dep_path = dir + "/" + dep;
-    if (dep_path == path) return nullptr;
-    std::string dep_err;
-    if (!OpenWithSiblingsIn(dep_path, RTLD_NOW | RTLD_GLOBAL, &dep_err, budget)) return nullptr;  // not next to it: give up
-  }
-  return nullptr;
-}
-
-void* OpenWithSiblings(const std::string& path, std::string* err) {
-  int budget = 512;  // NIXL with its abseil libraries needs about 50
-  return OpenWithSiblingsIn(path, RTLD_NOW | RTLD_LOCAL, err, &budget);
-}
-
-template <typename F>
-bool Sym(void* h, const char* name, F* out, bool required, std::string* missing) {
-  void* p = dlsym(h, name);
-  *out = reinterpret_cast<F>(p);
-  if (!p && required) {
-    if (!missing->empty()) *missing += ", ";
-    *missing += name;
-  }
-  return p != nullptr;
-}
+using NixlLib = kvc_agent::Lib<Api>;
 
 /** Loads `path` (a file path, or a bare soname searched on the library path) and resolves the API. */
-Lib* LoadLib(const std::string& path, std::string* err) {
-  auto& libs = Libs();
-  auto it = libs.find(path);
-  if (it != libs.end()) return it->second.get();
-  void* h = OpenWithSiblings(path, err);
-  if (!h) return nullptr;
-  auto lib = std::make_unique<Lib>();
-  lib->path = path;
-  lib->handle = h;
-  Api& a = lib->api;
-  std::string missing;
-#define REQ(f) Sym(h, "nixl_capi_" #f, &a.f, true, &missing)
-#define OPT(f) Sym(h, "nixl_capi_" #f, &a.f, false, &missing)
-  REQ(create_agent); OPT(create_configured_agent); REQ(destroy_agent); REQ(get_local_md); REQ(load_remote_md);
-  REQ(invalidate_remote_md); REQ(get_plugin_params); REQ(destroy_mem_list); OPT(create_params); OPT(params_add);
-  REQ(destroy_params); REQ(create_backend); REQ(destroy_backend); REQ(create_opt_args); REQ(destroy_opt_args);
-  REQ(opt_args_set_notif_msg); REQ(opt_args_set_has_notif); REQ(create_reg_dlist); REQ(destroy_reg_dlist);
-  REQ(reg_dlist_add_desc); REQ(register_mem); REQ(deregister_mem); REQ(create_xfer_dlist); REQ(destroy_xfer_dlist);
-  REQ(xfer_dlist_add_desc); REQ(prep_xfer_dlist); REQ(release_xfer_dlist_handle); REQ(make_xfer_req);
-  REQ(post_xfer_req); REQ(get_xfer_status); REQ(release_xfer_req); REQ(destroy_xfer_req); REQ(gen_notif);
-  REQ(create_notif_map); REQ(destroy_notif_map); REQ(get_notifs); REQ(notif_map_size); REQ(notif_map_get_agent_at);
-  REQ(notif_map_get_notifs_size); REQ(notif_map_get_notif); REQ(notif_map_clear);
+NixlLib* LoadLib(const std::string& path, std::string* err) {
+  // NIXL's libraries have no RUNPATH: missing siblings are preloaded, recursively; NIXL with its
+  // abseil libraries needs about 50 dlopen attempts.
+  return kvc_agent::LoadLib<Api>(path, err, 512, true, [](void* h, Api& a, std::string* missing) {
+#define REQ(f) Sym(h, "nixl_capi_" #f, &a.f, true, missing)
+#define OPT(f) Sym(h, "nixl_capi_" #f, &a.f, false, missing)
+    REQ(create_agent); OPT(create_configured_agent); REQ(destroy_agent); REQ(get_local_md); REQ(load_remote_md);
+    REQ(invalidate_remote_md); REQ(get_plugin_params); REQ(destroy_mem_list); OPT(create_params); OPT(params_add);
+    REQ(destroy_params); REQ(create_backend); REQ(destroy_backend); REQ(create_opt_args); REQ(destroy_opt_args);
+    REQ(opt_args_set_notif_msg); REQ(opt_args_set_has_notif); REQ(create_reg_dlist); REQ(destroy_reg_dlist);
+    REQ(reg_dlist_add_desc); REQ(register_mem); REQ(deregister_mem); REQ(create_xfer_dlist); REQ(destroy_xfer_dlist);
+    REQ(xfer_dlist_add_desc); REQ(prep_xfer_dlist); REQ(release_xfer_dlist_handle); REQ(make_xfer_req);
+    REQ(post_xfer_req); REQ(get_xfer_status); REQ(release_xfer_req); REQ(destroy_xfer_req); REQ(gen_notif);
+    REQ(create_notif_map); REQ(destroy_notif_map); REQ(get_notifs); REQ(notif_map_size); REQ(notif_map_get_agent_at);
+    REQ(notif_map_get_notifs_size); REQ(notif_map_get_notif); REQ(notif_map_clear);
 #undef REQ
 #undef OPT
-  if (!missing.empty()) {
-    *err = "missing symbols: " + missing;
-    dlclose(h);
-    return nullptr;
-  }
-  Lib* out = lib.get();
-  libs[path] = std::move(lib);
-  return out;
+  });
 }
 
 /** nixlLoad(candidates: string[]): { ok, path, tried: string[] }: the first candidate that loads with every symbol. Never throws for a missing library. */
 Napi::Value NixlLoad(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsArray()) return ThrowType(env, "nixlLoad(candidates: string[])");
-  Napi::Array c = info[0].As<Napi::Array>();
-  uint32_t n = c.Length();
-  if (env.IsExceptionPending()) return env.Undefined();
-  std::vector<std::string> tried;
-  Lib* lib = nullptr;
-  for (uint32_t i = 0; i < n && !lib; ++i) {
-    Napi::Value v = c.Get(i);
-    if (env.IsExceptionPending()) return env.Undefined();
-    if (!v.IsString()) return ThrowType(env, "nixlLoad: candidates must be strings");
-    std::string path = v.As<Napi::String>().Utf8Value();
-    std::string err;
-    lib = LoadLib(path, &err);
-    if (!lib) tried.push_back(path + ": " + err);
-  }
-  Napi::Object r = Napi::Object::New(env);
-  r.Set("ok", Napi::Boolean::New(env, lib != nullptr));
-  r.Set("path", lib ? Napi::String::New(env, lib->path) : env.Null());
-  Napi::Array t = Napi::Array::New(env, tried.size());
-  for (size_t i = 0; i < tried.size(); ++i) t.Set((uint32_t)i, Napi::String::New(env, tried[i]));
-  r.Set("tried", t);
-  if (env.IsExceptionPending()) return env.Undefined();
-  return r;
-}
-
-/** addressOf(view: TypedArray | DataView): number: the address of the view's first byte. */
-Napi::Value AddressOf(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  napi_env e = env;
-  if (info.Length() < 1) return ThrowType(env, "addressOf(view)");
-  bool is = false;
-  void* data = nullptr;
-  if (napi_is_typedarray(e, info[0], &is) == napi_ok && is) {
-    napi_typedarray_type t;
-    size_t len, off;
-    napi_value ab;
-    if (napi_get_typedarray_info(e, info[0], &t, &len, &data, &ab, &off) != napi_ok) return ThrowType(env, "addressOf: cannot read the view");
-  } else if (napi_is_dataview(e, info[0], &is) == napi_ok && is) {
-    size_t len, off;
-    napi_value ab;
-    if (napi_get_dataview_info(e, info[0], &len, &data, &ab, &off) != napi_ok) return ThrowType(env, "addressOf: cannot read the view");
-  } else {
-    return ThrowType(env, "addressOf: expected a TypedArray or DataView");
-  }
-  double a = (double)reinterpret_cast<uintptr_t>(data);
-  if (a > kMaxSafe) return ThrowRange(env, "addressOf: address above 2^53");
-  return Napi::Number::New(env, a);
+  return LoadCandidates<NixlLib>(info, "nixlLoad(candidates: string[])", "nixlLoad: candidates must be strings", LoadLib,
+                                 [](Napi::Object, NixlLib*) {});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -240,7 +100,7 @@ struct Msg {
   int code;
 };
 
-struct AgentState {
+struct AgentState : WorkerCommon {
   const Api* api = nullptr;
   std::string name;
   std::string backend_name;
@@ -249,14 +109,7 @@ struct AgentState {
   uint64_t prog_delay_us = 1000;
   int poll_us = 20;
   int idle_poll_us = 1000;
-
-  std::mutex mu;
-  std::condition_variable cv;
   std::deque<Cmd*> queue;  // guarded by mu
-  bool stop = false;       // guarded by mu
-  std::vector<std::pair<std::string, std::string>> notifs;  // guarded by mu
-  napi_threadsafe_function tsfn = nullptr;
-  std::thread thread;
 
   // agent thread only
   Agent agent = nullptr;
@@ -267,21 +120,7 @@ struct AgentState {
   std::map<uint32_t, XferReq> active;
   uint32_t next_id = 1;
   bool torn_down = false;
-
-  // JS thread only
-  int pending = 0;
-  std::unordered_map<uint32_t, bool> js_active;
-  bool refd = false;
-  bool hook = false;
-  napi_env env = nullptr;
 };
-
-void Send(AgentState& st, Msg* m) {
-  if (napi_call_threadsafe_function(st.tsfn, m, napi_tsfn_nonblocking) != napi_ok) {
-    delete m->cmd;  // the environment is going away
-    delete m;
-  }
-}
 
 int Fail(Cmd& c, const char* fn, int rc) {
   c.err = std::string(fn) + ": " + StatusName(rc) + " (" + std::to_string(rc) + ")";
@@ -336,147 +175,64 @@ void Teardown(AgentState& st) {
 }
 
 void Loop(std::shared_ptr<AgentState> sp) {
-  AgentState& st = *sp;
-  for (;;) {
-    std::deque<Cmd*> batch;
-    bool stopping;
-    {
-      std::unique_lock<std::mutex> lk(st.mu);
-      if (st.queue.empty() && !st.stop) {
-        int us = st.active.empty() ? st.idle_poll_us : st.poll_us;
-        st.cv.wait_for(lk, std::chrono::microseconds(us));
-      }
-      batch.swap(st.queue);
-      stopping = st.stop;
-    }
-    bool closing = false;
-    for (Cmd* c : batch) {
-      if (st.torn_down && !c->closes) {
+  RunLoop(
+      *sp, [](AgentState& st) { return st.active.empty() ? st.idle_poll_us : st.poll_us; },
+      [](AgentState& st, Cmd* c) {
+        if (st.torn_down && !c->closes) {
+          c->status = kErrInvalidState;
+          c->err = std::string(c->what) + ": the agent is closed";
+        } else {
+          c->status = c->fn(st, *c);
+        }
+      },
+      [](Cmd* c) { return new Msg{Msg::kDone, c, 0, 0}; },
+      [](AgentState& st) {
+        if (!st.agent || st.torn_down) return;
+        for (auto it = st.active.begin(); it != st.active.end();) {
+          int rc = st.api->get_xfer_status(st.agent, it->second);
+          if (rc == kInProg) {
+            ++it;
+            continue;
+          }
+          Send(st, new Msg{Msg::kStatus, nullptr, it->first, rc});
+          it = st.active.erase(it);
+        }
+        PollNotifs(st);
+      },
+      Teardown,
+      [](Cmd* c) {
         c->status = kErrInvalidState;
         c->err = std::string(c->what) + ": the agent is closed";
-      } else {
-        c->status = c->fn(st, *c);
-      }
-      if (c->closes) closing = true;
-      Send(st, new Msg{Msg::kDone, c, 0, 0});
-    }
-    if (st.agent && !st.torn_down) {
-      for (auto it = st.active.begin(); it != st.active.end();) {
-        int rc = st.api->get_xfer_status(st.agent, it->second);
-        if (rc == kInProg) {
-          ++it;
-          continue;
-        }
-        Send(st, new Msg{Msg::kStatus, nullptr, it->first, rc});
-        it = st.active.erase(it);
-      }
-      PollNotifs(st);
-    }
-    if (stopping || closing) break;
-  }
-  Teardown(st);
-  // Commands enqueued after the stop: fail them.
-  std::deque<Cmd*> rest;
-  {
-    std::lock_guard<std::mutex> lk(st.mu);
-    rest.swap(st.queue);
-    st.stop = true;
-  }
-  for (Cmd* c : rest) {
-    c->status = kErrInvalidState;
-    c->err = std::string(c->what) + ": the agent is closed";
-    Send(st, new Msg{Msg::kDone, c, 0, 0});
-  }
-  napi_release_threadsafe_function(st.tsfn, napi_tsfn_release);
-}
-
-void UpdateRef(AgentState& st) {
-  bool want = st.pending > 0 || !st.js_active.empty();
-  if (want == st.refd || !st.tsfn) return;
-  if (want) napi_ref_threadsafe_function(st.env, st.tsfn);
-  else napi_unref_threadsafe_function(st.env, st.tsfn);
-  st.refd = want;
-}
-
-void JoinThread(AgentState& st) {
-  {
-    std::lock_guard<std::mutex> lk(st.mu);
-    st.stop = true;
-  }
-  st.cv.notify_all();
-  if (st.thread.joinable()) st.thread.join();
-}
-
-void CleanupHook(void* arg) {
-  AgentState* st = static_cast<AgentState*>(arg);
-  st->hook = false;
-  JoinThread(*st);
+      });
 }
 
 void CallJs(napi_env env, napi_value js_cb, void* context, void* data) {
-  Msg* m = static_cast<Msg*>(data);
-  std::unique_ptr<Msg> guard(m);
-  std::unique_ptr<Cmd> cmd(m->cmd);
-  if (!env) return;  // tearing down
-  AgentState& st = **static_cast<std::shared_ptr<AgentState>*>(context);
-  Napi::Env e(env);
-  Napi::HandleScope scope(e);
-  if (m->type == Msg::kStatus) {
-    st.js_active.erase(m->xfer);
+  DispatchToJs<AgentState, Msg>(env, context, data, [env, js_cb](Napi::Env e, AgentState& st, Msg* m, Cmd* cmd) {
+    if (m->type == Msg::kStatus) {
+      st.js_active.erase(m->xfer);
+      UpdateRef(st);
+      napi_value args[2] = {Napi::Number::New(e, m->xfer), Napi::Number::New(e, m->code)};
+      CallListener(env, js_cb, 2, args);
+      return;
+    }
+    Cmd& c = *cmd;
+    CommandDone(env, st, c.closes);
+    if (c.tracks_xfer && c.status == kInProg) st.js_active[(uint32_t)c.num] = true;
     UpdateRef(st);
-    napi_value args[2] = {Napi::Number::New(e, m->xfer), Napi::Number::New(e, m->code)};
-    napi_value undef;
-    napi_get_undefined(env, &undef);
-    napi_value res;
-    if (napi_call_function(env, undef, js_cb, 2, args, &res) != napi_ok) {
-      napi_value ex;
-      napi_get_and_clear_last_exception(env, &ex);  // a throwing listener must not kill the process
+    if (c.status < 0 && !c.status_result) {
+      RejectWithCode(e, c.deferred, c.err.empty() ? std::string(c.what) + ": " + StatusName(c.status) : c.err, "status", c.status, true);
+      return;
     }
-    return;
-  }
-  Cmd& c = *cmd;
-  st.pending--;
-  if (c.closes) {
-    JoinThread(st);
-    if (st.hook) {
-      napi_remove_env_cleanup_hook(env, CleanupHook, &st);
-      st.hook = false;
+    napi_value v;
+    switch (c.out) {
+      case Cmd::kNum: v = Napi::Number::New(e, c.num); break;
+      case Cmd::kStr: v = Napi::String::New(e, c.str); break;
+      case Cmd::kBuf: v = Napi::Buffer<char>::Copy(e, c.str.data(), c.str.size()); break;
+      default: napi_get_undefined(env, &v); break;
     }
-  }
-  if (c.tracks_xfer && c.status == kInProg) st.js_active[(uint32_t)c.num] = true;
-  UpdateRef(st);
-  if (c.status < 0 && !c.status_result) {
-    Napi::Error err = Napi::Error::New(e, c.err.empty() ? std::string(c.what) + ": " + StatusName(c.status) : c.err);
-    err.Set("status", Napi::Number::New(e, c.status));
-    napi_value ev = err.Value();
-    if (e.IsExceptionPending()) {
-      napi_value ex;
-      napi_get_and_clear_last_exception(env, &ex);
-    }
-    napi_reject_deferred(env, c.deferred, ev);
-    return;
-  }
-  napi_value v;
-  switch (c.out) {
-    case Cmd::kNum: v = Napi::Number::New(e, c.num); break;
-    case Cmd::kStr: v = Napi::String::New(e, c.str); break;
-    case Cmd::kBuf: v = Napi::Buffer<char>::Copy(e, c.str.data(), c.str.size()); break;
-    default: napi_get_undefined(env, &v); break;
-  }
-  if (c.status_result) v = Napi::Number::New(e, c.status);
-  if (e.IsExceptionPending()) {
-    napi_value ex;
-    napi_get_and_clear_last_exception(env, &ex);
-    napi_reject_deferred(env, c.deferred, ex);
-    return;
-  }
-  napi_resolve_deferred(env, c.deferred, v);
-}
-
-void FinalizeTsfn(napi_env, void* data, void*) {
-  auto* sp = static_cast<std::shared_ptr<AgentState>*>(data);
-  (*sp)->tsfn = nullptr;
-  delete sp;
+    if (c.status_result) v = Napi::Number::New(e, c.status);
+    Settle(e, c.deferred, v);
+  });
 }
 
 // ---- argument helpers (JS thread) ----
@@ -588,13 +344,10 @@ class NixlAgentCore : public Napi::ObjectWrap<NixlAgentCore> {
       return;
     }
     std::string path = info[0].As<Napi::String>().Utf8Value();
-    auto it = Libs().find(path);
-    if (it == Libs().end()) {
-      ThrowType(env, "NixlAgentCore: library not loaded (call nixlLoad first): " + path);
-      return;
-    }
+    const Api* api = LoadedApi<Api>(env, path, "NixlAgentCore: library not loaded (call nixlLoad first): ");
+    if (!api) return;
     auto st = std::make_shared<AgentState>();
-    st->api = &it->second->api;
+    st->api = api;
     st->name = info[1].As<Napi::String>().Utf8Value();
     Napi::Object cfg = info[2].As<Napi::Object>();
     Napi::Value b = cfg.Get("backend");
@@ -613,69 +366,24 @@ class NixlAgentCore : public Napi::ObjectWrap<NixlAgentCore> {
     }
     Napi::Value pt = cfg.Get("progressThread");
     st->prog_thread = pt.IsBoolean() && pt.As<Napi::Boolean>().Value();
-    auto num = [&](const char* k, double dflt, double lo, double hi) {
-      Napi::Value v = cfg.Get(k);
-      double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : dflt;
-      return d >= lo && d <= hi ? d : dflt;
-    };
+    auto num = [&](const char* k, double dflt, double lo, double hi) { return CfgNum(cfg, k, dflt, lo, hi); };
     st->prog_delay_us = (uint64_t)num("progressDelayUs", 1000, 0, 1e7);
     st->poll_us = (int)num("pollUs", 20, 0, 1e6);
     st->idle_poll_us = (int)num("idlePollUs", 1000, 1, 1e7);
     if (env.IsExceptionPending()) return;
-    st->env = env;
-    napi_value name;
-    napi_create_string_utf8(env, "kvconnect-nixl", NAPI_AUTO_LENGTH, &name);
-    auto* ctx = new std::shared_ptr<AgentState>(st);
-    if (napi_create_threadsafe_function(env, info[3], nullptr, name, 0, 1, ctx, FinalizeTsfn, ctx, CallJs, &st->tsfn) != napi_ok) {
-      delete ctx;
-      ThrowType(env, "NixlAgentCore: cannot create a thread-safe function");
-      return;
-    }
-    napi_unref_threadsafe_function(env, st->tsfn);
-    st->thread = std::thread(Loop, st);
-    napi_add_env_cleanup_hook(env, CleanupHook, st.get());
-    st->hook = true;
+    if (!StartWorker(env, st, info[3], "kvconnect-nixl", "NixlAgentCore: cannot create a thread-safe function", CallJs, Loop)) return;
     st_ = st;
   }
 
   ~NixlAgentCore() override {
-    if (!st_) return;
-    JoinThread(*st_);
-    if (st_->hook) {
-      napi_remove_env_cleanup_hook(st_->env, CleanupHook, st_.get());
-      st_->hook = false;
-    }
+    if (st_) StopWorker(*st_);
   }
 
  private:
   std::shared_ptr<AgentState> st_;
 
   Napi::Value Enqueue(Napi::Env env, Cmd* c) {
-    if (!st_) {
-      delete c;
-      return ThrowType(env, "NixlAgentCore was not constructed");
-    }
-    napi_value promise;
-    if (napi_create_promise(env, &c->deferred, &promise) != napi_ok) {
-      delete c;
-      return ThrowType(env, "cannot create a promise");
-    }
-    {
-      std::lock_guard<std::mutex> lk(st_->mu);
-      if (st_->stop) {
-        // The thread is gone: reject right here.
-        Napi::Error err = Napi::Error::New(env, std::string(c->what) + ": the agent is closed");
-        err.Set("status", Napi::Number::New(env, kErrInvalidState));
-        napi_reject_deferred(env, c->deferred, err.Value());
-        delete c;
-        return Napi::Value(env, promise);
-      }
-      st_->queue.push_back(c);
-    }
-    st_->pending++;
-    UpdateRef(*st_);
-    st_->cv.notify_one();
-    return Napi::Value(env, promise);
+    return kvc_agent::Enqueue(env, st_, c, "NixlAgentCore was not constructed", ": the agent is closed", "status", kErrInvalidState);
   }
 
   Napi::Value Init(const Napi::CallbackInfo& info) {
@@ -979,21 +687,7 @@ class NixlAgentCore : public Napi::ObjectWrap<NixlAgentCore> {
   }
 
   /** takeNotifs(): flat [agentName, Buffer, agentName, Buffer, ...] received since the last call. */
-  Napi::Value TakeNotifs(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    std::vector<std::pair<std::string, std::string>> got;
-    if (st_) {
-      std::lock_guard<std::mutex> lk(st_->mu);
-      got.swap(st_->notifs);
-    }
-    Napi::Array out = Napi::Array::New(env, got.size() * 2);
-    for (size_t i = 0; i < got.size(); ++i) {
-      out.Set((uint32_t)(2 * i), Napi::String::New(env, got[i].first));
-      out.Set((uint32_t)(2 * i + 1), Napi::Buffer<char>::Copy(env, got[i].second.data(), got[i].second.size()));
-    }
-    if (env.IsExceptionPending()) return env.Undefined();
-    return out;
-  }
+  Napi::Value TakeNotifs(const Napi::CallbackInfo& info) { return kvc_agent::TakeNotifs(info.Env(), st_.get()); }
 
   Napi::Value Close(const Napi::CallbackInfo& info) {
     Cmd* c = new Cmd();

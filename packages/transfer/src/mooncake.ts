@@ -45,9 +45,20 @@
  * the target (Mooncake PR #2086), so verify on the consumer (kvconnect's checksums do).
  * @module
  */
-import { createRequire } from 'node:module';
 import { TransferError } from './errors.js';
 import { inFlatRegions, toU8 } from './memory.js';
+import {
+  checkPost,
+  endRequest,
+  groupNotifs,
+  libraryCandidates,
+  loadNativeLibrary,
+  NativeRequestState,
+  nativeBindings,
+  requestStatus,
+  waitRequest,
+  wakeWaiters,
+} from './native-agent.js';
 import type {
   AgentCapabilities,
   DescList,
@@ -98,30 +109,12 @@ const MAX_NAME = 1024;
 
 /** The library paths {@link MooncakeAgent.create} tries, in order (see the module note). */
 export function mooncakeLibraryCandidates(env: NodeJS.ProcessEnv = process.env): string[] {
-  const out: string[] = [];
-  const triplet = process.arch === 'arm64' ? 'aarch64-linux-gnu' : 'x86_64-linux-gnu';
-  if (env.MOONCAKE_LIBRARY) out.push(env.MOONCAKE_LIBRARY);
-  if (env.MOONCAKE_PREFIX) {
-    const p = env.MOONCAKE_PREFIX.replace(/\/+$/, '');
-    out.push(`${p}/lib/${LIB}`, `${p}/lib/${triplet}/${LIB}`, `${p}/lib64/${LIB}`);
-  }
-  out.push(LIB);
-  return out;
+  return libraryCandidates(env, { lib: LIB, envLibrary: 'MOONCAKE_LIBRARY', envPrefix: 'MOONCAKE_PREFIX' });
 }
 
-let nativeCache: { m: NativeMooncake | null; reason: string } | undefined;
-
 function nativeMooncake(): { m: NativeMooncake | null; reason: string } {
-  if (nativeCache) return nativeCache;
-  try {
-    const mod = createRequire(import.meta.url)('@kvconnect/native') as { addon: { mooncake?: NativeMooncake } | null; loadError: Error | null };
-    if (!mod.addon) nativeCache = { m: null, reason: `the native addon is not built or failed to load (${mod.loadError?.message ?? 'no reason given'})` };
-    else if (!mod.addon.mooncake) nativeCache = { m: null, reason: 'the native addon has no Mooncake bindings (rebuild it: cd native && node scripts/install.cjs)' };
-    else nativeCache = { m: mod.addon.mooncake, reason: '' };
-  } catch (e) {
-    nativeCache = { m: null, reason: `cannot load @kvconnect/native: ${e instanceof Error ? e.message : String(e)}` };
-  }
-  return nativeCache;
+  const { b, reason } = nativeBindings<NativeMooncake>('mooncake', 'Mooncake');
+  return { m: b, reason };
 }
 
 /**
@@ -130,12 +123,8 @@ function nativeMooncake(): { m: NativeMooncake | null; reason: string } {
  * @throws Error `Mooncake Transfer Engine not available: ...` listing every path tried and why it failed.
  */
 export function loadMooncakeLibrary(options: { library?: string; env?: NodeJS.ProcessEnv } = {}): string {
-  const { m, reason } = nativeMooncake();
-  if (!m) throw new Error(`Mooncake Transfer Engine not available: ${reason}`);
   const candidates = options.library ? [options.library] : mooncakeLibraryCandidates(options.env);
-  const r = m.load(candidates);
-  if (!r.ok || !r.path) throw new Error(`Mooncake Transfer Engine not available: tried ${r.tried.join('; ')}`);
-  return r.path;
+  return loadNativeLibrary(nativeBindings<NativeMooncake>('mooncake', 'Mooncake'), 'Mooncake Transfer Engine', candidates, (m, c) => m.load(c));
 }
 
 /** What a Mooncake agent's metadata blob carries. */
@@ -250,14 +239,7 @@ class MooncakeList implements DescList {
   ) {}
 }
 
-class MooncakeRequest implements TransferRequest {
-  error: Error | null = null;
-  state: XferStatus | 'idle' = 'idle';
-  nativeId: number | null = null;
-  gen = 0;
-  released = false;
-  timer: NodeJS.Timeout | null = null;
-  waiters: Array<(s: XferStatus) => void> = [];
+class MooncakeRequest extends NativeRequestState implements TransferRequest {
   constructor(
     readonly owner: MooncakeAgent,
     readonly op: XferOp,
@@ -272,7 +254,9 @@ class MooncakeRequest implements TransferRequest {
     readonly notif: Uint8Array | null,
     public checkedLocal: number,
     public checkedRemote: number,
-  ) {}
+  ) {
+    super();
+  }
 }
 
 const regionKey = (kind: MemoryKind, dev: number) => `${kind}:${dev}`;
@@ -562,11 +546,7 @@ export class MooncakeAgent implements TransferAgent {
   async post(request: TransferRequest, options: PostOptions = {}): Promise<XferStatus> {
     this.checkOpen();
     const req = this.own(request);
-    if (req.released) throw new TransferError('invalid', 'the request was released');
-    if (req.state === 'in-progress') throw new TransferError('invalid', 'the request is already in progress (one post at a time)');
-    const timeoutMs = options.timeoutMs ?? this.timeoutMs;
-    if (!Number.isSafeInteger(timeoutMs) || timeoutMs <= 0) throw new TransferError('invalid', 'timeoutMs must be a positive integer');
-    if (options.notif !== undefined && !(options.notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
+    const timeoutMs = checkPost(req, options, this.timeoutMs);
     const gen = ++req.gen;
     req.error = null;
     req.state = 'in-progress';
@@ -620,10 +600,7 @@ export class MooncakeAgent implements TransferAgent {
 
   private finish(req: MooncakeRequest, state: XferStatus, message: string | null): XferStatus {
     if (req.state !== 'in-progress') return this.status(req);
-    req.state = state;
-    req.error = state === 'done' ? null : new TransferError(state as TransferErrorKind, message ?? state);
-    if (req.timer) clearTimeout(req.timer);
-    req.timer = null;
+    endRequest(req, state, message);
     const id = req.nativeId;
     req.nativeId = null;
     if (id !== null) {
@@ -631,21 +608,16 @@ export class MooncakeAgent implements TransferAgent {
       // The batch keeps running natively until it ends (no cancel in the C API): stop reporting it.
       if (state !== 'done' && !this.closed) this.core.abandon(id).catch(() => {});
     }
-    const w = req.waiters;
-    req.waiters = [];
-    for (const fn of w) fn(state);
+    wakeWaiters(req, state);
     return state;
   }
 
   status(request: TransferRequest): XferStatus {
-    const req = this.own(request);
-    return req.state === 'idle' ? 'invalid' : req.state;
+    return requestStatus(this.own(request));
   }
 
   wait(request: TransferRequest): Promise<XferStatus> {
-    const req = this.own(request);
-    if (req.state !== 'in-progress') return Promise.resolve(this.status(req));
-    return new Promise((resolve) => req.waiters.push(resolve));
+    return waitRequest(this.own(request));
   }
 
   async release(request: TransferRequest): Promise<void> {
@@ -669,14 +641,7 @@ export class MooncakeAgent implements TransferAgent {
 
   async pollNotifs(): Promise<Map<string, Uint8Array[]>> {
     const flat = this.closed ? [] : this.core.takeNotifs();
-    const out = new Map<string, Uint8Array[]>();
-    for (let i = 0; i + 1 < flat.length; i += 2) {
-      const who = flat[i] as string;
-      let l = out.get(who);
-      if (!l) out.set(who, (l = []));
-      l.push(decodeNotif(flat[i + 1] as Buffer));
-    }
-    return out;
+    return groupNotifs(flat, decodeNotif);
   }
 
   async close(): Promise<void> {

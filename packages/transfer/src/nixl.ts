@@ -25,9 +25,20 @@
  * is `remote-disconnect` (validation already passed, so the transport or peer failed).
  * @module
  */
-import { createRequire } from 'node:module';
 import { TransferError } from './errors.js';
 import { toU8 } from './memory.js';
+import {
+  checkPost,
+  endRequest,
+  groupNotifs,
+  libraryCandidates,
+  loadNativeLibrary,
+  NativeRequestState,
+  nativeBindings,
+  requestStatus,
+  waitRequest,
+  wakeWaiters,
+} from './native-agent.js';
 import type {
   AgentCapabilities,
   DescList,
@@ -82,29 +93,12 @@ const DEFAULT_PREFIX = '/opt/nvidia/nvda_nixl';
 
 /** The library paths {@link NixlAgent.create} tries, in order (see the module note). */
 export function nixlLibraryCandidates(env: NodeJS.ProcessEnv = process.env): string[] {
-  const out: string[] = [];
-  const triplet = process.arch === 'arm64' ? 'aarch64-linux-gnu' : 'x86_64-linux-gnu';
-  const underPrefix = (p: string) => [`${p}/lib/libnixl_capi.so`, `${p}/lib/${triplet}/libnixl_capi.so`, `${p}/lib64/libnixl_capi.so`];
-  if (env.NIXL_LIBRARY) out.push(env.NIXL_LIBRARY);
-  if (env.NIXL_PREFIX) out.push(...underPrefix(env.NIXL_PREFIX.replace(/\/+$/, '')));
-  out.push('libnixl_capi.so');
-  if (!env.NIXL_PREFIX) out.push(...underPrefix(DEFAULT_PREFIX));
-  return out;
+  return libraryCandidates(env, { lib: 'libnixl_capi.so', envLibrary: 'NIXL_LIBRARY', envPrefix: 'NIXL_PREFIX', defaultPrefix: DEFAULT_PREFIX });
 }
 
-let nativeCache: { t: NativeTransfer | null; reason: string } | undefined;
-
 function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
-  if (nativeCache) return nativeCache;
-  try {
-    const mod = createRequire(import.meta.url)('@kvconnect/native') as { addon: { transfer?: NativeTransfer } | null; loadError: Error | null };
-    if (!mod.addon) nativeCache = { t: null, reason: `the native addon is not built or failed to load (${mod.loadError?.message ?? 'no reason given'})` };
-    else if (!mod.addon.transfer) nativeCache = { t: null, reason: 'the native addon has no transfer bindings (rebuild it: cd native && node scripts/install.cjs)' };
-    else nativeCache = { t: mod.addon.transfer, reason: '' };
-  } catch (e) {
-    nativeCache = { t: null, reason: `cannot load @kvconnect/native: ${e instanceof Error ? e.message : String(e)}` };
-  }
-  return nativeCache;
+  const { b, reason } = nativeBindings<NativeTransfer>('transfer', 'transfer');
+  return { t: b, reason };
 }
 
 /**
@@ -113,12 +107,8 @@ function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
  * @throws Error `NIXL not available: ...` listing every path tried and why it failed.
  */
 export function loadNixlLibrary(options: { library?: string; env?: NodeJS.ProcessEnv } = {}): string {
-  const { t, reason } = nativeTransfer();
-  if (!t) throw new Error(`NIXL not available: ${reason}`);
   const candidates = options.library ? [options.library] : nixlLibraryCandidates(options.env);
-  const r = t.nixlLoad(candidates);
-  if (!r.ok || !r.path) throw new Error(`NIXL not available: tried ${r.tried.join('; ')}`);
-  return r.path;
+  return loadNativeLibrary(nativeBindings<NativeTransfer>('transfer', 'transfer'), 'NIXL', candidates, (t, c) => t.nixlLoad(c));
 }
 
 /** Options of {@link NixlAgent.create}. */
@@ -157,14 +147,7 @@ class NixlList implements DescList {
   released = false;
 }
 
-class NixlRequest implements TransferRequest {
-  error: Error | null = null;
-  state: XferStatus | 'idle' = 'idle';
-  nativeId: number | null;
-  gen = 0;
-  released = false;
-  timer: NodeJS.Timeout | null = null;
-  waiters: Array<(s: XferStatus) => void> = [];
+class NixlRequest extends NativeRequestState implements TransferRequest {
   constructor(
     readonly owner: NixlAgent,
     readonly op: XferOp,
@@ -174,6 +157,7 @@ class NixlRequest implements TransferRequest {
     nativeId: number,
     readonly remake: () => Promise<number>,
   ) {
+    super();
     this.nativeId = nativeId;
   }
 }
@@ -404,11 +388,7 @@ export class NixlAgent implements TransferAgent {
   async post(request: TransferRequest, options: PostOptions = {}): Promise<XferStatus> {
     this.checkOpen();
     const req = this.own(request);
-    if (req.released) throw new TransferError('invalid', 'the request was released');
-    if (req.state === 'in-progress') throw new TransferError('invalid', 'the request is already in progress (one post at a time)');
-    const timeoutMs = options.timeoutMs ?? this.timeoutMs;
-    if (!Number.isSafeInteger(timeoutMs) || timeoutMs <= 0) throw new TransferError('invalid', 'timeoutMs must be a positive integer');
-    if (options.notif !== undefined && !(options.notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
+    const timeoutMs = checkPost(req, options, this.timeoutMs);
     if (req.nativeId === null) {
       // The previous post timed out and its NIXL request was released: make a new one.
       try {
@@ -447,25 +427,17 @@ export class NixlAgent implements TransferAgent {
 
   private finish(req: NixlRequest, state: XferStatus, message: string | null): XferStatus {
     if (req.state !== 'in-progress') return this.status(req);
-    req.state = state;
-    req.error = state === 'done' ? null : new TransferError(state as TransferErrorKind, message ?? state);
-    if (req.timer) clearTimeout(req.timer);
-    req.timer = null;
-    const w = req.waiters;
-    req.waiters = [];
-    for (const fn of w) fn(state);
+    endRequest(req, state, message);
+    wakeWaiters(req, state);
     return state;
   }
 
   status(request: TransferRequest): XferStatus {
-    const req = this.own(request);
-    return req.state === 'idle' ? 'invalid' : req.state;
+    return requestStatus(this.own(request));
   }
 
   wait(request: TransferRequest): Promise<XferStatus> {
-    const req = this.own(request);
-    if (req.state !== 'in-progress') return Promise.resolve(this.status(req));
-    return new Promise((resolve) => req.waiters.push(resolve));
+    return waitRequest(this.own(request));
   }
 
   async release(request: TransferRequest): Promise<void> {
@@ -494,15 +466,7 @@ export class NixlAgent implements TransferAgent {
 
   async pollNotifs(): Promise<Map<string, Uint8Array[]>> {
     const flat = this.closed ? [] : this.core.takeNotifs();
-    const out = new Map<string, Uint8Array[]>();
-    for (let i = 0; i + 1 < flat.length; i += 2) {
-      const who = flat[i] as string;
-      const b = flat[i + 1] as Buffer;
-      let l = out.get(who);
-      if (!l) out.set(who, (l = []));
-      l.push(new Uint8Array(b.buffer, b.byteOffset, b.byteLength));
-    }
-    return out;
+    return groupNotifs(flat, (b) => new Uint8Array(b.buffer, b.byteOffset, b.byteLength));
   }
 
   async close(): Promise<void> {
