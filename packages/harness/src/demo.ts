@@ -350,7 +350,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
     `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
     `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
-    `faulted proxy requests: ${hit.map((n) => `#${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
+    `faulted proxy requests (numbered in arrival order at the proxy; the prompt rN each one landed on is listed after the run): ${hit.map((n) => `#${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
   ];
   for (const l of setup) print(l);
   // The single instance: a greedy engine of this process, on the same prompts.

@@ -106,8 +106,13 @@ export function markdownReport(r: ScenarioResult, o: { title?: string; setup?: s
     const reasons = Object.entries(s.unverifiedReasons);
     if (reasons.length) out.push(mermaidBar('Unverified reasons', reasons.map(([k]) => k), reasons.map(([, v]) => v), 'loads'), '');
     out.push('## Transfer and checksum time per request', '');
-    out.push(mermaidBar('KV load time per request (ms)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.transferMs ?? 0), 'ms'), '');
-    out.push(mermaidBar('KV bytes loaded per request (KiB)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.loadBytes / 1024), 'KiB'), '');
+    // Per-load figures exist only where the loads ran in this process; no chart of zeros otherwise.
+    if (run.requests.some((q) => q.transferMs !== null && q.transferMs !== undefined)) {
+      out.push(mermaidBar('KV load time per request (ms)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.transferMs ?? 0), 'ms'), '');
+    } else out.push('Per-request KV load time: n/a (the loads ran in the consumer process; see the summary for totals).', '');
+    if (run.requests.some((q) => q.loadBytes > 0)) {
+      out.push(mermaidBar('KV bytes loaded per request (KiB)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.loadBytes / 1024), 'KiB'), '');
+    } else out.push('Per-request KV bytes: n/a (the loads ran in the consumer process; see the summary for totals).', '');
     out.push(
       mermaidBar('Checksum compute time (ms)', ['producer', 'consumer'], [s.checksumMs.send, s.checksumMs.recv], 'ms'),
       '',
