@@ -16,8 +16,7 @@
  *   {@link EngineServerOptions.onShutdown}).
  * @module
  */
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { LoadEvent, NotSentReason, PayloadSentEvent } from '@kvconnect/core';
 import type { Engine, GenerateResult } from '../engine.js';
 import {
@@ -35,6 +34,9 @@ import {
   type CompletionRequest,
   type CompletionResponse,
   type KVConnectInfo,
+  createJsonHttpServer,
+  listenOn,
+  replyAndShutdown,
 } from './protocol.js';
 
 /** Options of {@link startEngineServer}. */
@@ -261,26 +263,14 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
       case '/shutdown':
         if (options.allowShutdown === false) throw new HttpError(404, `no route ${path}`, 'not_found_error');
         if (method !== 'POST') throw methodNotAllowed('POST');
-        sendJson(res, 200, { status: 'shutting-down', engine_id: engine.engineId });
-        setImmediate(() => {
-          void close()
-            .then(() => options.onShutdown?.())
-            .catch(() => {});
-        });
+        replyAndShutdown(res, { status: 'shutting-down', engine_id: engine.engineId }, close, options.onShutdown);
         return;
       default:
         throw new HttpError(404, `no route ${method} ${path}`, 'not_found_error');
     }
   }
 
-  const server: Server = createServer((req, res) => {
-    handle(req, res).catch((e: unknown) => sendError(res, e));
-  });
-  server.keepAliveTimeout = 5000;
-  server.on('clientError', (_err, socket) => {
-    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
-    else socket.destroy();
-  });
+  const server: Server = createJsonHttpServer(handle);
 
   let closedResolve!: () => void;
   const closed = new Promise<void>((r) => (closedResolve = r));
@@ -313,14 +303,6 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
     return closeP;
   }
 
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(options.port ?? 0, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  server.on('error', () => {});
-  const port = (server.address() as AddressInfo).port;
+  const port = await listenOn(server, options.port ?? 0, host);
   return { url: urlOf(host, port), port, host, close, closed };
 }

@@ -18,7 +18,8 @@
  * Any other key is an error.
  * @module
  */
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import type { FinishReason, KVTransferParams } from '../contracts.js';
 
 /** An error with the HTTP status it answers with (`type` names its class in the JSON body). */
@@ -382,4 +383,50 @@ export function methodNotAllowed(allow: string): HttpError {
 /** The URL of a listening server address (IPv6 hosts bracketed). */
 export function urlOf(host: string, port: number): string {
   return `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+}
+
+/**
+ * An HTTP server for a JSON API: `handle` serves each request, and anything it throws is answered
+ * by {@link sendError} (an {@link HttpError} with its status, anything else 500). Malformed HTTP
+ * gets a bare 400 and the connection closes; nothing a client sends can throw out of the server.
+ */
+export function createJsonHttpServer(handle: (req: IncomingMessage, res: ServerResponse) => Promise<void>): Server {
+  const server = createServer((req, res) => {
+    handle(req, res).catch((e: unknown) => sendError(res, e));
+  });
+  server.keepAliveTimeout = 5000;
+  server.on('clientError', (_err, socket) => {
+    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+    else socket.destroy();
+  });
+  return server;
+}
+
+/**
+ * Listens on `host:port` (0: any free port). @returns the bound port.
+ * @throws the listen error (address in use, permission); later server errors are ignored.
+ */
+export async function listenOn(server: Server, port: number, host: string): Promise<number> {
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  server.on('error', () => {});
+  return (server.address() as AddressInfo).port;
+}
+
+/**
+ * Answers `POST /shutdown` with `body`, then (after the reply is sent) runs `close` and
+ * `onShutdown`. Errors of either are ignored: the process is going away.
+ */
+export function replyAndShutdown(res: ServerResponse, body: unknown, close: () => Promise<void>, onShutdown?: () => void): void {
+  sendJson(res, 200, body);
+  setImmediate(() => {
+    void close()
+      .then(() => onShutdown?.())
+      .catch(() => {});
+  });
 }
