@@ -13,6 +13,8 @@ export {
   fingerprintOfText,
   planGroup,
   packTables,
+  packEntryGroups,
+  makeEntry,
   entryExtent,
   type Entry,
   type GroupPlan,

@@ -198,7 +198,12 @@ function columnOf(columns: ReplicaKey[], key: ReplicaKey): number {
   return i;
 }
 
-function emptyEntry(kind: number): Entry {
+/**
+ * A `kvc_entry` of `kind` with every field at its neutral value (counts 1 for element dims, all
+ * else 0), overridden by `fields`. For building tables by hand (tests, tools); the planner fills
+ * every field it uses.
+ */
+export function makeEntry(kind: number, fields: Partial<Entry> = {}): Entry {
   return {
     kind,
     region: 0,
@@ -219,6 +224,7 @@ function emptyEntry(kind: number): Entry {
     elemBytes: 0,
     numBlocks: 0,
     blockTokens: 0,
+    ...fields,
   };
 }
 
@@ -331,7 +337,7 @@ function planAttention(plan: GroupPlan, c: AttentionCacheView, name: string, lay
     for (const p of c.parts) {
       const kbt = p.kernelBlockTokens ?? B;
       if (!(Number.isSafeInteger(kbt) && kbt >= 1 && B % kbt === 0)) throw new Skip('invalid-view', `${c.name}: kernel block of ${kbt} tokens does not divide ${B}`);
-      const e = emptyEntry(ENTRY_ATTN);
+      const e = makeEntry(ENTRY_ATTN);
       e.region = checkInt(p.region, 'region');
       e.column = column;
       e.offset = checkInt(p.offset, 'offset');
@@ -377,7 +383,7 @@ function planState(plan: GroupPlan, c: StateCacheView, name: string, layer: numb
       const st = stateStrides(s);
       if (st.some((v, i) => v !== dense[i] && s.shape[i] !== 1)) throw new Skip('state-layout', `${c.name}: a state without a split must be contiguous`);
       const bytes = s.shape.reduce((a, b) => a * b, 1) * eb;
-      const e = emptyEntry(ENTRY_STREAM);
+      const e = makeEntry(ENTRY_STREAM);
       e.region = checkInt(s.region, 'region');
       e.column = column;
       e.offset = checkInt(s.offset, 'offset');
@@ -435,7 +441,7 @@ function planState(plan: GroupPlan, c: StateCacheView, name: string, layer: numb
       const shard = Math.floor(rank.tpRank / R);
       const global = (local * rank.tpSize) / R;
       if (rank.role === 'consumer' || replica === 0) {
-        const e = emptyEntry(ENTRY_ROWS);
+        const e = makeEntry(ENTRY_ROWS);
         e.region = checkInt(s.region, 'region');
         e.column = columnOf(plan.columns, { replicas: R, replica });
         e.offset = checkInt(s.offset, 'offset') + localStart * st[axis];
@@ -506,17 +512,22 @@ export function readEntry(dv: DataView, at: number): Entry {
 
 /** Packs several groups' entries into one table set (group `g` = `plans[g]`). */
 export function packTables(plans: readonly GroupPlan[]): PackedTables {
-  const total = plans.reduce((a, p) => a + p.entries.length, 0);
+  return packEntryGroups(plans.map((p) => p.entries));
+}
+
+/** Packs entry lists into one table set (group `g` = `groups[g]`), 128 bytes LE per entry. */
+export function packEntryGroups(groups: ReadonlyArray<readonly Entry[]>): PackedTables {
+  const total = groups.reduce((a, g) => a + g.length, 0);
   const entries = new Uint8Array(total * ENTRY_BYTES);
   const dv = new DataView(entries.buffer);
-  const groupStart = new Uint32Array(plans.length + 1);
+  const groupStart = new Uint32Array(groups.length + 1);
   let k = 0;
-  plans.forEach((p, g) => {
-    groupStart[g] = k;
-    for (const e of p.entries) writeEntry(dv, ENTRY_BYTES * k++, e);
+  groups.forEach((g, i) => {
+    groupStart[i] = k;
+    for (const e of g) writeEntry(dv, ENTRY_BYTES * k++, e);
   });
-  groupStart[plans.length] = k;
-  return { entries, groupStart, nGroups: plans.length };
+  groupStart[groups.length] = k;
+  return { entries, groupStart, nGroups: groups.length };
 }
 
 /**

@@ -7,52 +7,21 @@
  * is printed. The C++ test (native/cuda/test_cuda.cc) covers the kernel far more widely.
  */
 import { describe, expect, it } from 'vitest';
-import { ENTRY_ATTN, ENTRY_BYTES, ENTRY_ROWS, ENTRY_STREAM, type PackedTables } from '../src/backend.js';
+import { ENTRY_ATTN, ENTRY_ROWS, ENTRY_STREAM, type PackedTables } from '../src/backend.js';
 import { cudaBindings, cudaUnavailableReason, loadCudaBackend, type CudaChecksumBackend, type DeviceRegion } from '../src/backend-cuda.js';
 import { loadNativeBackend } from '../src/backend-native.js';
 import { tsBackend } from '../src/backend-ts.js';
-import { writeEntry, type Entry } from '../src/plan.js';
+import { makeEntry, packEntryGroups, type Entry } from '../src/plan.js';
 import { Rng } from './layouts.js';
 
 const reason = cudaUnavailableReason();
 if (reason) console.log(`cuda backend tests skipped: ${reason}`);
 
 function entry(e: Partial<Entry> & Pick<Entry, 'kind' | 'numBlocks'>): Entry {
-  return {
-    region: 0,
-    column: 0,
-    offset: 0,
-    factorBase: 0n,
-    blockStride: 0,
-    outerStride: 0,
-    kblockStride: 0,
-    tokenStride: 0,
-    elemStride: [0, 0, 0],
-    elemCount: [1, 1, 1],
-    outerCount: 1,
-    kblockTokens: 0,
-    byteStart: 0,
-    byteCount: 0,
-    cellPieces: 0,
-    elemBytes: 0,
-    blockTokens: 0,
-    ...e,
-  };
+  return makeEntry(e.kind, e);
 }
 
-function pack(groups: Entry[][]): PackedTables {
-  const n = groups.reduce((a, g) => a + g.length, 0);
-  const entries = new Uint8Array(n * ENTRY_BYTES);
-  const dv = new DataView(entries.buffer);
-  const groupStart = new Uint32Array(groups.length + 1);
-  let k = 0;
-  groups.forEach((g, i) => {
-    groupStart[i] = k;
-    for (const e of g) writeEntry(dv, ENTRY_BYTES * k++, e);
-  });
-  groupStart[groups.length] = k;
-  return { entries, groupStart, nGroups: groups.length };
-}
+const pack = packEntryGroups;
 
 interface Fixture {
   tables: PackedTables;
