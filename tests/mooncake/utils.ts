@@ -96,20 +96,7 @@ export function single(model: EngineOptions['model'], o: SideOptions = {}): Engi
   return new Engine({ model, numBlocks: 256, maxNumBatchedTokens: 256, ...o, engineId: `mc-single-${seq++}` });
 }
 
-/** Counter value of a prom-client counter with optional labels. */
-export async function counter(obs: KVChecksumObservability, name: keyof KVChecksumObservability['metrics'], labels: Record<string, string> = {}): Promise<number> {
-  const m = await (obs.metrics[name] as unknown as { get(): Promise<{ values: Array<{ value: number; labels: Record<string, string> }> }> }).get();
-  return m.values.filter((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x)).reduce((a, v) => a + v.value, 0);
-}
-
-/** Waits until `cond()` or throws after `ms`. */
-export async function until(cond: () => boolean, ms = 5000): Promise<void> {
-  const t0 = Date.now();
-  while (!cond()) {
-    if (Date.now() - t0 > ms) throw new Error('timed out');
-    await new Promise((r) => setTimeout(r, 2));
-  }
-}
+export { checksumCounter as counter, until } from '../support.js';
 
 /**
  * A TransferAgent that delegates to another and, while armed, corrupts the bytes of the next

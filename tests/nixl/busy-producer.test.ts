@@ -39,7 +39,7 @@ describe('busy producer (side-channel answers slower than the handshake timeout)
   for (const mode of ['pull', 'push'] as const) {
     it(`${mode}: concurrent loads through the proxy all verify and equal a single instance`, async () => {
       const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
-      const want = [];
+      const want: number[][] = [];
       for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
       const extra = { handshake_timeout_ms: HANDSHAKE_MS };
       const pd = await makeNixlPD({

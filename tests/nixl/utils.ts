@@ -102,27 +102,7 @@ export function single(model: EngineOptions['model'], o: SideOptions = {}): Engi
   return new Engine({ model, numBlocks: 128, maxNumBatchedTokens: 256, ...o, engineId: `nixl-single-${seq++}` });
 }
 
-/** Sum of a prom-client metric's values matching `labels`. */
-export async function metricValue(registry: Registry, name: string, labels: Record<string, string> = {}): Promise<number> {
-  const m = registry.getSingleMetric(name);
-  if (!m) return 0;
-  const v = await m.get();
-  return v.values.filter((x) => Object.entries(labels).every(([k, l]) => x.labels[k] === l) && !(x as { metricName?: string }).metricName?.endsWith('_bucket')).reduce((a, x) => a + x.value, 0);
-}
-
-/** Counter of the consumer's checksum observability. */
-export async function checksumCounter(obs: KVChecksumObservability, name: keyof KVChecksumObservability['metrics'], labels: Record<string, string> = {}): Promise<number> {
-  return metricValue(obs.registry, (await obs.metrics[name].get()).name, labels);
-}
-
-/** Waits until `cond()` or throws after `ms`. */
-export async function until(cond: () => boolean, ms = 10_000): Promise<void> {
-  const t0 = Date.now();
-  while (!cond()) {
-    if (Date.now() - t0 > ms) throw new Error('timed out');
-    await new Promise((r) => setTimeout(r, 2));
-  }
-}
+export { checksumCounter, metricValue, until } from '../support.js';
 
 /**
  * A {@link TransferAgent} that delegates to a real one and flips one bit of the bytes moved by

@@ -1,0 +1,27 @@
+/** Helpers shared by the cross-package tests (tests/nixl, tests/mooncake, ...). */
+import type { KVChecksumObservability } from '@kvconnect/core';
+import type { Registry } from 'prom-client';
+
+/** Waits until `cond()` holds, polling every 2 ms; throws `timed out` after `ms`. */
+export async function until(cond: () => boolean, ms = 10_000): Promise<void> {
+  const t0 = Date.now();
+  while (!cond()) {
+    if (Date.now() - t0 > ms) throw new Error('timed out');
+    await new Promise((r) => setTimeout(r, 2));
+  }
+}
+
+/** Sum of a prom-client metric's values whose labels include `labels` (histogram buckets left out). */
+export async function metricValue(registry: Registry, name: string, labels: Record<string, string> = {}): Promise<number> {
+  const m = registry.getSingleMetric(name);
+  if (!m) return 0;
+  const v = await m.get();
+  return v.values
+    .filter((x) => Object.entries(labels).every(([k, l]) => x.labels[k] === l) && !(x as { metricName?: string }).metricName?.endsWith('_bucket'))
+    .reduce((a, x) => a + x.value, 0);
+}
+
+/** A counter of an engine's checksum observability (e.g. `loads` by `verdict`). */
+export async function checksumCounter(obs: KVChecksumObservability, name: keyof KVChecksumObservability['metrics'], labels: Record<string, string> = {}): Promise<number> {
+  return metricValue(obs.registry, (await obs.metrics[name].get()).name, labels);
+}
