@@ -20,6 +20,17 @@
  *     {@link KVConnectorScheduler.updateConnectorOutput}; finished requests go through
  *     {@link KVConnectorScheduler.requestFinished}.
  *
+ * Processes: the scheduler half runs in the engine (scheduler) process and every worker half in its
+ * worker's process (one per TP rank x PP stage, as in production). The halves exchange only what this
+ * contract carries, and all of it is plain data ({@link PlainData}): the scheduler half's
+ * {@link KVConnectorScheduler.buildConnectorMeta} reaches every worker's
+ * {@link KVConnectorWorker.bindConnectorMetadata}; a worker's {@link TransferResults.workerMeta}
+ * reaches the scheduler half in {@link KVConnectorOutput.kvConnectorWorkerMeta}; and once, at start,
+ * each worker's {@link KVConnectorWorker.getHandshakeMetadata} reaches the scheduler half's
+ * {@link KVConnectorScheduler.setXferHandshakeMetadata} (vLLM `get_handshake_metadata` /
+ * `set_xfer_handshake_metadata`). Nothing may work only because two halves share a process: no
+ * process-global registries, hubs or shared objects between halves.
+ *
  * Blocks: the engine's KV cache manager owns every block. A connector never frees a block; when
  * `requestFinished` returns `delayFree: true` the engine keeps the request's blocks until a worker
  * reports the request in `finishedSending` (the consumer read them, or the lease expired).
@@ -100,11 +111,31 @@ export interface SchedulerOutput {
   readonly kvChecksumMetadata: unknown;
 }
 
-/** Scheduler-to-worker metadata of one connector (connector-defined). */
+/** Scheduler-to-worker metadata of one connector (connector-defined plain data). */
 export type KVConnectorMetadata = unknown;
 
-/** What one worker reports after a step (vLLM `KVConnectorOutput`). */
-export interface KVConnectorOutput {
+/**
+ * What may cross between a connector's halves (and between the engine's processes): values a
+ * structured-clone serializer carries (msgpackr with `structuredClone`, `node:v8` serialize):
+ * `null`, booleans, numbers, bigints, strings, `Uint8Array` (and other typed arrays), arrays, plain
+ * objects, `Map` and `Set` of these. No functions, class instances with behaviour, or shared objects.
+ * This type documents the rule; engines enforce it by serializing what crosses.
+ */
+export type PlainData = unknown;
+
+/** A worker's handshake metadata, keyed by worker: `"${ppRank}:${tpRank}"` (see {@link workerKey}). */
+export type HandshakeMetadataByWorker<H> = ReadonlyMap<string, H>;
+
+/** The key of a worker in {@link HandshakeMetadataByWorker}: `"${ppRank}:${tpRank}"`. */
+export function workerKey(ppRank: number, tpRank: number): string {
+  return `${ppRank}:${tpRank}`;
+}
+
+/**
+ * What one worker reports after a step (vLLM `KVConnectorOutput`). Plain data: it crosses from the
+ * worker process to the engine process. `W` is the connector's worker-to-scheduler metadata.
+ */
+export interface KVConnectorOutput<W = unknown> {
   ppRank: number;
   tpRank: number;
   /** Requests whose KV this worker finished sending (the producer may free their blocks). */
@@ -117,6 +148,8 @@ export interface KVConnectorOutput {
   kvChecksums: Map<string, Uint8Array>;
   /** The KV checksum worker's report for this step (opaque here; see checksum-worker). */
   kvChecksumReport?: unknown;
+  /** The connector's worker-to-scheduler metadata of this step ({@link TransferResults.workerMeta}). */
+  kvConnectorWorkerMeta?: W;
 }
 
 /** A worker's registered KV caches, as views over its memory (@kvconnect/checksum). */
@@ -133,29 +166,41 @@ export interface WorkerKVCaches {
 }
 
 /** Transfer results since the previous call ({@link KVConnectorWorker.getTransferResults}). */
-export interface TransferResults {
+export interface TransferResults<W = unknown> {
   finishedSending: Set<string>;
   finishedRecving: Set<string>;
   invalidBlockIds: Set<number>;
   kvChecksums: Map<string, Uint8Array>;
+  /**
+   * Connector-defined plain data for the scheduler half (e.g. leases a worker saw released, transfer
+   * statistics); the engine passes it on in {@link KVConnectorOutput.kvConnectorWorkerMeta}.
+   */
+  workerMeta?: W;
 }
 
 /**
  * The scheduler half of a connector. Runs on the engine's scheduler; its hooks must not block
  * (no waiting on the network; return what is known now).
  */
-export interface KVConnectorScheduler {
+export interface KVConnectorScheduler<S = KVConnectorMetadata, W = unknown, H = unknown> {
   /**
    * Called by `schedule()` for a waiting request. Returns how many tokens past
    * `numComputedTokens` (the local prefix-cache hit) the connector can load.
    */
   getNumNewMatchedTokens(request: ConnectorRequest, numComputedTokens: number): MatchedTokens;
+  /**
+   * Called once at start, before the first step, with every worker's
+   * {@link KVConnectorWorker.getHandshakeMetadata} (workers that returned null are left out), keyed
+   * by {@link workerKey} (vLLM `set_xfer_handshake_metadata`). A connector that serves a side channel
+   * from the scheduler process (e.g. NIXL's handshake) starts it here. The engine awaits it.
+   */
+  setXferHandshakeMetadata?(metadata: HandshakeMetadataByWorker<H>): void | Promise<void>;
   /** Called after the engine allocated the request's blocks (all groups), with the external token count. */
   updateStateAfterAlloc(request: ConnectorRequest, blocks: BlockIdsPerGroup, numExternalTokens: number): void;
   /** Called once per step after scheduling; the result reaches every worker's `bindConnectorMetadata`. */
-  buildConnectorMeta(output: Omit<SchedulerOutput, 'kvConnectorMetadata' | 'kvChecksumMetadata'>): KVConnectorMetadata;
+  buildConnectorMeta(output: Omit<SchedulerOutput, 'kvConnectorMetadata' | 'kvChecksumMetadata'>): S;
   /** Called with every worker's output of a step, after `updateFromOutput` collected them. */
-  updateConnectorOutput(outputs: readonly KVConnectorOutput[]): void;
+  updateConnectorOutput(outputs: readonly KVConnectorOutput<W>[]): void;
   /** Called when a request finishes (stopped, length, aborted, error), before its blocks are freed. */
   requestFinished(request: ConnectorRequest, blocks: BlockIdsPerGroup, reason: FinishReason): RequestFinishedResult;
   /** Where this connector carries KV checksums for `request` (SPEC 7); null: it cannot. */
@@ -172,12 +217,17 @@ export interface KVConnectorScheduler {
 /** Why a request finished. */
 export type FinishReason = 'stop' | 'length' | 'abort' | 'error';
 
-/** The worker half of a connector: one instance per worker (TP rank x PP stage). */
-export interface KVConnectorWorker {
+/** The worker half of a connector: one instance per worker (TP rank x PP stage), in the worker's process. */
+export interface KVConnectorWorker<S = KVConnectorMetadata, W = unknown, H = unknown> {
   /** Called once at start with the worker's caches (memory and views). */
   registerKvCaches(caches: WorkerKVCaches): void | Promise<void>;
+  /**
+   * Called once after {@link registerKvCaches}: this worker's transfer metadata for the scheduler
+   * half (vLLM `get_handshake_metadata`), plain data, or null for none.
+   */
+  getHandshakeMetadata?(): H | null;
   /** Called at the start of each step with the connector's metadata. */
-  bindConnectorMetadata(meta: KVConnectorMetadata): void;
+  bindConnectorMetadata(meta: S): void;
   /** Starts this step's loads; must not wait for them. */
   startLoadKv(output: SchedulerOutput): void;
   /** Called before layer `layerName` reads KV in the forward pass (layer-wise loading). */
@@ -187,19 +237,23 @@ export interface KVConnectorWorker {
   /** Called after the forward pass. */
   waitForSave?(): void;
   /** Transfers that completed since the previous call; never waits. */
-  getTransferResults(): TransferResults;
+  getTransferResults(): TransferResults<W>;
   /** Called at the end of each step. */
   clearConnectorMetadata(): void;
   /** Releases resources. */
   shutdown?(): Promise<void> | void;
 }
 
-/** A connector: its two halves, created by a registered factory. */
-export interface KVConnectorFactory {
+/**
+ * A connector: its two halves, created by a registered factory. Generic over the connector's
+ * scheduler-to-worker metadata `S`, worker-to-scheduler metadata `W` and handshake metadata `H`
+ * (all plain data), so neither half casts `unknown`.
+ */
+export interface KVConnectorFactory<S = any, W = any, H = any> {
   /** The registered name (`kv_connector`). */
   readonly name: string;
-  createScheduler(config: KVTransferConfig, ctx: SchedulerContext): KVConnectorScheduler;
-  createWorker(config: KVTransferConfig, ctx: WorkerContext): KVConnectorWorker;
+  createScheduler(config: KVTransferConfig, ctx: SchedulerContext): KVConnectorScheduler<S, W, H>;
+  createWorker(config: KVTransferConfig, ctx: WorkerContext): KVConnectorWorker<S, W, H>;
 }
 
 /** What a connector's scheduler half knows about its engine. */
