@@ -82,7 +82,7 @@ const plain = () => addon.plainSum64(mem);
 if (addon) plain(); // warm
 const isas = addon ? ['avx512', 'avx2', 'generic'].filter((i) => addon.setCpuIsa(i)) : [];
 if (addon) addon.setCpuIsa('auto');
-const best = addon?.cpuIsa();
+const best = addon?.cpuIsa(); // the default choice (native/include/kvc_checksum.h: kvc_cpu_isa)
 const THREADS = Number(process.env.KVC_BENCH_THREADS ?? 4);
 for (const layout of ['HND', 'NHD']) {
   const view = pagedAttentionCache({ name: 'model.layers.0.self_attn.attn', ...geo, numBlocks, layout, at: { region: 0 } });

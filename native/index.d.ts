@@ -36,7 +36,7 @@ export interface KvconnectNativeAddon {
   sumRowsAsync(entries: Uint8Array, groupStart: Uint32Array, regions: readonly NativeBytes[], rows: Uint32Array, out: BigUint64Array, threads?: number): Promise<void>;
   /** The instruction set of the CPU kernel's loop: `avx512`, `avx2` or `generic` (`kvc_cpu_isa`). */
   cpuIsa(): 'avx512' | 'avx2' | 'generic';
-  /** Chooses it (`auto` = widest this CPU runs); false when this CPU cannot run `name` (unchanged then). */
+  /** Chooses it (`auto` = AVX2, else AVX-512, else generic); false when this CPU cannot run `name` (unchanged then). */
   setCpuIsa(name: 'auto' | 'avx512' | 'avx2' | 'generic'): boolean;
   /** {@link plainSum64} on `threads` threads (the multi-core read baseline, `kvc_plain_sum64_mt`). */
   plainSum64Parallel(buf: NativeBytes, threads: number): bigint;

@@ -217,14 +217,16 @@ uint64_t kvc_weighted_sum64(const uint8_t* p, size_t n_words);
 /**
  * The instruction set the CPU kernel's loop runs with: "avx512" (AVX-512F), "avx2" or "generic"
  * (SSE2 on x86-64, NEON on aarch64, else scalar). Chosen once, at the first call of any kernel
- * function: the value of the environment variable KVC_CPU_ISA when this CPU runs it, else the
- * widest one it runs. Every variant gives the same sums bit for bit.
+ * function: the value of the environment variable KVC_CPU_ISA when this CPU runs it, else AVX2
+ * if the CPU runs it (faster than AVX-512 on memory-bound sums where 512-bit operations lower the
+ * clock: bench/README.md), else AVX-512F, else generic. Every variant gives the same sums bit for bit.
  * @return a static string
  */
 const char* kvc_cpu_isa(void);
 
 /**
- * Chooses the loop's instruction set ("auto", "generic", "avx2", "avx512") for later calls (tests
+ * Chooses the loop's instruction set ("auto" = the default choice above, "generic", "avx2",
+ * "avx512") for later calls (tests
  * and benchmarks compare the variants). Not thread-safe against calls running at the same time.
  * @return KVC_OK, or KVC_EINVAL for an unknown name or one this CPU does not run (unchanged then)
  */
