@@ -213,6 +213,8 @@ export class EngineClient implements PDEndpoint {
    * (the server closed the idle connection as the request went out: ECONNRESET, EPIPE) is sent
    * again once, on a fresh connection, as Node's `http` documentation advises
    * (`request.reusedSocket`); any other failure is an {@link EngineClientError} with status 0.
+   * (A server that reset the connection after reading the request, e.g. a crash, may see it twice:
+   * a completion's `request_id` then answers 409 while the first one runs.)
    */
   private async request(method: string, path: string, json: unknown, timeoutMs: number, parse = true, external?: AbortSignal): Promise<{ status: number; body: unknown; text: string }> {
     const timeout = AbortSignal.timeout(timeoutMs);

@@ -86,7 +86,7 @@ export interface ProxyServer {
   /** The engines, as connected at start (engine ids learned from `/health`). */
   readonly prefill: readonly EngineClient[];
   readonly decode: readonly EngineClient[];
-  /** Stops accepting requests, waits for running ones (up to the grace period), closes connections. Idempotent. */
+  /** Stops accepting requests, waits for running ones (up to the grace period), closes connections (its engine clients' idle ones too). Idempotent. */
   close(): Promise<void>;
   /** Resolves when the server closed. */
   readonly closed: Promise<void>;
@@ -106,7 +106,7 @@ async function connectWithRetry(url: string, deadline: number, timeoutMs: number
 /**
  * Whether a consumer is reachable: an answer within `intervalMs` proves it up; otherwise (and at
  * most once per interval while it is down) its `/health` is asked. Requests for a down consumer
- * fail fast ({@link ConsumerUnreachable}).
+ * fail fast (HttpError 503 with `retry-after`).
  */
 class Reachability {
   private lastOkAt: number;
@@ -150,6 +150,11 @@ class Reachability {
     this.checking ??= this.check().finally(() => (this.checking = null));
     await this.checking;
     if (this.why !== null) throw this.unreachable();
+  }
+
+  /** Drops the checker's idle connection. */
+  close(): void {
+    this.checker.close();
   }
 
   private async check(): Promise<void> {
@@ -335,6 +340,8 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
       await new Promise((r) => setImmediate(r));
       server.closeAllConnections();
       await serverClosed;
+      for (const c of [...prefill, ...decode]) c.close();
+      for (const r of reach) r.close();
       closedResolve();
     })();
     return closeP;
