@@ -9,9 +9,9 @@
 //    engine with a 256-token step budget, and 4 short requests (32 tokens, 4 generated) sent once
 //    the long one is running. Latency of the short requests and of the long one, with the long
 //    prefill threshold off (0) and at its default (a quarter of the budget: 64).
-// 2. Abandoned requests: 20 requests of 600 generated tokens through the proxy, abandoned by
-//    their clients once they decode; then the consumer's unfinished requests and the latency of 5
-//    normal requests (8 tokens), against 5 sent before (baseline).
+// 2. Abandoned requests: 20 requests of 600 generated tokens through the proxy. Latency of 5
+//    normal requests (8 tokens): alone, beside the 20 while they decode (what abandoned requests
+//    that run on cost), and right after their clients went away (aborted on both engines).
 // 3. Consumer down: the consumer's server stopped; 4 clients send 100 requests one after another,
 //    then 50 at once: statuses, the producer's steps, held requests and KV usage. Then the
 //    consumer is started again on its port: the next request after the check interval.
@@ -70,11 +70,11 @@ function pd() {
 const post = (url, body, signal) =>
   fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal }).then(async (r) => ({ status: r.status, body: await r.json() }));
 
-async function normalLatencies(url, n) {
+async function normalLatencies(url, n, tag) {
   const out = [];
   for (let i = 0; i < n; i++) {
     const t0 = performance.now();
-    const r = await post(url, { prompt: `a normal request ${i}`, max_tokens: 8, ignore_eos: true });
+    const r = await post(url, { prompt: `a normal request (${tag}) number ${i}`, max_tokens: 8, ignore_eos: true });
     if (r.status !== 200) throw new Error(`normal request answered ${r.status}`);
     out.push(performance.now() - t0);
   }
@@ -95,17 +95,19 @@ for (const threshold of [0, 64]) {
   let d = await startEngineServer(consumer);
   const proxy = await startProxyServer({ prefill: [p.url], decode: [d.url] });
   console.log('\n## 2. 20 abandoned requests of 600 tokens');
-  await normalLatencies(proxy.url, 3); // warm-up (JIT)
-  const base = await normalLatencies(proxy.url, 5);
+  await normalLatencies(proxy.url, 3, 'warm-up'); // JIT
+  const base = await normalLatencies(proxy.url, 5, 'before');
   const acs = Array.from({ length: 20 }, () => new AbortController());
   const gone = acs.map((ac, i) => post(proxy.url, { prompt: `abandoned ${i}`, max_tokens: 600, ignore_eos: true }, ac.signal).catch(() => null));
   await until(() => consumer.scheduler.running.length === 20 && consumer.scheduler.running.every((r) => r.outputTokenIds.length > 0));
+  // What abandoned requests cost when they run on (no abort): the same 20, still connected.
+  const during = await normalLatencies(proxy.url, 5, 'during');
   const steps0 = consumer.stats.steps;
   for (const ac of acs) ac.abort();
   await Promise.all(gone);
-  const after = await normalLatencies(proxy.url, 5);
+  const after = await normalLatencies(proxy.url, 5, 'after');
   await until(() => consumer.scheduler.numUnfinished === 0);
-  console.log(`normal request latency (median of 5): before ${fmt(median(base))}, right after abandoning ${fmt(median(after))}`);
+  console.log(`normal request latency (median of 5): alone ${fmt(median(base))}; beside the 20 still running ${fmt(median(during))}; right after their clients went away ${fmt(median(after))}`);
   console.log(`consumer steps from the abort until its abandoned requests were gone (with the 5 normal ones): ${consumer.stats.steps - steps0}; unfinished now ${consumer.scheduler.numUnfinished}`);
 
   console.log('\n## 3. consumer down: 4 clients send 100 requests one after another, then a burst of 50 at once');
