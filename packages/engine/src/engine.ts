@@ -48,6 +48,13 @@ export interface EngineOptions {
   maxNumBatchedTokens?: number;
   /** Most running requests (default 256). */
   maxNumSeqs?: number;
+  /**
+   * Most prompt tokens one request gets in a step (vLLM's `long_prefill_token_threshold`; see
+   * `SchedulerOptions.longPrefillTokenThreshold` in `scheduler.ts`): default a quarter of
+   * `maxNumBatchedTokens` (at least 1), so a long prompt cannot take a whole step from other requests;
+   * 0 = no cap.
+   */
+  longPrefillTokenThreshold?: number;
   /** vLLM `kv_transfer_config` (raw; validated by `parseKVTransferConfig`). */
   kvTransferConfig?: unknown;
   /** Prefix caching (default true). */
@@ -202,6 +209,7 @@ export class Engine {
       numBlocks,
       maxNumBatchedTokens: this.o.maxNumBatchedTokens ?? 256,
       maxNumSeqs: this.o.maxNumSeqs,
+      longPrefillTokenThreshold: this.o.longPrefillTokenThreshold ?? Math.max(1, Math.floor((this.o.maxNumBatchedTokens ?? 256) / 4)),
       enablePrefixCaching: this.o.enablePrefixCaching ?? true,
       worldSize: this.tpSize * this.ppSize,
       eosTokenId: this.model.eosTokenId,

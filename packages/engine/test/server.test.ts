@@ -10,7 +10,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { Engine } from '../src/engine.js';
 import { EngineClient, EngineClientError } from '../src/server/engine-client.js';
 import { startEngineServer, type EngineServer } from '../src/server/engine-server.js';
-import { parseEngineArgs, parseProxyArgs } from '../src/server/main.js';
+import { engineOptionsOf, parseEngineArgs, parseProxyArgs } from '../src/server/main.js';
 import { findStop, parseCompletionRequest } from '../src/server/protocol.js';
 import { startProxyServer, type ProxyServer } from '../src/server/proxy-server.js';
 import { inProcessBus } from '@kvconnect/engine/testing';
@@ -369,6 +369,9 @@ describe('CLI parsing', () => {
       },
     });
     expect(parseEngineArgs(['--help'])).toEqual({ help: true });
+    const lp = parseEngineArgs(['--preset', 'mla', '--long-prefill-token-threshold', '48']);
+    expect(lp.help === false && engineOptionsOf(lp.config).longPrefillTokenThreshold).toBe(48);
+    expect(() => parseEngineArgs(['--config-json', '{"preset":"mla","longPrefillTokenThreshold":-1}'])).toThrow(/longPrefillTokenThreshold/);
     expect(() => parseEngineArgs([])).toThrow(/give a model/);
     expect(() => parseEngineArgs(['--preset', 'nope'])).toThrow(/preset: expected one of/);
     expect(() => parseEngineArgs(['--preset', 'mla', '--tp-size', 'x'])).toThrow(/--tp-size/);

@@ -456,6 +456,27 @@ function sameIds(a: readonly number[], b: readonly number[]): boolean {
  * A scenario whose connector is not available here is skipped (with the reason).
  */
 export async function runScenario(s: Scenario, o: RunScenarioOptions = {}): Promise<ScenarioResult> {
+  const hold = holdEventLoop();
+  try {
+    return await runScenarioHeld(s, o);
+  } finally {
+    hold.release();
+  }
+}
+
+/**
+ * Keeps Node's event loop alive (a ref'd timer that never fires) until `release()`. Connectors
+ * keep their own timers and sockets `unref()`'d so that they never hold a process open (the NIXL
+ * worker's notif poller sleeps on one: `packages/nixl-common/src/worker.ts`), so a run awaiting
+ * only them, e.g. an engine shutdown waiting for the poller's last sleep, would otherwise let the
+ * loop empty and the process exit mid-run (code 13, "unsettled top-level await", no output).
+ */
+export function holdEventLoop(): { release(): void } {
+  const t = setInterval(() => {}, 1 << 30);
+  return { release: () => clearInterval(t) };
+}
+
+async function runScenarioHeld(s: Scenario, o: RunScenarioOptions): Promise<ScenarioResult> {
   const t0 = performance.now();
   const conn = await resolveConnector(s.connector);
   if ('skip' in conn) return { scenario: s, file: o.file, skipped: conn.skip, runs: [], expectations: [], durationMs: performance.now() - t0 };

@@ -42,6 +42,8 @@ export interface EngineProcessConfig {
   ssmDtype?: 'bfloat16' | 'float16' | 'float32';
   maxNumBatchedTokens?: number;
   maxNumSeqs?: number;
+  /** See `EngineOptions.longPrefillTokenThreshold` (0 = no cap). */
+  longPrefillTokenThreshold?: number;
   /** vLLM `kv_transfer_config` (may name `kv_connector_module_path`). */
   kvTransferConfig?: Record<string, unknown>;
   enablePrefixCaching?: boolean;
@@ -88,6 +90,7 @@ const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
   ssmDtype: ['bfloat16', 'float16', 'float32'],
   maxNumBatchedTokens: 'int',
   maxNumSeqs: 'int',
+  longPrefillTokenThreshold: 'nat',
   kvTransferConfig: 'object',
   enablePrefixCaching: 'bool',
   engineId: 'string',
@@ -206,6 +209,7 @@ engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxToke
   --cache-layout NHD|HND        --kv-layout kv-first|block-kv|separate
   --kv-dtype bfloat16|float16|float32
   --max-num-batched-tokens N    --max-num-seqs N
+  --long-prefill-token-threshold N  most prompt tokens of one request per step while others run (default max-num-batched-tokens / 4; 0 = no cap)
   --disable-prefix-caching
   --engine-id ID
   --kv-transfer-config JSON     vLLM kv_transfer_config
@@ -262,6 +266,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     'ssm-dtype': { type: 'string' },
     'max-num-batched-tokens': { type: 'string' },
     'max-num-seqs': { type: 'string' },
+    'long-prefill-token-threshold': { type: 'string' },
     'disable-prefix-caching': { type: 'boolean' },
     'engine-id': { type: 'string' },
     'kv-transfer-config': { type: 'string' },
@@ -297,6 +302,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     ssmDtype: s('ssm-dtype'),
     maxNumBatchedTokens: intFlag(s('max-num-batched-tokens'), 'max-num-batched-tokens'),
     maxNumSeqs: intFlag(s('max-num-seqs'), 'max-num-seqs'),
+    longPrefillTokenThreshold: intFlag(s('long-prefill-token-threshold'), 'long-prefill-token-threshold'),
     enablePrefixCaching: v['disable-prefix-caching'] ? false : undefined,
     engineId: s('engine-id'),
     checksumBackend: s('checksum-backend'),
@@ -395,6 +401,7 @@ export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
     ssmDtype: c.ssmDtype,
     maxNumBatchedTokens: c.maxNumBatchedTokens,
     maxNumSeqs: c.maxNumSeqs,
+    longPrefillTokenThreshold: c.longPrefillTokenThreshold,
     kvTransferConfig: c.kvTransferConfig,
     enablePrefixCaching: c.enablePrefixCaching,
     engineId: c.engineId,
