@@ -170,7 +170,8 @@ describe('MultiConnector across processes: per-child handshake and worker metada
     setXferHandshakeMetadata(m: ReadonlyMap<string, unknown>): void {
       this.handshakes.push(new Map(m));
     }
-    override updateConnectorOutput(outputs: readonly { kvConnectorWorkerMeta?: unknown }[]): void {
+    override updateConnectorOutput(...args: unknown[]): void {
+      const outputs = args[0] as readonly { kvConnectorWorkerMeta?: unknown }[];
       this.workerMetas.push(outputs.map((o) => ('kvConnectorWorkerMeta' in o ? o.kvConnectorWorkerMeta : 'absent')));
     }
   }
