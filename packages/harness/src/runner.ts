@@ -7,7 +7,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Verdict } from '@kvconnect/checksum';
-import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVTransferConfig } from '@kvconnect/core';
+import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig } from '@kvconnect/core';
 import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type PDResult, type SamplingParams } from '@kvconnect/engine';
 
 /** What the P/D proxy needs of an engine (its `generate` and id). */
@@ -131,21 +131,31 @@ export function sideTransferConfig(o: {
 /**
  * The connectors of one in-process run: a registry of its own holding the FaultInjectingConnector,
  * the harness's in-process connector over a bus of the run, and the inner connector's factory
- * (from the default registry, where its package registered it).
+ * (from the default registry, where its package registered it). With `wrap`, the engines get
+ * `wrap(FaultInjectingConnector's factory)` instead.
  */
-function runRegistry(inner: string): KVConnectorRegistry {
+function runRegistry(inner: string, wrap?: (f: KVConnectorFactory) => KVConnectorFactory): KVConnectorRegistry {
   const registry = new KVConnectorRegistry();
   registerFaultInjectingConnector(registry, { bus: new InProcessBus() });
   if (!registry.has(inner)) registry.register(defaultRegistry.get(inner));
-  return registry;
+  if (!wrap) return registry;
+  const outer = new KVConnectorRegistry();
+  outer.register(wrap(registry.get(FAULT_INJECTING_CONNECTOR)));
+  return outer;
 }
 
 /** The default topology: producer and consumers as engines of this process. */
-export const inProcessTopology: Topology = async (ctx) => {
+export const inProcessTopology: Topology = (ctx) => inProcessEngines(ctx);
+
+/**
+ * {@link inProcessTopology}, the engines' FaultInjectingConnector factory replaced by
+ * `wrap(factory)` when given (tests: halves that only see serialized copies of what crosses).
+ */
+export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnectorFactory) => KVConnectorFactory): Promise<TopologyInstance> {
   const s = ctx.scenario;
   const checks = ctx.run.checksums ?? s.checksums;
   const id = engineSeq++;
-  const registry = runRegistry(ctx.innerConnector);
+  const registry = runRegistry(ctx.innerConnector, wrap);
   const pObs = new KVChecksumObservability({ level: 'silent' });
   const producer = new Engine({
     registry,
@@ -198,7 +208,7 @@ export const inProcessTopology: Topology = async (ctx) => {
       for (const c of consumers) await c.shutdown();
     },
   };
-};
+}
 
 /** What happened to one request in one run. */
 export interface RequestOutcome {
