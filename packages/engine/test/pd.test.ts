@@ -71,4 +71,19 @@ describe('P/D through the engine', () => {
     await until(() => producer.scheduler.delayedFree.size === 0);
     expect(producer.scheduler.kv.pool.numFree).toBe(producer.scheduler.kv.pool.numBlocks);
   });
+
+  it('engines on different buses do not see each other: the load fails and goes to the failure policy', async () => {
+    const pd = makePD({ model: 'dense-gqa', checksums: false, policy: 'recompute' });
+    const other = makePD({ model: 'dense-gqa', checksums: false, policy: 'fail' });
+    // The producer of one pair, the consumer of the other: the consumer's bus has no such producer.
+    const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
+    const r = await other.consumer.generate(PROMPT, S, { ...p.kvTransferParams, do_remote_prefill: true });
+    expect(r.finishReason).toBe('error');
+    expect(r.error).toMatch(/invalid blocks/);
+    expect(pd.bus.copies).toBe(0);
+    expect(other.bus.copies).toBe(0);
+    // Nobody read the producer request: it keeps its blocks until its lease expires.
+    expect(pd.producer.scheduler.delayedFree.size).toBe(1);
+    await Promise.all([pd.shutdown(), other.shutdown()]);
+  });
 });
