@@ -77,17 +77,20 @@ describe('halves that only see serialized copies of what crosses (worker process
       name: 'c',
       model: 'GQA-S',
       mode: 'concurrent',
-      requests: Array.from({ length: 3 }, (_, i) => ({ promptTokens: 40, promptSeed: i })),
+      requests: Array.from({ length: 4 }, (_, i) => ({ promptTokens: 40, promptSeed: i })),
       faults: [
         { kind: 'payload', mode: 'truncate', requests: [0] },
         { kind: 'notif', target: 'kv-checksums', mode: 'drop', requests: [1] },
+        { kind: 'payload', mode: 'garbage', side: 'producer', requests: [2] },
       ],
       expect: {},
     });
     const q = crossed.runs[0].requests;
     expect(q[0].verdict!.unverified[0].reason).toBe('malformed-payload');
     expect(q[1].verdict!.unverified[0].reason).toBe('no-payload');
-    expect(q[2].kind).toBe('verified');
+    expect(q[2].verdict!.unverified[0].reason).toBe('malformed-payload');
+    expect(crossed.runs[0].records.filter((r) => r.index === 2).map((r) => [r.kind, r.side, r.detail])).toEqual([['payload', 'producer', 'producer payload garbage']]);
+    expect(q[3].kind).toBe('verified');
     expect(q.map(summary)).toEqual(plain.runs[0].requests.map(summary));
   });
 

@@ -192,7 +192,7 @@ export class FaultScheduler implements KVConnectorScheduler<FaultMeta, FaultWork
     this.touched.delete(id);
     this.staleCandidates.delete(id);
     if (this.producer && this.checksums && this.sendKvChecksums && request.kvTransferParams?.do_remote_decode === true && (reason === 'stop' || reason === 'length') && this.safeCarrier(request) === 'connector') {
-      for (const f of this.hitting(id, (x) => x.producerPayload !== undefined)) this.record(f, id, 'producer', `producer payload ${(f.spec as { mode?: string }).mode ?? ''}`.trim());
+      for (const f of this.hitting(id, (x) => x.producerPayload !== undefined)) this.record(f, id, 'producer', f.spec.kind === 'payload' ? `producer payload ${f.spec.mode}` : 'producer payload');
     }
     const report = this.reports.get(id);
     this.reports.delete(id);
