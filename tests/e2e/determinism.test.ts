@@ -3,11 +3,9 @@
  * prefill), are identical token for token for a single instance, P/D with checksums off, and P/D
  * with checksums on (TP 2 producer, TP 1 consumer with another block size and layout).
  */
-import { afterEach, describe, expect, it } from 'vitest';
-import { inProcessBus } from '../../packages/engine/test/utils/in-process-connector.js';
+import { describe, expect, it } from 'vitest';
 import { counter, makePD, prompts, single } from '../../packages/engine/test/utils/pd.js';
 
-afterEach(() => inProcessBus.reset());
 
 const N = 50;
 const SAMPLING = { maxTokens: 6, ignoreEos: true };

@@ -387,6 +387,7 @@ export class Engine {
         invalidBlockIds: res.invalidBlockIds,
         kvChecksums: res.kvChecksums,
         kvChecksumReport: w.checksum?.takeReport(),
+        ...(res.workerMeta !== undefined ? { kvConnectorWorkerMeta: res.workerMeta } : {}),
       });
     }
     return { logits, outputs };

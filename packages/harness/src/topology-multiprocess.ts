@@ -8,9 +8,8 @@
  *
  * The consumer's `kv_transfer_config` names the `FaultInjectingConnector`, loaded by module path
  * from the harness's built `dist/fault-connector.js`, with the chosen connector as `inner`, so
- * consumer-side faults can be injected into real loads. Producer-side faults (`stale`,
- * producer-side `payload`) need the producer's memory in the demo's process and are not
- * available here.
+ * consumer-side faults can be injected into real loads. The producer is not wrapped, so
+ * producer-side faults (`stale`, producer-side `payload`) are not available here.
  *
  * Processes run the compiled `dist/` of the packages (`npm run build` first).
  * @module
@@ -21,7 +20,7 @@ import * as net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { launchEngineProcess, launchProxyProcess, type EngineProcessConfig, type LaunchedEngine, type LaunchedProcess, type LaunchedProxy, type ModelConfig } from '@kvconnect/engine';
-import { FAULT_INJECTING_CONNECTOR } from './fault-connector.js';
+import { FAULT_INJECTING_CONNECTOR } from './faults/config.js';
 import type { FaultSpec } from './faults.js';
 
 /** The connectors a multi-process topology can run. */
