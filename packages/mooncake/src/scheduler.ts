@@ -103,7 +103,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
     private readonly opts: MooncakeOptions,
   ) {
     if (config.kv_role !== 'kv_consumer' && opts.bootstrapAddr === undefined) {
-      const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort });
+      const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort, secret: opts.clusterSecret });
       this.server = p;
       localServers.set(ctx.engineId, p);
       p.then((s) => localAddrs.set(ctx.engineId, s.address)).catch(() => localServers.delete(ctx.engineId));

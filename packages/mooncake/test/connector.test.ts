@@ -16,7 +16,7 @@ describe('MooncakeConnector registration and config', () => {
   });
 
   it('defaults', () => {
-    expect(parseMooncakeOptions({})).toEqual({
+    expect(parseMooncakeOptions({}, {})).toEqual({
       backend: 'embedded',
       bootstrapHost: '127.0.0.1',
       bootstrapPort: 8998,
@@ -27,7 +27,26 @@ describe('MooncakeConnector registration and config', () => {
       transferTimeoutMs: 540_000,
       bootstrapTimeoutMs: 30_000,
       maxMessageBytes: 64 * 1024 * 1024,
+      clusterSecret: null,
+      maxWaiters: 65_536,
+      maxWaitersPerPeer: 16_384,
+      maxPendingBytes: 256 * 1024 * 1024,
+      maxPendingBytesPerPeer: 64 * 1024 * 1024,
+      maxSessions: 4096,
+      sessionIdleMs: 600_000,
     });
+  });
+
+  it('the cluster secret: the config key, else KVCONNECT_CLUSTER_SECRET; a short one is a config problem', () => {
+    expect(parseMooncakeOptions({ cluster_secret: 'config-secret-0123' }, { KVCONNECT_CLUSTER_SECRET: 'env-secret-0123456' }).clusterSecret?.toString()).toBe('config-secret-0123');
+    expect(parseMooncakeOptions({}, { KVCONNECT_CLUSTER_SECRET: 'env-secret-0123456' }).clusterSecret?.toString()).toBe('env-secret-0123456');
+    try {
+      parseMooncakeOptions({ cluster_secret: 'short' }, {});
+      expect.unreachable();
+    } catch (e) {
+      expect(e).toBeInstanceOf(KVTransferConfigError);
+      expect((e as KVTransferConfigError).problems.map((p) => p.path)).toEqual(['kv_connector_extra_config.cluster_secret']);
+    }
   });
 
   it('rejects unknown keys and bad values, listing every problem', () => {
