@@ -166,14 +166,18 @@ export function parseRegistration(body: unknown): WorkerRegistration {
   return r;
 }
 
-function toJson(e: EngineWorkers): Record<string, unknown> {
+/** An engine's registrations, sparse: slot `tp * ppSize + pp` -> addr and owner (memory follows registrations, not `tp_size x pp_size`). */
+interface EngineTable {
+  engineId: string;
+  tpSize: number;
+  ppSize: number;
+  slots: Map<number, { addr: string; owner: string | undefined }>;
+}
+
+function toJson(e: EngineTable): Record<string, unknown> {
   const workers: Record<string, Record<string, string>> = {};
-  e.workers.forEach((row, tp) =>
-    row.forEach((a, pp) => {
-      if (a !== undefined) (workers[tp] ??= {})[pp] = a;
-    }),
-  );
-  return { engine_id: e.engineId, tp_size: e.tpSize, pp_size: e.ppSize, complete: e.complete, workers };
+  for (const [k, v] of e.slots) (workers[Math.floor(k / e.ppSize)] ??= {})[k % e.ppSize] = v.addr;
+  return { engine_id: e.engineId, tp_size: e.tpSize, pp_size: e.ppSize, complete: e.slots.size === e.tpSize * e.ppSize, workers };
 }
 
 /**
@@ -213,11 +217,6 @@ export interface BootstrapServerOptions {
   port?: number;
   /** The cluster secret (`resolveClusterSecret`): every request and answer is then proven. */
   secret?: Uint8Array | null;
-}
-
-interface EngineTable extends EngineWorkers {
-  /** `owners[tp][pp]`: the owner token of each registered slot. */
-  owners: Array<Array<string | undefined>>;
 }
 
 /** The bootstrap HTTP server. Start with {@link BootstrapServer.start}. */
@@ -268,35 +267,38 @@ export class BootstrapServer {
    */
   register(r: WorkerRegistration, proven = true): void {
     let e = this.engines.get(r.engineId);
+    const relayout = e !== undefined && (e.tpSize !== r.tpSize || e.ppSize !== r.ppSize);
+    const slot = r.tpRank * r.ppSize + r.ppRank;
     if (e && !proven) {
-      const relayout = e.tpSize !== r.tpSize || e.ppSize !== r.ppSize;
-      const other = relayout ? e.owners.some((row, tp) => row.some((o, pp) => e!.workers[tp][pp] !== undefined && o !== r.owner)) : e.workers[r.tpRank][r.ppRank] !== undefined && e.owners[r.tpRank][r.ppRank] !== r.owner;
+      const other = relayout ? [...e.slots.values()].some((v) => v.owner !== r.owner) : e.slots.has(slot) && e.slots.get(slot)!.owner !== r.owner;
       if (other) throw new BootstrapError(`engine ${JSON.stringify(r.engineId)} (TP ${r.tpRank}, PP ${r.ppRank}) is registered by another producer; without a cluster secret it cannot be taken over (set cluster_secret or KVCONNECT_CLUSTER_SECRET)`, 409);
     }
-    if (e && (e.tpSize !== r.tpSize || e.ppSize !== r.ppSize)) {
-      this.workerCount -= e.workers.flat().filter((a) => a !== undefined).length;
+    if (e && relayout) {
+      this.workerCount -= e.slots.size;
       this.engines.delete(r.engineId);
       e = undefined;
     }
     if (!e) {
       if (this.engines.size >= BOOTSTRAP_MAX_ENGINES) throw new BootstrapLimitError(`more than ${BOOTSTRAP_MAX_ENGINES} engines`, 409);
-      const grid = () => Array.from({ length: r.tpSize }, () => new Array<string | undefined>(r.ppSize).fill(undefined));
-      e = { engineId: r.engineId, tpSize: r.tpSize, ppSize: r.ppSize, complete: false, workers: grid(), owners: grid() };
+      e = { engineId: r.engineId, tpSize: r.tpSize, ppSize: r.ppSize, slots: new Map() };
       this.engines.set(r.engineId, e);
     }
-    if (e.workers[r.tpRank][r.ppRank] === undefined) {
+    if (!e.slots.has(slot)) {
       if (this.workerCount >= BOOTSTRAP_LIMITS.workers) throw new BootstrapLimitError(`more than ${BOOTSTRAP_LIMITS.workers} registered workers`, 503);
       this.workerCount++;
     }
-    e.workers[r.tpRank][r.ppRank] = r.addr;
-    e.owners[r.tpRank][r.ppRank] = r.owner;
-    e.complete = e.workers.every((row) => row.every((a) => a !== undefined));
+    e.slots.set(slot, { addr: r.addr, owner: r.owner });
   }
 
   /** The workers of `engineId`, or undefined. */
   lookup(engineId: string): EngineWorkers | undefined {
     const e = this.engines.get(engineId);
-    return e && { engineId: e.engineId, tpSize: e.tpSize, ppSize: e.ppSize, complete: e.complete, workers: e.workers };
+    return e && parseEngineWorkers(toJson(e), engineId);
+  }
+
+  /** Engines and registered workers kept (tests, diagnostics). */
+  get counts(): { engines: number; workers: number } {
+    return { engines: this.engines.size, workers: this.workerCount };
   }
 
   /** Nonces remembered for replay detection (tests, diagnostics). */

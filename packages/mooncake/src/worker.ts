@@ -476,6 +476,14 @@ export class MooncakeWorker implements KVConnectorWorker {
       this.reply(identity, { status: XferStatusCode.FINISH, okReqs: [], errReqs: [], kvChecksums: new Map() });
       return;
     }
+    // Requests that would wait for their prefill: refused together, in one answer, over a cap.
+    let parking = 0;
+    for (const l of md.requests.values()) if (!this.sends.has(l.transferId) && !this.finishedTransfers.has(l.transferId)) parking++;
+    const mine = this.peerWaiters.get(peer) ?? 0;
+    if (parking > 0 && (this.waiterTotal + parking > this.opts.maxWaiters || mine + parking > this.opts.maxWaitersPerPeer)) {
+      this.stats.waitersRefused += parking;
+      return allErr(`${parking} requests refused: they would wait for their prefill and the producer already has ${this.waiterTotal} waiting (${mine} of this consumer; caps ${this.opts.maxWaiters} / ${this.opts.maxWaitersPerPeer} per consumer)`);
+    }
     let left = ids.length;
     await Promise.all(
       ids.map(async (id) => {
