@@ -762,6 +762,17 @@ export class MooncakeWorker implements KVConnectorWorker {
 
   // ------------------------------------------------------------------------------------------
 
+  /** What the producer's caps bound (diagnostics, flood tests): waiters (total, the most of one peer), pending metadata bytes, sessions. */
+  resourceCounts(): { waiters: number; maxPeerWaiters: number; pendingBytes: number; maxPeerPendingBytes: number; sessions: number } {
+    return {
+      waiters: this.waiterTotal,
+      maxPeerWaiters: Math.max(0, ...this.peerWaiters.values()),
+      pendingBytes: this.pendingBytes,
+      maxPeerPendingBytes: Math.max(0, ...this.peerPendingBytes.values()),
+      sessions: this.sessions?.size ?? 0,
+    };
+  }
+
   /** Pending producer sends and consumer loads (diagnostics, leak tests). */
   pendingCounts(): { sends: number; waiters: number; loads: number } {
     let w = 0;
