@@ -382,6 +382,20 @@ function decodeCache(v: unknown, path: string, numRegions: number): WireCache {
   return fail(`${path}.kind`, `expected "attention" or "state", got ${JSON.stringify(kind)}`);
 }
 
+/** A request's block ids per group (the same checks as `arr` / `blockId`, with paths built only on failure). */
+function decodeBlocks(v: unknown, p: () => string): number[][] {
+  const groups = Array.isArray(v) && v.length <= LIMITS.groups ? (v as unknown[]) : arr(v, `${p()}[1]`, LIMITS.groups);
+  for (let gi = 0; gi < groups.length; gi++) {
+    const g = groups[gi];
+    if (!Array.isArray(g) || g.length > LIMITS.blocksPerGroup) arr(g, `${p()}[1][${gi}]`, LIMITS.blocksPerGroup);
+    for (let bi = 0; bi < (g as unknown[]).length; bi++) {
+      const b = (g as unknown[])[bi];
+      if (typeof b !== 'number' || !Number.isSafeInteger(b) || b < -0x8000_0000 || b > 0xffff_ffff) blockId(b, `${p()}[1][${gi}][${bi}]`);
+    }
+  }
+  return groups as number[][];
+}
+
 /**
  * Decodes a consumer's {@link TransferMetadata} (untrusted bytes).
  * @throws MooncakeProtocolError for any defect (never anything else).
@@ -404,14 +418,16 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
     const reqMap = strMap(field(m, 'requests', true), 'requests', LIMITS.requests);
     const requests = new Map<string, WireLoad>();
     for (const [id, v] of reqMap) {
-      const p = `requests[${JSON.stringify(id)}]`;
-      const a = arr(v, p, 4);
-      if (a.length !== 4) fail(p, 'expected [transfer_id, blocks, first_token, num_tokens]');
-      const blocks = arr(a[1], `${p}[1]`, LIMITS.groups).map((g, gi) => arr(g, `${p}[1][${gi}]`, LIMITS.blocksPerGroup).map((b, bi) => blockId(b, `${p}[1][${gi}][${bi}]`)));
-      const firstToken = uint(a[2], `${p}[2]`);
-      const numTokens = uint(a[3], `${p}[3]`);
-      if (numTokens <= firstToken) fail(p, `num_tokens ${numTokens} must exceed first_token ${firstToken}`);
-      requests.set(id, { transferId: str(a[0], `${p}[0]`), blocks, firstToken, numTokens });
+      // Paths are built only on failure: this loop runs up to LIMITS.requests times per message.
+      const p = () => `requests[${JSON.stringify(id)}]`;
+      if (!Array.isArray(v) || v.length !== 4) fail(p(), Array.isArray(v) ? 'expected [transfer_id, blocks, first_token, num_tokens]' : `expected an array, got ${describe(v)}`);
+      const a = v as unknown[];
+      const blocks = decodeBlocks(a[1], p);
+      const firstToken = typeof a[2] === 'number' && Number.isSafeInteger(a[2]) && a[2] >= 0 ? a[2] : uint(a[2], `${p()}[2]`);
+      const numTokens = typeof a[3] === 'number' && Number.isSafeInteger(a[3]) && a[3] >= 0 ? a[3] : uint(a[3], `${p()}[3]`);
+      if (numTokens <= firstToken) fail(p(), `num_tokens ${numTokens} must exceed first_token ${firstToken}`);
+      const transferId = typeof a[0] === 'string' && a[0].length > 0 && a[0].length <= LIMITS.idLength ? a[0] : str(a[0], `${p()}[0]`);
+      requests.set(id, { transferId, blocks, firstToken, numTokens });
     }
     return {
       agentMetadata: bin(field(m, 'agent_metadata', true), 'agent_metadata', LIMITS.agentMetadataBytes),
