@@ -4,6 +4,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { KVTransferConfigError, defaultRegistry, parseKVTransferConfig } from '@kvconnect/core';
+import { ClusterSecretError } from '@kvconnect/transfer';
 import { MOONCAKE_CONNECTOR, MooncakeUnavailableError, createAgent, mooncakeConnectorFactory, mooncakeUnavailableReason, parseMooncakeOptions } from '../src/index.js';
 
 const cfg = (extra: Record<string, unknown>) => parseKVTransferConfig({ kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', kv_connector_extra_config: extra });
@@ -35,6 +36,17 @@ describe('MooncakeConnector registration and config', () => {
       maxSessions: 4096,
       sessionIdleMs: 600_000,
     });
+  });
+
+  it('a non-loopback bootstrap_host without a cluster secret: createScheduler refuses (ClusterSecretError)', () => {
+    const prod = parseKVTransferConfig({ kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_producer', kv_connector_extra_config: { bootstrap_host: '0.0.0.0', bootstrap_port: 0 } });
+    const saved = process.env.KVCONNECT_CLUSTER_SECRET;
+    delete process.env.KVCONNECT_CLUSTER_SECRET;
+    try {
+      expect(() => mooncakeConnectorFactory.createScheduler(prod, ctx)).toThrow(ClusterSecretError);
+    } finally {
+      if (saved !== undefined) process.env.KVCONNECT_CLUSTER_SECRET = saved;
+    }
   });
 
   it('the cluster secret: the config key, else KVCONNECT_CLUSTER_SECRET; a short one is a config problem', () => {

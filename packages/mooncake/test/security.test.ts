@@ -14,7 +14,18 @@ import { ClusterSecretError, EmbeddedAgent } from '@kvconnect/transfer';
 import { BootstrapServer } from '../src/bootstrap.js';
 import { ConsumerSession, welcomeProof } from '../src/channel.js';
 import { parseMooncakeOptions } from '../src/config.js';
-import { decodeEnvelope, decodeTransferMetadata, decodeTransferResponse, encodeEnvelope, encodeTransferMetadata, type TransferMetadata, type WireLoad } from '../src/protocol.js';
+import {
+  MOONCAKE_PROTOCOL_VERSION,
+  XferStatusCode,
+  decodeEnvelope,
+  decodeTransferMetadata,
+  decodeTransferResponse,
+  encodeEnvelope,
+  encodeTransferMetadata,
+  encodeTransferResponse,
+  type TransferMetadata,
+  type WireLoad,
+} from '../src/protocol.js';
 import { MooncakeWorker } from '../src/worker.js';
 
 const SECRET = 'security-test-cluster-secret';
@@ -100,6 +111,26 @@ describe('consumer: metadata only to a producer that proved itself', () => {
       expect(w.stats.authRejected).toBeGreaterThan(0);
     });
   }
+
+  it('a version-1 producer (bare responses, no envelope): the load fails with the versions named', async () => {
+    const boot = await BootstrapServer.start({ port: 0 });
+    cleanup.push(() => boot.close());
+    const sock = new zmq.Router({ linger: 0 });
+    await sock.bind('tcp://127.0.0.1:*');
+    cleanup.push(() => sock.close());
+    void (async () => {
+      try {
+        for await (const [identity] of sock) await sock.send([identity, encodeTransferResponse({ status: XferStatusCode.ERROR, okReqs: [], errReqs: [], errMsg: 'what is this', kvChecksums: new Map() })]);
+      } catch {
+        /* closed */
+      }
+    })();
+    boot.register({ engineId: 'prod', tpRank: 0, ppRank: 0, tpSize: 1, ppSize: 1, addr: sock.lastEndpoint! });
+    const w = await consumer({});
+    load(w, boot.address);
+    await until(() => w.stats.loadsFailed === 1);
+    expect(w.lastError).toMatch(new RegExp(`protocol version 1 .*this side speaks version ${MOONCAKE_PROTOCOL_VERSION}`));
+  });
 
   it('a consumer with another secret: the bootstrap answer is refused before any side-channel traffic', async () => {
     const boot = await BootstrapServer.start({ port: 0, secret: Buffer.from(SECRET) });
