@@ -56,8 +56,12 @@ export function messageProof(secret: Uint8Array, kind: 'md' | 'resp', cn: Uint8A
 
 const refuse = (code: RefuseCode, message: string): SideEnvelope => ({ kind: 'refuse', code, message });
 
-/** One producer-side session (a consumer worker connection that said hello). */
-interface Session {
+/**
+ * One producer-side session (a consumer worker connection that said hello). Opaque outside this
+ * module: {@link ProducerSessions.open} hands it out and {@link ProducerSessions.seal} takes it,
+ * so the answers to an accepted message go out even when the session was dropped since.
+ */
+export interface ProducerSession {
   cn: Uint8Array;
   sn: Uint8Array;
   seqIn: number;
@@ -77,7 +81,7 @@ export interface ProducerSessionOptions {
 
 /** The producer worker's sessions, by peer (the DEALER's routing id, hex). */
 export class ProducerSessions {
-  private readonly sessions = new Map<string, Session>();
+  private readonly sessions = new Map<string, ProducerSession>();
   private readonly now: () => number;
 
   constructor(
@@ -118,10 +122,10 @@ export class ProducerSessions {
   }
 
   /**
-   * Opens an `md` message of `peer`: its body when the session, the sequence number and the
-   * proof check out, else the refusal to send back.
+   * Opens an `md` message of `peer`: its body and session when the session, the sequence number
+   * and the proof check out, else the refusal to send back.
    */
-  open(peer: string, e: SideEnvelope): { body: Uint8Array } | { refuse: SideEnvelope } {
+  open(peer: string, e: SideEnvelope): { body: Uint8Array; session: ProducerSession } | { refuse: SideEnvelope } {
     const s = this.sessions.get(peer);
     if (!s) return { refuse: refuse('no-session', 'no session for this connection (say hello first; the producer may have restarted)') };
     if (e.seq! <= s.seqIn) return { refuse: refuse('unauthenticated', `replayed or reordered message (seq ${e.seq} after ${s.seqIn})`) };
@@ -131,12 +135,12 @@ export class ProducerSessions {
     s.lastUsed = this.now();
     this.sessions.delete(peer);
     this.sessions.set(peer, s); // most recently used last
-    return { body: e.body! };
+    return { body: e.body!, session: s };
   }
 
-  /** Seals a response body for `peer`, or null when its session is gone. */
-  seal(peer: string, body: Uint8Array): SideEnvelope | null {
-    const s = this.sessions.get(peer);
+  /** Seals a response body in `session` (from {@link open}; a peer id: its current session, or null when it has none). */
+  seal(session: ProducerSession | string, body: Uint8Array): SideEnvelope | null {
+    const s = typeof session === 'string' ? this.sessions.get(session) : session;
     if (!s) return null;
     const seq = ++s.seqOut;
     const e: SideEnvelope = { kind: 'resp', seq, body };

@@ -39,7 +39,7 @@ import type { KVConnectorWorker, KVRole, SchedulerOutput, TransferResults, Worke
 import { checkBindHost, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { createAgent } from './agent.js';
-import { ConsumerSession, ProducerSessions, SideChannelAuthError } from './channel.js';
+import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
 import { queryEngine, registerWorker, type EngineWorkers } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
 import { describeLayout, planWrites } from './layout.js';
@@ -382,14 +382,13 @@ export class MooncakeWorker implements KVConnectorWorker {
     this.routerSender.send([identity, encodeEnvelope(e)]).catch((err) => log('reply failed: %s', err));
   }
 
-  private reply(identity: Buffer, r: TransferResponse): void {
+  /** Answers in the session the message came in (even when that session was dropped since). */
+  private reply(identity: Buffer, session: ProducerSession, r: TransferResponse): void {
     if (!this.routerSender || this.closed) return;
     if (r.status === XferStatusCode.ERROR || r.errReqs.length > 0) this.stats.errorsSent++;
     let bytes = encodeTransferResponse(r);
     if (this.hooks.onResponse) bytes = this.hooks.onResponse(bytes, this.ctx);
-    const e = this.sessions!.seal(identity.toString('hex'), bytes);
-    if (!e) return log('reply dropped: the session of its consumer is gone');
-    this.sendEnvelope(identity, e);
+    this.sendEnvelope(identity, this.sessions!.seal(session, bytes)!);
   }
 
   /** A ROUTER message: the envelope, the handshake and the proofs, then {@link onMetadata}. */
@@ -435,12 +434,12 @@ export class MooncakeWorker implements KVConnectorWorker {
       } catch {
         /* answered without ids */
       }
-      return this.reply(identity, { status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: this.lastError, kvChecksums: new Map() });
+      return this.reply(identity, opened.session, { status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: this.lastError, kvChecksums: new Map() });
     }
     this.pendingBytes += cost;
     this.peerPendingBytes.set(peer, mine + cost);
     try {
-      await this.onMetadata(identity, opened.body, peer);
+      await this.onMetadata((r) => this.reply(identity, opened.session, r), opened.body, peer);
     } finally {
       this.pendingBytes -= cost;
       const n = (this.peerPendingBytes.get(peer) ?? cost) - cost;
@@ -449,7 +448,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     }
   }
 
-  private async onMetadata(identity: Buffer, msg: Uint8Array, peer: string): Promise<void> {
+  private async onMetadata(answer: (r: TransferResponse) => void, msg: Uint8Array, peer: string): Promise<void> {
     this.stats.metadataReceived++;
     let md: TransferMetadata;
     try {
@@ -457,13 +456,13 @@ export class MooncakeWorker implements KVConnectorWorker {
     } catch (e) {
       this.stats.metadataRejected++;
       this.lastError = e instanceof Error ? e.message : String(e);
-      this.reply(identity, { status: XferStatusCode.ERROR, okReqs: [], errReqs: [], errMsg: this.lastError, kvChecksums: new Map() });
+      answer({ status: XferStatusCode.ERROR, okReqs: [], errReqs: [], errMsg: this.lastError, kvChecksums: new Map() });
       return;
     }
     const ids = [...md.requests.keys()];
     const allErr = (m: string) => {
       this.lastError = m;
-      this.reply(identity, { status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: m, kvChecksums: new Map() });
+      answer({ status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: m, kvChecksums: new Map() });
     };
     if (md.backend !== this.agent!.backend) return allErr(`the consumer uses transfer backend ${md.backend}, this producer ${this.agent!.backend}`);
     let agentName: string;
@@ -473,7 +472,7 @@ export class MooncakeWorker implements KVConnectorWorker {
       return allErr(`cannot load the consumer's agent metadata: ${e instanceof Error ? e.message : String(e)}`);
     }
     if (ids.length === 0) {
-      this.reply(identity, { status: XferStatusCode.FINISH, okReqs: [], errReqs: [], kvChecksums: new Map() });
+      answer({ status: XferStatusCode.FINISH, okReqs: [], errReqs: [], kvChecksums: new Map() });
       return;
     }
     // Requests that would wait for their prefill: refused together, in one answer, over a cap.
@@ -492,7 +491,7 @@ export class MooncakeWorker implements KVConnectorWorker {
         const status = !r.ok ? XferStatusCode.ERROR : left === 0 ? XferStatusCode.FINISH : XferStatusCode.CONTINUE;
         const kvChecksums = new Map<string, Uint8Array>();
         if (r.ok && r.payload) kvChecksums.set(id, r.payload);
-        this.reply(identity, { status, okReqs: r.ok ? [id] : [], errReqs: r.ok ? [] : [id], errMsg: r.ok ? undefined : r.error, kvChecksums });
+        answer({ status, okReqs: r.ok ? [id] : [], errReqs: r.ok ? [] : [id], errMsg: r.ok ? undefined : r.error, kvChecksums });
       }),
     );
   }

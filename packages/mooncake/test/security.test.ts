@@ -264,6 +264,22 @@ describe('producer: bounded under floods', () => {
     expect(w.resourceCounts()).toMatchObject({ waiters: 0, maxPeerWaiters: 0, pendingBytes: 0 });
   }, 60_000);
 
+  it('a session dropped (max_sessions) while its request waits: the answer still reaches the consumer', async () => {
+    const { w } = await producer({ max_sessions: 1, abort_timeout_ms: 300 });
+    const a = await attacker(w.sideChannelAddr!);
+    await a.sock.send(encodeEnvelope(a.session.seal(await floodMessage('k', 1))));
+    await until(() => w.pendingCounts().waiters === 1);
+    const b = await attacker(w.sideChannelAddr!); // pushes a's session out
+    expect(b.first.kind).toBe('welcome');
+    expect(w.resourceCounts().sessions).toBe(1);
+    await until(() => a.got.errReqs === 1); // the wait timed out; answered in a's session
+    expect(a.got.last.kind).toBe('resp');
+    // New messages on a's connection: no session.
+    await a.sock.send(encodeEnvelope(a.session.seal(await floodMessage('k2', 1))));
+    await until(() => a.got.refused === 1);
+    expect(a.got.last).toMatchObject({ kind: 'refuse', code: 'no-session' });
+  });
+
   it('metadata bytes not yet answered are capped per peer before the message is decoded', async () => {
     const { w } = await producer({ max_pending_bytes_per_peer: 4096, abort_timeout_ms: 5000 });
     const a = await attacker(w.sideChannelAddr!);
