@@ -121,7 +121,10 @@ int main(int argc, char** argv) {
   for (int r = -1; r < reps; r++) {  // r = -1: warm-up of both
     cudaDeviceSynchronize();
     t0 = Now();
-    if (cudaMemcpy((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) return Die("cudaMemcpy");
+    // cudaMemcpy device-to-device may return before the copy finished: wait for it.
+    if (cudaMemcpy((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
+      return Die("cudaMemcpy");
     const double a = Now() - t0;
     cudaDeviceSynchronize();
     t0 = Now();

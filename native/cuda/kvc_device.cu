@@ -338,6 +338,9 @@ int kvc_dev_copy(int device, uint64_t dst, uint64_t src, size_t bytes, int kind)
   Guard g(device);
   if (g.rc) return g.rc;
   rc = Cuda(cudaMemcpy((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, bytes, CudaKind(kind)), "cudaMemcpy");
+  // cudaMemcpy device-to-device may return before the copy finished (CUDA Runtime API, "API
+  // synchronization behavior"): wait for the legacy default stream it ran on.
+  if (!rc && kind == KVC_COPY_D2D) rc = Cuda(cudaStreamSynchronize(0), "cudaStreamSynchronize");
   return rc ? rc : Ok();
 }
 

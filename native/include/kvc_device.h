@@ -89,8 +89,9 @@ KVC_CUDA_API int kvc_dev_event_wait(uint64_t event);
 KVC_CUDA_API int kvc_dev_event_release(uint64_t event);
 
 /**
- * Synchronous copy (cudaMemcpy). H2D source / D2H destination may be any host memory (pageable
- * too): the host side is the caller's; the device side is bounds-checked as above.
+ * Synchronous copy (cudaMemcpy; D2D then waits for the default stream): the copy has finished
+ * when it returns. H2D source / D2H destination may be any host memory (pageable too): the host
+ * side is the caller's; the device side is bounds-checked as above.
  */
 KVC_CUDA_API int kvc_dev_copy(int device, uint64_t dst, uint64_t src, size_t bytes, int kind);
 
