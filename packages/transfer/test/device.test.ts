@@ -5,6 +5,10 @@
  * path with staging otherwise (in this process with IPC off, and against another process).
  */
 import { fork } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Packr, Unpackr } from 'msgpackr';
@@ -17,6 +21,8 @@ import {
   emulatedDeviceMemory,
   IPC_HANDLE_BYTES,
   isTransferError,
+  MooncakeAgent,
+  NixlAgent,
   NO_CUDA_MESSAGE,
   toMemoryRegion,
   type DeviceMemory,
@@ -304,6 +310,56 @@ describe('embedded agent: device regions', () => {
       expect(a.deviceStats.ipcTransfers).toBe(0);
     } finally {
       child.kill();
+    }
+  });
+});
+
+describe('NIXL and Mooncake agents: device regions (fake libraries)', () => {
+  const native = createRequire(import.meta.url)('@kvconnect/native') as { addon: { transfer?: unknown; mooncake?: unknown } | null };
+  const FAKE_NIXL = fileURLToPath(new URL('../../../native/build/test/libfake_nixl_capi.so', import.meta.url));
+  const FAKE_MC = fileURLToPath(new URL('../../../native/build/test/libfake_transfer_engine.so', import.meta.url));
+  const noNixl = !native.addon?.transfer || !existsSync(FAKE_NIXL) ? 'the addon or libfake_nixl_capi.so is not built' : null;
+  const noMc = !native.addon?.mooncake || !existsSync(FAKE_MC) ? 'the addon or libfake_transfer_engine.so is not built' : null;
+  if (noNixl) console.log(`NIXL device-region test skipped: ${noNixl}`);
+  if (noMc) console.log(`Mooncake device-region test skipped: ${noMc}`);
+  const dm = emulatedDeviceMemory();
+
+  it.skipIf(!!noNixl)('NIXL: a device region registers as VRAM_SEG with its device id (the fake checks segment type and device)', async () => {
+    const a = await NixlAgent.create({ name: uniq('na'), library: FAKE_NIXL });
+    const b = await NixlAgent.create({ name: uniq('nb'), library: FAKE_NIXL });
+    try {
+      const region = { ...dm.alloc(2, 1 << 16) }; // only registered and advertised: the fake never copies it
+      const reg = await b.registerMemory([toMemoryRegion(region)]);
+      expect(reg.regions[0]).toEqual({ addr: Number(region.address), length: 1 << 16, kind: 'VRAM', deviceId: 2 });
+      await a.loadRemoteMetadata(await b.getLocalMetadata());
+      await a.prepDescList(b.name, 'VRAM', [{ addr: Number(region.address) + 4096, length: 4096, deviceId: 2 }]);
+      await expect(a.prepDescList(b.name, 'VRAM', [{ addr: Number(region.address), length: 4096, deviceId: 0 }])).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
+      await expect(a.prepDescList(b.name, 'DRAM', [{ addr: Number(region.address), length: 4096 }])).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
+    } finally {
+      await a.close();
+      await b.close();
+    }
+  });
+
+  it.skipIf(!!noMc)('Mooncake: a device region registers with location cuda:N (recorded by the fake), host memory with *', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'kvc-mc-'));
+    const log = join(dir, 'register.log');
+    const before = process.env.FAKE_MOONCAKE_REGISTER_LOG;
+    process.env.FAKE_MOONCAKE_REGISTER_LOG = log;
+    const a = await MooncakeAgent.create({ name: uniq('ma'), library: FAKE_MC });
+    try {
+      const region = dm.alloc(3, 1 << 16);
+      const host = new Uint8Array(4096);
+      const reg = await a.registerMemory([toMemoryRegion(region), { bytes: host }]);
+      expect(reg.regions[0]).toMatchObject({ kind: 'VRAM', deviceId: 3, addr: Number(region.address) });
+      const lines = readFileSync(log, 'utf8').trim().split('\n').map((l) => l.split(' '));
+      expect(lines).toContainEqual([region.address.toString(16), String(1 << 16), 'cuda:3']);
+      expect(lines).toContainEqual([reg.regions[1]!.addr.toString(16), '4096', '*']);
+    } finally {
+      if (before === undefined) delete process.env.FAKE_MOONCAKE_REGISTER_LOG;
+      else process.env.FAKE_MOONCAKE_REGISTER_LOG = before;
+      await a.close();
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });
