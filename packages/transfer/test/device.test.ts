@@ -334,7 +334,7 @@ describe('NIXL and Mooncake agents: device regions (fake libraries)', () => {
       await a.loadRemoteMetadata(await b.getLocalMetadata());
       await a.prepDescList(b.name, 'VRAM', [{ addr: Number(region.address) + 4096, length: 4096, deviceId: 2 }]);
       await expect(a.prepDescList(b.name, 'VRAM', [{ addr: Number(region.address), length: 4096, deviceId: 0 }])).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
-      await expect(a.prepDescList(b.name, 'DRAM', [{ addr: Number(region.address), length: 4096 }])).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
+      await expect(a.prepDescList(b.name, 'DRAM', [{ addr: Number(region.address), length: 4096, deviceId: 2 }])).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
     } finally {
       await a.close();
       await b.close();
