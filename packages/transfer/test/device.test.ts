@@ -273,11 +273,57 @@ describe('embedded agent: device regions', () => {
     bad(['', regs]);
   });
 
-  it('moves device regions over TCP with staging against an agent in another process (another host id)', async () => {
+  /** The device peer fixture, bundled (Node 20 cannot run TypeScript), in a child process. */
+  async function devicePeer() {
     const out = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/device-peer-process.mjs', import.meta.url));
     const { build } = await import('rolldown');
     await build({ input: fileURLToPath(new URL('./fixtures/device-peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr', '@kvconnect/native'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
-    const child = fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    return fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  }
+
+  let gpu: DeviceMemory | null = null;
+  try {
+    const c = cudaDeviceMemory();
+    c.free(c.alloc(0, 1));
+    gpu = c;
+  } catch (e) {
+    console.log(`embedded agent CUDA IPC test across processes: no GPU here (${e instanceof Error ? e.message : String(e)})`);
+  }
+
+  it.skipIf(gpu === null)('on a GPU: READ of another process\'s CUDA memory by CUDA IPC, bytes intact', async () => {
+    const child = await devicePeer();
+    try {
+      const ask = (msg: object) =>
+        new Promise<Record<string, unknown>>((resolve, reject) => {
+          child.once('message', (m) => resolve(m as Record<string, unknown>));
+          child.once('exit', (c) => reject(new Error(`child exited ${c}`)));
+          child.send(msg);
+        });
+      const ready = (await ask({ cmd: 'start', name: uniq('gpu-child'), backend: 'cuda' })) as { md: number[]; addr: number; size: number };
+      const a = await agent();
+      const n = ready.size;
+      const mine = gpu!.alloc(0, n);
+      const ra = await a.registerMemory([toMemoryRegion(mine)]);
+      const peer = await a.loadRemoteMetadata(Uint8Array.from(ready.md));
+      await ask({ cmd: 'load', md: [...(await a.getLocalMetadata())] });
+      const r = await a.makeTransfer({
+        op: 'READ',
+        local: await a.prepDescList(null, 'VRAM', [{ addr: ra.regions[0]!.addr, length: n }]),
+        remote: await a.prepDescList(peer, 'VRAM', [{ addr: ready.addr, length: n }]),
+      });
+      await a.post(r);
+      expect(await a.wait(r)).toBe('done');
+      expect(a.deviceStats.ipcTransfers).toBe(1);
+      const back = new Uint8Array(n);
+      gpu!.copy(0, 'd2h', back, mine.address, n);
+      expect(Buffer.compare(back, pattern(n, 7))).toBe(0);
+    } finally {
+      child.kill();
+    }
+  });
+
+  it('moves device regions over TCP with staging against an agent in another process (another host id)', async () => {
+    const child = await devicePeer();
     try {
       const ask = (msg: object) =>
         new Promise<Record<string, unknown>>((resolve, reject) => {
