@@ -219,7 +219,10 @@ export interface SideChannelServerOptions {
   partialFrameTimeoutMs?: number;
   /** With a secret: a connection must send a valid sealed request within this many ms (default 10 000). */
   authTimeoutMs?: number;
-  /** Most requests of one connection being handled; beyond, its socket is not read (default 64). */
+  /**
+   * Most requests of one connection being handled (default 64); beyond, its further requests
+   * wait in order and its socket is not read until they are served.
+   */
   maxPendingPerPeer?: number;
   /** Most requests being handled in total; beyond, requests are refused with `busy` (default 1024). */
   maxPendingTotal?: number;
@@ -252,6 +255,8 @@ interface ServerConn {
   proven: boolean;
   lastSeq: number;
   pending: number;
+  /** Requests received while {@link SideChannelServerOptions.maxPendingPerPeer} were pending. */
+  readonly queue: Array<{ seq: number; req: SideRequest }>;
   paused: boolean;
   drainWait: boolean;
   closing: boolean;
@@ -314,6 +319,7 @@ export class SideChannelServer {
       proven: false,
       lastSeq: 0,
       pending: 0,
+      queue: [],
       paused: false,
       drainWait: false,
       closing: false,
@@ -401,7 +407,8 @@ export class SideChannelServer {
         c.authTimer = null;
       }
     }
-    void this.serve(c, seq, req);
+    if (c.pending >= (this.o.maxPendingPerPeer ?? 64)) c.queue.push({ seq, req });
+    else void this.serve(c, seq, req);
   }
 
   /** The first frame of a connection to a server with a secret: `AUTH`, answered with the server's proof. */
@@ -440,6 +447,8 @@ export class SideChannelServer {
       }
     }
     if (!c.socket.destroyed && !c.closing) c.socket.write(frame(seal(this.secret, c.session, SIDE_AUTH_CONTEXT.response, out)));
+    const next = c.queue.length > 0 && c.pending < (this.o.maxPendingPerPeer ?? 64) ? c.queue.shift() : undefined;
+    if (next && !c.closing) void this.serve(c, next.seq, next.req);
     this.flow(c);
   }
 
@@ -447,7 +456,7 @@ export class SideChannelServer {
   private flow(c: ServerConn): void {
     const s = c.socket;
     const backlog = s.writableLength >= (this.o.maxQueuedResponseBytes ?? 64 * 1024 * 1024);
-    const stop = backlog || c.pending >= (this.o.maxPendingPerPeer ?? 64);
+    const stop = backlog || c.pending + c.queue.length >= (this.o.maxPendingPerPeer ?? 64);
     if (stop && !c.paused) {
       c.paused = true;
       s.pause();
