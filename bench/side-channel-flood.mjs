@@ -48,7 +48,7 @@ function flooder(bytes) {
   const pre = Buffer.alloc(4);
   pre.writeUInt32LE(bytes, 0);
   const chunk = Buffer.alloc(64 * 1024, 1);
-  s.once('connect', () => s.write(pre));
+  s.write(pre); // queued before any trickled bytes
   const timer = setInterval(() => s.writable && s.write(chunk), 5);
   s.on('close', () => clearInterval(timer));
   return () => {

@@ -58,6 +58,45 @@ for (const mode of ['pull', 'push'] as const) {
   });
 }
 
+describe('a flood on the producer side channel during loads', () => {
+  for (const mode of ['pull', 'push'] as const) {
+    it(`${mode}: peers announcing 64 MiB and 8 MiB frames and trickling are dropped, buffered bytes stay bounded, the load verifies`, async () => {
+      const ref = await single('dense-gqa').generate(PROMPT, S);
+      const extra = { cluster_secret: SECRET };
+      const pd = await makeNixlPD({ mode, model: 'dense-gqa', policy: 'fail', producerExtra: extra, consumerExtra: extra });
+      const hub = hubOf(pd.producer);
+      const addr = hub.address!;
+      const socks: net.Socket[] = [];
+      const timers: NodeJS.Timeout[] = [];
+      try {
+        for (const bytes of [64 << 20, 64 << 20, 64 << 20, 8 << 20, 8 << 20, 8 << 20]) {
+          const s = net.createConnection(addr.port, addr.host);
+          s.on('error', () => {});
+          socks.push(s);
+          const pre = Buffer.alloc(4);
+          pre.writeUInt32LE(bytes, 0);
+          s.write(pre); // queued before any trickled bytes
+          timers.push(setInterval(() => s.writable && s.write(Buffer.alloc(4096)), 5));
+        }
+        let maxBuffered = 0;
+        const poll = setInterval(() => (maxBuffered = Math.max(maxBuffered, hub.sideChannelStats()!.bufferedBytes)), 2);
+        timers.push(poll);
+        const r = await pd.proxy.generate(PROMPT, S);
+        expect(r.tokenIds).toEqual(ref.tokenIds);
+        expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(1);
+        // Before authentication a frame is at most 8 KiB: every flooder is dropped at its prefix.
+        await until(() => socks.every((s) => s.destroyed || s.readableEnded), 5000);
+        expect(hub.sideChannelStats()!.droppedPeers).toBe(6);
+        expect(maxBuffered).toBeLessThanOrEqual(64 * 1024);
+      } finally {
+        timers.forEach(clearInterval);
+        socks.forEach((s) => s.destroy());
+        await pd.shutdown();
+      }
+    });
+  }
+});
+
 async function freePort(): Promise<number> {
   const s = net.createServer();
   await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
