@@ -228,7 +228,7 @@ export interface SideChannelServerOptions {
   maxPendingTotal?: number;
   /** Most response bytes queued on one connection before its socket is not read (default 64 MiB). */
   maxQueuedResponseBytes?: number;
-  /** Most open connections; beyond, new ones are closed at once (default 1024). */
+  /** Most open connections (default 1024); beyond, the one idle the longest is closed, or the new one when none is idle. */
   maxConnections?: number;
   /** Called for every peer that broke the protocol or failed authentication (it is disconnected). */
   onProtocolError?: (peer: string, message: string) => void;
@@ -260,6 +260,8 @@ interface ServerConn {
   paused: boolean;
   drainWait: boolean;
   closing: boolean;
+  /** When it last sent bytes (ms since epoch; for {@link SideChannelServer.evictIdle}). */
+  lastActive: number;
   authTimer: NodeJS.Timeout | null;
 }
 
@@ -306,7 +308,7 @@ export class SideChannelServer {
 
   private accept(s: net.Socket): void {
     s.on('error', () => {});
-    if (this.conns.size >= (this.o.maxConnections ?? 1024)) {
+    if (this.conns.size >= (this.o.maxConnections ?? 1024) && !this.evictIdle()) {
       this.dropped++;
       s.destroy();
       return;
@@ -323,6 +325,7 @@ export class SideChannelServer {
       paused: false,
       drainWait: false,
       closing: false,
+      lastActive: Date.now(),
       authTimer: null,
       frames: new FrameAssembler(
         this.secret ? LIMITS.authFrameBytes : (this.o.maxFrameBytes ?? LIMITS.requestFrameBytes),
@@ -341,7 +344,26 @@ export class SideChannelServer {
       c.frames.kill();
       if (c.authTimer) clearTimeout(c.authTimer);
     });
-    s.on('data', (chunk: Buffer) => c.frames.push(chunk));
+    s.on('data', (chunk: Buffer) => {
+      c.lastActive = Date.now();
+      c.frames.push(chunk);
+    });
+  }
+
+  /**
+   * At the connection cap: closes the connection idle the longest (nothing pending, queued or
+   * buffered; a genuine client reconnects on its next request). @returns false when none is idle.
+   */
+  private evictIdle(): boolean {
+    let idle: ServerConn | null = null;
+    for (const c of this.conns) {
+      if (c.closing || c.pending > 0 || c.queue.length > 0 || c.frames.buffered > 0) continue;
+      if (!idle || c.lastActive < idle.lastActive) idle = c;
+    }
+    if (!idle) return false;
+    this.protocolError(idle, `idle connection closed: the side channel holds ${this.conns.size} connections`);
+    this.conns.delete(idle);
+    return true;
   }
 
   /** Disconnects the connections holding the most buffered bytes until `bytes` more fit the budget. */
@@ -407,7 +429,7 @@ export class SideChannelServer {
         c.authTimer = null;
       }
     }
-    if (c.pending >= (this.o.maxPendingPerPeer ?? 64)) c.queue.push({ seq, req });
+    if (c.queue.length > 0 || c.pending >= (this.o.maxPendingPerPeer ?? 64)) c.queue.push({ seq, req });
     else void this.serve(c, seq, req);
   }
 

@@ -304,6 +304,38 @@ describe('floods', () => {
     await Promise.all(first);
   });
 
+  it('at the connection cap the longest idle connection makes room; busy ones are kept and a newcomer refused', async () => {
+    const { addr, server } = await serve({ maxConnections: 4 });
+    const idle = [];
+    for (let i = 0; i < 6; i++) {
+      idle.push(await raw(addr.port));
+      await sleep(10);
+    }
+    await until(() => server.stats().connections === 4);
+    // The two oldest went first.
+    await Promise.race([Promise.all([idle[0]!.closed, idle[1]!.closed]), sleep(2000)]);
+    expect(idle.slice(0, 2).every((p) => p.s.destroyed || p.s.readableEnded)).toBe(true);
+    const genuine = client(addr.port, null);
+    expect(await genuine.request(lease(['c']), decodeLeaseBody)).toEqual(new Map([['c', 42]]));
+    expect(server.stats().connections).toBe(4);
+    // Four connections each holding a partial frame: none is idle, a fifth is refused.
+    for (const p of idle.slice(2)) p.s.destroy();
+    genuine.close();
+    await until(() => server.stats().connections === 0);
+    const busy = [];
+    for (let i = 0; i < 4; i++) {
+      const p = await raw(addr.port);
+      p.s.write(Buffer.from([100, 0, 0, 0, 1]));
+      busy.push(p);
+    }
+    await until(() => server.stats().bufferedBytes === 4 * 5 && server.stats().connections === 4);
+    const before = server.stats().droppedPeers;
+    const late = await raw(addr.port);
+    await Promise.race([late.closed, sleep(2000)]);
+    expect(server.stats().droppedPeers).toBe(before + 1);
+    expect(busy.every((p) => !p.s.destroyed)).toBe(true);
+  });
+
   it('FrameAssembler concatenates a frame once, however many chunks it came in', () => {
     const frames: Buffer[] = [];
     const a = new FrameAssembler(1 << 20, (f) => frames.push(f), () => {});
