@@ -12,6 +12,7 @@
  * | `LEASE` (2) | `[seq, 2, [requestId...], pinMs]`: heartbeat (pinMs 0: extend by the lease) or pin before a READ | `[[requestId, expiryMs or 0 = gone]...]` |
  * | `RELEASE` (3) | `[seq, 3, [requestId...]]`: the consumer will not read these | `[]` |
  * | `PUSH_REG` (4) | `[seq, 4, PushRegistration]`: push mode, a consumer rank registers its blocks | `[]` |
+ * | `AUTH` (5) | `[0, 5, version, clientNonce]`: first frame with a cluster secret (below) | `[serverNonce, serverProof]`, seq 0 |
  *
  * An {@link EngineInfo} is what a peer needs to move KV: engine id, TP and PP sizes, block size
  * per group, and per worker rank its agent's metadata blob, registered regions and the block
