@@ -84,6 +84,8 @@ export class NixlEngineHub {
   private server: SideChannelServer | null = null;
   private listening: Promise<{ host: string; port: number }> | null = null;
   private readonly clients = new Map<string, SideChannelClient>();
+  /** Side-channel requests waiting for an answer, across this engine's clients (at most 16 384). */
+  private readonly waiterBudget = { used: 0, max: 16_384 };
   private readonly infos = new Map<string, Promise<EngineInfo>>();
   /** The settled value of each entry of {@link infos} (what {@link invalidatePeer} compares). */
   private readonly settled = new Map<string, EngineInfo>();
@@ -175,7 +177,7 @@ export class NixlEngineHub {
   client(host: string, port: number): SideChannelClient {
     const k = `${host}:${port}`;
     let c = this.clients.get(k);
-    if (!c) this.clients.set(k, (c = new SideChannelClient(host, port, { timeoutMs: this.config.handshakeTimeoutMs, clusterSecret: this.config.clusterSecret })));
+    if (!c) this.clients.set(k, (c = new SideChannelClient(host, port, { timeoutMs: this.config.handshakeTimeoutMs, clusterSecret: this.config.clusterSecret, waiterBudget: this.waiterBudget })));
     return c;
   }
 

@@ -52,11 +52,11 @@ export class SideChannelError extends Error {
 /** What a request handler returns: an ok body (MessagePack-ready), or a refusal. */
 export type HandlerResult = { ok: unknown } | { refuse: SideErrorCode; message: string };
 
-/** A byte budget shared by several {@link FrameAssembler}s (the total cap of a server). */
+/** A budget shared by several holders: bytes of {@link FrameAssembler}s (a server's total cap), or waiters of clients. */
 export interface ByteBudget {
-  /** Bytes held now. */
+  /** Units (bytes, waiters) held now. */
   used: number;
-  /** Most bytes that may be held. */
+  /** Most units that may be held. */
   readonly max: number;
 }
 
@@ -514,6 +514,8 @@ export interface SideChannelClientOptions {
   clusterSecret?: Uint8Array | null;
   /** Most requests waiting for an answer; beyond, a request fails at once with `busy` (default 4096). */
   maxWaiters?: number;
+  /** A waiter budget shared with other clients (e.g. all of one engine's): its `max` caps their waiters in total. */
+  waiterBudget?: ByteBudget;
   /** A response frame must complete within this many ms of its first byte (default 15 000). */
   partialFrameTimeoutMs?: number;
 }
@@ -708,6 +710,17 @@ export class SideChannelClient {
   async request<T>(req: SideRequest, decode: (body: unknown) => T, timeoutMs: number = this.timeoutMs): Promise<T> {
     if (this.closed) throw new SideChannelError('transport', 'client closed');
     if (this.waiters.size >= (this.o.maxWaiters ?? 4096)) throw new SideChannelError('busy', `side channel ${this.host}:${this.port}: ${this.waiters.size} requests already waiting`);
+    const budget = this.o.waiterBudget;
+    if (budget && budget.used >= budget.max) throw new SideChannelError('busy', `${budget.used} side-channel requests already waiting in total`);
+    if (budget) budget.used++;
+    try {
+      return await this.send(req, decode, timeoutMs);
+    } finally {
+      if (budget) budget.used--;
+    }
+  }
+
+  private async send<T>(req: SideRequest, decode: (body: unknown) => T, timeoutMs: number): Promise<T> {
     const s = await this.connect(timeoutMs);
     const session = this.session;
     const seq = this.seq;

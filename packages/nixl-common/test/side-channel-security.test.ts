@@ -302,6 +302,16 @@ describe('floods', () => {
     await sleep(20);
     await expect(small.request(lease(['w3']), decodeLeaseBody)).rejects.toMatchObject({ code: 'busy' });
     await Promise.all(first);
+    // A budget shared by two clients caps their waiters in total.
+    const shared = { used: 0, max: 2 };
+    const x = new SideChannelClient('127.0.0.1', addr.port, { waiterBudget: shared });
+    const y = new SideChannelClient('127.0.0.1', addr.port, { waiterBudget: shared });
+    closers.push(() => x.close(), () => y.close());
+    const two = [x.request(lease(['x1']), decodeLeaseBody), y.request(lease(['y1']), decodeLeaseBody)];
+    await expect(y.request(lease(['y2']), decodeLeaseBody)).rejects.toMatchObject({ code: 'busy' });
+    await Promise.all(two);
+    expect(shared.used).toBe(0);
+    expect((await x.request(lease(['x2']), decodeLeaseBody)).get('x2')).toBe(42);
   });
 
   it('at the connection cap the longest idle connection makes room; busy ones are kept and a newcomer refused', async () => {
