@@ -96,6 +96,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
       host: this.config.agentHost,
       nixlLibrary: this.config.nixlLibrary,
       nixlBackendParams: this.config.nixlBackendParams,
+      clusterSecret: this.config.clusterSecret,
     });
     this.agent = agent;
     const reg = await agent.registerMemory(caches.regions.map((r) => toMemoryRegion(r)));

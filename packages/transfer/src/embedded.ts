@@ -3,9 +3,15 @@
  * one machine or across hosts. No native code; memory is whatever the engine registers
  * (ArrayBuffer, SharedArrayBuffer, Buffer / typed-array views).
  *
- * - Each agent listens on one TCP port. An initiator opens one connection per remote agent and
- *   proves it holds the remote's metadata with the remote's 32-byte secret (HELLO); no data
- *   frame is sent before the target accepted it.
+ * - Each agent listens on one TCP port (loopback by default; another host needs a cluster secret,
+ *   `checkBindHost` of `auth.ts`). An initiator opens one connection per remote agent; the target
+ *   sends a fresh challenge and the initiator proves it holds the remote's metadata (its 32-byte
+ *   secret) and, with a cluster secret, that it is a cluster member, by HMAC proofs over the
+ *   challenge (`wire.ts`, `docs/security.md`); the target proves the same back. No secret crosses
+ *   the wire and no data frame is sent before the handshake is done.
+ * - Resources a peer can make the target hold are bounded: small headers and no payload before
+ *   the handshake, a deadline per frame (`frameTimeoutMs`), a cap on partially received notif
+ *   bytes across connections (`maxBufferedBytes`) and on incoming connections.
  * - Every remote access is checked at the target against its live registered regions: a peer
  *   can never read or write outside registered memory. A malformed frame closes that connection
  *   with a {@link ProtocolError} (emitted as `protocol-error`); the process goes on.
@@ -15,7 +21,8 @@
  * - A transfer's notif is sent after the last frame was acknowledged (WRITE: after the target
  *   copied the bytes into its memory; READ: after the initiator received every byte).
  * - A connection that closes fails its transfers with `remote-disconnect`; every transfer has
- *   a deadline (`timeout`).
+ *   a deadline (`timeout`). Once a transfer completed (done, timeout, canceled, released), no
+ *   byte of a late RDATA lands in its local memory: liveness is checked per received chunk.
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
  *
@@ -38,6 +45,7 @@
  */
 import { EventEmitter } from 'node:events';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { checkBindHost, checkProof, makeNonce, makeProof, MIN_CLUSTER_SECRET_BYTES } from './auth.js';
 import * as net from 'node:net';
 import { Packr, Unpackr } from 'msgpackr';
 import { ProtocolError, TransferError } from './errors.js';
@@ -63,6 +71,9 @@ import {
   encodeFrame,
   F,
   FrameReader,
+  HANDSHAKE_CONTEXT,
+  MAX_HANDSHAKE_HEADER_BYTES,
+  MAX_HEADER_BYTES,
   MAX_NAME_LENGTH,
   MAX_NOTIF_BYTES,
   MAX_PAYLOAD_BYTES,
@@ -77,8 +88,23 @@ import {
 export interface EmbeddedAgentOptions {
   /** Agent name (1..256 characters), unique among peers. */
   readonly name: string;
-  /** Address to listen on (default `127.0.0.1`; use `0.0.0.0` or an interface address across hosts). */
+  /**
+   * Address to listen on (default `127.0.0.1`; use `0.0.0.0` or an interface address across
+   * hosts, which needs {@link clusterSecret}).
+   */
   readonly host?: string;
+  /**
+   * The cluster secret (at least 16 bytes; `resolveClusterSecret` of `auth.ts`), or null: with it,
+   * both sides of every connection prove knowledge of it in the handshake, before the per-agent
+   * secret is checked, and a peer without it is refused. Agents of one deployment use the same.
+   */
+  readonly clusterSecret?: Uint8Array | null;
+  /** A frame must complete within this many ms of its prefix (default 30 000); else the connection closes. */
+  readonly frameTimeoutMs?: number;
+  /** Most bytes of partially received notifs across incoming connections (default 64 MiB); a peer exceeding it is disconnected. */
+  readonly maxBufferedBytes?: number;
+  /** Most incoming connections (default 1024); beyond, new ones are closed at once. */
+  readonly maxIncomingConnections?: number;
   /** Port to listen on (default 0: any free port). */
   readonly port?: number;
   /** Host that peers should connect to, written into the metadata (default: `host`, or `127.0.0.1` for a wildcard `host`). */
@@ -218,6 +244,9 @@ class OutConn {
   private readonly connectTimer: NodeJS.Timeout;
   /** Notifs sent before the handshake finished. */
   private early: Array<{ msg: Uint8Array; resolve: () => void; reject: (e: Error) => void }> = [];
+  /** The handshake's nonces: the target's challenge and this side's (after HELLO). */
+  private serverNonce: Uint8Array | null = null;
+  private clientNonce: Uint8Array | null = null;
 
   constructor(
     private readonly agent: EmbeddedAgent,
@@ -226,15 +255,16 @@ class OutConn {
     connectTimeoutMs: number,
   ) {
     this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true });
-    this.reader = new FrameReader({
-      onHeader: (h, n) => this.onHeader(h, n),
-      onProtocolError: (m) => this.fatal('invalid', `peer ${peer.name} broke the protocol: ${m}`),
-    });
+    this.reader = new FrameReader(
+      {
+        onHeader: (h, n) => this.onHeader(h, n),
+        onProtocolError: (m) => this.fatal('invalid', `peer ${peer.name} broke the protocol: ${m}`),
+      },
+      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
+    );
     this.connectTimer = setTimeout(() => this.fatal('timeout', `connect/handshake with ${peer.name} at ${peer.host}:${peer.port} timed out after ${connectTimeoutMs} ms`), connectTimeoutMs);
     this.connectTimer.unref();
-    this.socket.on('connect', () => {
-      this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, agent.name, peer.secret]));
-    });
+    // The target speaks first (CHAL); HELLO answers it (onHeader).
     this.socket.on('data', (c: Buffer) => this.reader.push(c));
     this.socket.on('drain', () => {
       this.blocked = false;
@@ -324,12 +354,33 @@ class OutConn {
 
   private onHeader(h: Header, payloadBytes: number): PayloadSink | null {
     if (!this.ready) {
-      if (h.t === F.OK) {
+      const cluster = this.agent.clusterSecretBytes;
+      if (h.t === F.CHAL && this.clientNonce === null) {
+        const sn = h.nonce;
+        const cn = makeNonce();
+        this.serverNonce = sn;
+        this.clientNonce = cn;
+        const me = this.agent.name;
+        const agentProof = makeProof(this.peer.secret, HANDSHAKE_CONTEXT.hello, sn, cn, me);
+        const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, me, this.peer.name) : null;
+        this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, me, cn, agentProof, clusterProof]));
+        return null;
+      }
+      if (h.t === F.OK && this.clientNonce !== null && this.serverNonce !== null) {
         if (h.name !== this.peer.name) {
           this.fatal('invalid', `peer at ${this.peer.host}:${this.peer.port} is ${JSON.stringify(h.name)}, not ${JSON.stringify(this.peer.name)}`);
           return null;
         }
+        if (!checkProof(h.agentProof, this.peer.secret, HANDSHAKE_CONTEXT.ok, this.clientNonce, this.serverNonce, h.name)) {
+          this.fatal('invalid', `peer ${this.peer.name} did not prove the agent secret of its metadata`);
+          return null;
+        }
+        if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.okCluster, this.clientNonce, this.serverNonce, h.name, this.agent.name)) {
+          this.fatal('invalid', `peer ${this.peer.name} did not prove the cluster secret`);
+          return null;
+        }
         this.ready = true;
+        this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
         clearTimeout(this.connectTimer);
         for (const e of this.early.splice(0)) {
           this.writeNotif(e.msg);
@@ -342,7 +393,7 @@ class OutConn {
         this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} refused the connection: ${h.message}`);
         return null;
       }
-      this.fatal('invalid', `peer ${this.peer.name} sent frame type ${h.t} before OK`);
+      this.fatal('invalid', `peer ${this.peer.name} sent frame type ${h.t} out of the handshake`);
       return null;
     }
     switch (h.t) {
@@ -352,12 +403,13 @@ class OutConn {
           this.fatal('invalid', `peer ${this.peer.name} sent RDATA for unknown frame ${h.id} or of the wrong size`);
           return null;
         }
-        const live = f.req.gen === f.gen && f.req.state === 'in-progress';
         let seg = 0;
         let off = 0;
         return {
           write: (chunk: Buffer) => {
-            if (!live) return;
+            // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
+            // post), its memory is the caller's again and late bytes are dropped.
+            if (f.req.gen !== f.gen || f.req.state !== 'in-progress') return;
             let c = 0;
             while (c < chunk.length) {
               const dst = f.locals[seg]!;
@@ -445,6 +497,10 @@ class InConn {
   private peerName: string | null = null;
   private closed = false;
   private readonly helloTimer: NodeJS.Timeout;
+  /** This side's challenge (CHAL), sent on accept. */
+  private readonly serverNonce = makeNonce();
+  /** Bytes of a notif being received (counted in the agent's buffered bytes). */
+  private partial = 0;
   readonly label: string;
 
   constructor(
@@ -453,20 +509,35 @@ class InConn {
   ) {
     this.label = `${socket.remoteAddress}:${socket.remotePort}`;
     socket.setNoDelay(true);
-    this.reader = new FrameReader({
-      onHeader: (h, n) => this.onHeader(h, n),
-      onProtocolError: (m) => this.protocolError(m),
-    });
+    this.reader = new FrameReader(
+      {
+        onHeader: (h, n) => this.onHeader(h, n),
+        onProtocolError: (m) => this.protocolError(m),
+      },
+      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
+    );
     this.helloTimer = setTimeout(() => this.protocolError('no HELLO in time'), agent.connectTimeoutMs);
     this.helloTimer.unref();
+    socket.write(encodeFrame([F.CHAL, WIRE_VERSION, this.serverNonce]));
     socket.on('data', (c: Buffer) => this.reader.push(c));
     socket.on('error', () => {});
     socket.on('close', () => {
       this.closed = true;
       clearTimeout(this.helloTimer);
       this.reader.kill();
+      this.setPartial(0);
       agent.inClosed(this);
     });
+  }
+
+  /** Bytes this connection holds: unparsed input and a notif being received. */
+  get buffered(): number {
+    return this.reader.buffered + this.partial;
+  }
+
+  private setPartial(n: number): void {
+    this.agent.partialNotifBytes += n - this.partial;
+    this.partial = n;
   }
 
   private protocolError(message: string): void {
@@ -480,6 +551,7 @@ class InConn {
     }
     setTimeout(() => this.socket.destroy(), 100).unref();
     this.reader.kill();
+    this.setPartial(0);
     this.agent.reportProtocolError(err);
   }
 
@@ -545,14 +617,29 @@ class InConn {
         this.protocolError(`expected HELLO, got frame type ${h.t}`);
         return null;
       }
+      // The cluster secret first: a peer outside the cluster learns nothing of the agent secret.
+      const cluster = this.agent.clusterSecretBytes;
+      const sn = this.serverNonce;
+      const me = this.agent.name;
+      if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.helloCluster, sn, h.nonce, h.name, me)) {
+        this.protocolError(`agent ${JSON.stringify(h.name)} did not prove the cluster secret`);
+        return null;
+      }
+      if (!cluster && h.clusterProof !== null) {
+        this.protocolError(`agent ${JSON.stringify(h.name)} uses a cluster secret, ${me} has none`);
+        return null;
+      }
       const mine = this.agent.secretBytes;
-      if (h.secret.length !== mine.length || !timingSafeEqual(h.secret, mine)) {
+      if (!checkProof(h.agentProof, mine, HANDSHAKE_CONTEXT.hello, sn, h.nonce, h.name)) {
         this.protocolError(`agent ${JSON.stringify(h.name)} presented a wrong secret`);
         return null;
       }
       clearTimeout(this.helloTimer);
       this.peerName = h.name;
-      this.socket.write(encodeFrame([F.OK, this.agent.name]));
+      this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
+      const agentProof = makeProof(mine, HANDSHAKE_CONTEXT.ok, h.nonce, sn, me);
+      const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.okCluster, h.nonce, sn, me, h.name) : null;
+      this.socket.write(encodeFrame([F.OK, me, agentProof, clusterProof]));
       return null;
     }
     switch (h.t) {
@@ -621,14 +708,24 @@ class InConn {
       }
       case F.NOTIF: {
         const from = this.peerName;
-        const buf = Buffer.allocUnsafe(payloadBytes);
-        let off = 0;
+        // Memory grows with the bytes that arrived, not with the size announced; one concat at the end.
+        const parts: Buffer[] = [];
+        let got = 0;
         return {
           write: (chunk: Buffer) => {
-            chunk.copy(buf, off);
-            off += chunk.length;
+            if (this.closed) return;
+            if (this.agent.partialNotifBytes + chunk.length > this.agent.maxBufferedBytes) {
+              this.protocolError(`more than ${this.agent.maxBufferedBytes} bytes of partial notifs buffered`);
+              return;
+            }
+            parts.push(Buffer.from(chunk));
+            got += chunk.length;
+            this.setPartial(got);
           },
           end: () => {
+            this.setPartial(0);
+            if (this.closed) return;
+            const buf = parts.length === 1 ? parts[0]! : Buffer.concat(parts, got);
             if (!this.agent.queueNotif(from, new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength))) {
               this.protocolError(`more than ${this.agent.maxQueuedNotifBytes} bytes of notifs queued`);
             }
@@ -682,6 +779,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private readonly ipcRefused = new Map<string, string>();
   /** Transfers moved by CUDA IPC and over the TCP path with device staging (tests and metrics). */
   readonly deviceStats = { ipcTransfers: 0, ipcBytes: 0, stagedFrames: 0 };
+  /** See {@link EmbeddedAgentOptions.frameTimeoutMs}. */
+  readonly frameTimeoutMs: number;
+  /** See {@link EmbeddedAgentOptions.maxBufferedBytes}. */
+  readonly maxBufferedBytes: number;
+  /** @internal Bytes of notifs being received across incoming connections. */
+  partialNotifBytes = 0;
+  private readonly cluster: Uint8Array | null;
 
   private constructor(
     readonly name: string,
@@ -700,8 +804,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.stall = o.stallIncoming === true;
     this.deviceMemory = o.deviceMemory ?? null;
     this.deviceIpc = o.deviceIpc !== false;
+    this.frameTimeoutMs = checkPositiveInt('frameTimeoutMs', o.frameTimeoutMs, 30_000);
+    this.maxBufferedBytes = checkPositiveInt('maxBufferedBytes', o.maxBufferedBytes, 64 * 1024 * 1024);
+    const maxIn = checkPositiveInt('maxIncomingConnections', o.maxIncomingConnections, 1024);
+    this.cluster = checkClusterSecret(o.clusterSecret);
     server.on('connection', (s) => {
-      if (this.closed) {
+      if (this.closed || this.inConns.size >= maxIn) {
+        s.on('error', () => {});
         s.destroy();
         return;
       }
@@ -718,7 +827,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   static async create(options: EmbeddedAgentOptions): Promise<EmbeddedAgent> {
     const { name } = options;
     if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_LENGTH) throw new TransferError('invalid', `agent name must be 1..${MAX_NAME_LENGTH} characters`);
-    const host = options.host ?? '127.0.0.1';
+    // Loopback unless a host is configured; another host only with a cluster secret.
+    const host = checkBindHost(options.host, checkClusterSecret(options.clusterSecret), 'embedded agent');
     const server = net.createServer({ noDelay: true });
     await new Promise<void>((resolve, reject) => {
       server.once('error', (e) => reject(new TransferError('backend', `cannot listen on ${host}:${options.port ?? 0}: ${e.message}`, { cause: e })));
@@ -735,9 +845,26 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     }
   }
 
-  /** The agent's secret (internal: the wire handlers compare HELLO secrets with it). */
+  /** The agent's secret (internal: the wire handlers check HELLO proofs with it). */
   get secretBytes(): Uint8Array {
     return this.secret;
+  }
+
+  /** The cluster secret, or null (internal: the handshake proves it). */
+  get clusterSecretBytes(): Uint8Array | null {
+    return this.cluster;
+  }
+
+  /** Bytes incoming connections hold now (unparsed input and notifs being received); bounded by the options. */
+  get bufferedBytes(): number {
+    let n = 0;
+    for (const c of this.inConns) n += c.buffered;
+    return n;
+  }
+
+  /** Open incoming connections. */
+  get incomingConnections(): number {
+    return this.inConns.size;
   }
 
   private checkOpen(): void {
@@ -1239,6 +1366,13 @@ function findPeerDevice(devices: readonly PeerDeviceRegion[], addr: number, leng
     else return addr + length <= d.addr + d.length ? d : null;
   }
   return null;
+}
+
+/** A cluster secret option: null when unset; a copy of at least MIN_CLUSTER_SECRET_BYTES bytes. */
+function checkClusterSecret(x: Uint8Array | null | undefined): Uint8Array | null {
+  if (x === undefined || x === null) return null;
+  if (!(x instanceof Uint8Array) || x.length < MIN_CLUSTER_SECRET_BYTES) throw new TransferError('invalid', `clusterSecret must be at least ${MIN_CLUSTER_SECRET_BYTES} bytes`);
+  return Uint8Array.prototype.slice.call(x);
 }
 
 function checkNotif(n: Uint8Array): Uint8Array {
