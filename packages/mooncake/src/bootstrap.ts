@@ -248,6 +248,11 @@ async function readLimited(res: Response): Promise<string> {
   return text;
 }
 
+/** The wire body of a registration (`POST /register`, and a worker's handshake metadata), as {@link parseRegistration} reads it. */
+export function registrationBody(r: WorkerRegistration): Record<string, string | number> {
+  return { engine_id: r.engineId, tp_rank: r.tpRank, pp_rank: r.ppRank, tp_size: r.tpSize, pp_size: r.ppSize, addr: r.addr };
+}
+
 /**
  * Registers a worker at the bootstrap server `addr` (`host:port`), retrying with backoff (3
  * attempts, vLLM's behaviour).
@@ -261,7 +266,7 @@ export async function registerWorker(addr: string, r: WorkerRegistration, o: { t
       const res = await fetch(`${baseUrl(addr)}/register`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ engine_id: r.engineId, tp_rank: r.tpRank, pp_rank: r.ppRank, tp_size: r.tpSize, pp_size: r.ppSize, addr: r.addr }),
+        body: JSON.stringify(registrationBody(r)),
         signal: AbortSignal.timeout(o.timeoutMs ?? 5000),
       });
       const text = await readLimited(res);
