@@ -1,6 +1,8 @@
 /**
  * MooncakeConnector across processes: a producer engine, a consumer engine and a concurrent-mode
- * proxy as three Node processes on 127.0.0.1 (TP1 -> TP1). The KV moves producer -> consumer
+ * proxy as three Node processes on 127.0.0.1, the engines' workers in the engine processes (TP1 ->
+ * TP1) or in worker processes of their own (TP1 -> TP1, TP2 -> TP1, TP1 -> TP2, a PP2 producer;
+ * the producer's workers register with its bootstrap server through the handshake hooks). The KV moves producer -> consumer
  * through the bootstrap server, the ZeroMQ side channel and the embedded agents; the consumer's
  * load verifies its checksums (carried on the transfer response) and the answer equals an
  * in-process single engine's.
@@ -42,43 +44,60 @@ async function freePort(): Promise<number> {
 }
 
 describe('MooncakeConnector, producer / consumer / proxy processes', () => {
-  it('TP1 -> TP1: the answer equals a single engine, the load is verified', async () => {
-    const port = await freePort();
-    const base = { preset: 'dense-gqa' as const, numBlocks: 256, imports: [MOONCAKE_DIST] };
-    const extra = { bootstrap_port: port, abort_timeout_ms: 20_000, transfer_timeout_ms: 30_000 };
-    const [prod, cons] = await Promise.all([
-      launchEngineProcess({
-        config: { ...base, engineId: 'mp-mc-prod', kvTransferConfig: { kv_connector: 'MooncakeConnector', kv_role: 'kv_producer', enable_kv_checksum: true, kv_connector_extra_config: extra } },
-      }),
-      launchEngineProcess({
-        config: {
-          ...base,
-          engineId: 'mp-mc-cons',
-          kvTransferConfig: {
-            kv_connector: 'MooncakeConnector',
-            kv_role: 'kv_consumer',
-            enable_kv_checksum: true,
-            kv_checksum_fail_closed: true,
-            kv_load_failure_policy: 'fail',
-            kv_connector_extra_config: { ...extra, remote_bootstrap_addr: `127.0.0.1:${port}` },
+  // [producer TP, producer PP, consumer TP, where the engines run their workers]
+  const cases = [
+    [1, 1, 1, 'inprocess'],
+    [1, 1, 1, 'processes'],
+    [2, 1, 1, 'processes'],
+    [1, 1, 2, 'processes'],
+    [1, 2, 1, 'processes'],
+  ] as const;
+  for (const [ptp, ppp, dtp, executor] of cases) {
+    it(`TP${ptp}${ppp > 1 ? ` PP${ppp}` : ''} -> TP${dtp}, workers ${executor}: the answer equals a single engine, the load is verified`, async () => {
+      const port = await freePort();
+      const base = { preset: 'dense-gqa' as const, numBlocks: 256, imports: [MOONCAKE_DIST], executor };
+      const extra = { bootstrap_port: port, abort_timeout_ms: 20_000, transfer_timeout_ms: 30_000 };
+      const id = `mp-mc-${ptp}${ppp}${dtp}-${executor}`;
+      const [prod, cons] = await Promise.all([
+        launchEngineProcess({
+          config: { ...base, tpSize: ptp, ppSize: ppp, engineId: `${id}-prod`, kvTransferConfig: { kv_connector: 'MooncakeConnector', kv_role: 'kv_producer', enable_kv_checksum: true, kv_connector_extra_config: extra } },
+        }),
+        launchEngineProcess({
+          config: {
+            ...base,
+            tpSize: dtp,
+            engineId: `${id}-cons`,
+            kvTransferConfig: {
+              kv_connector: 'MooncakeConnector',
+              kv_role: 'kv_consumer',
+              enable_kv_checksum: true,
+              kv_checksum_fail_closed: true,
+              kv_load_failure_policy: 'fail',
+              kv_connector_extra_config: { ...extra, remote_bootstrap_addr: `127.0.0.1:${port}` },
+            },
           },
-        },
-      }),
-    ]);
-    children.push(prod, cons);
-    expect(prod.ready).toMatchObject({ kvConnector: 'MooncakeConnector', kvRole: 'kv_producer' });
-    expect(prod.ready.registeredConnectors).toContain('MooncakeConnector');
-    const proxy = await launchProxyProcess({ config: { prefill: [prod.url], decode: [cons.url], mode: 'concurrent' } });
-    children.push(proxy);
-    const ref = new Engine({ preset: 'dense-gqa', numBlocks: 256, engineId: 'mp-mc-ref' });
-    for (const prompt of PROMPTS) {
-      const want = await ref.generate(prompt, { maxTokens: S.max_tokens, ignoreEos: true });
-      const res = await fetch(`${proxy.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, ...S }) });
-      const body = (await res.json()) as { choices: Array<{ token_ids: number[] }>; kvconnect: { decode: { load?: { verdict: string; action: string } }; prefill: { checksum_payload?: { sent: boolean; carrier: string } } } };
-      expect(res.status, JSON.stringify(body)).toBe(200);
-      expect(body.choices[0].token_ids).toEqual(want.tokenIds);
-      expect(body.kvconnect.decode.load).toMatchObject({ verdict: 'verified', action: 'use' });
-      expect(body.kvconnect.prefill.checksum_payload).toMatchObject({ sent: true, carrier: 'connector' });
-    }
-  });
+        }),
+      ]);
+      children.push(prod, cons);
+      expect(prod.ready).toMatchObject({ kvConnector: 'MooncakeConnector', kvRole: 'kv_producer' });
+      expect(prod.ready.registeredConnectors).toContain('MooncakeConnector');
+      for (const [e, n] of [[prod, ptp * ppp], [cons, dtp]] as const) {
+        const h = (await (await fetch(`${e.url}/health`)).json()) as { executor: string; worker_pids: number[][] };
+        expect(h.executor).toBe(executor);
+        expect(h.worker_pids.flat()).toHaveLength(executor === 'processes' ? n : 0);
+      }
+      const proxy = await launchProxyProcess({ config: { prefill: [prod.url], decode: [cons.url], mode: 'concurrent' } });
+      children.push(proxy);
+      const ref = new Engine({ preset: 'dense-gqa', numBlocks: 256, engineId: `${id}-ref` });
+      for (const prompt of PROMPTS) {
+        const want = await ref.generate(prompt, { maxTokens: S.max_tokens, ignoreEos: true });
+        const res = await fetch(`${proxy.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, ...S }) });
+        const body = (await res.json()) as { choices: Array<{ token_ids: number[] }>; kvconnect: { decode: { load?: { verdict: string; action: string } }; prefill: { checksum_payload?: { sent: boolean; carrier: string } } } };
+        expect(res.status, JSON.stringify(body)).toBe(200);
+        expect(body.choices[0].token_ids).toEqual(want.tokenIds);
+        expect(body.kvconnect.decode.load).toMatchObject({ verdict: 'verified', action: 'use' });
+        expect(body.kvconnect.prefill.checksum_payload).toMatchObject({ sent: true, carrier: 'connector' });
+      }
+    });
+  }
 });

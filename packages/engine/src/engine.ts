@@ -260,6 +260,11 @@ export class Engine {
     return this._scheduler;
   }
 
+  /** The connector's scheduler half (after {@link ready}; null without a transfer config). */
+  get kvConnectorScheduler(): KVConnectorScheduler | null {
+    return this.connector;
+  }
+
   /** The KV checksum scheduler, when checksums are on. */
   get kvChecksumScheduler(): KVChecksumScheduler | null {
     return this.checksumScheduler;

@@ -27,7 +27,7 @@ import { generatedPrompts } from './prompts.js';
 import { markdownReport, summarize, summaryLines, type RunSummary } from './report.js';
 import { checkExpectations, resolveConnector, runScenario, type RequestOutcome, type RunOutcome, type ScenarioResult, type Topology } from './runner.js';
 import { parseScenario, type ConnectorName, type Scenario, type VerdictKind } from './scenario.js';
-import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics } from './topology-multiprocess.js';
+import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics, type WorkersMode } from './topology-multiprocess.js';
 
 /** `--connector` values and the scenario connector each means. */
 export const DEMO_CONNECTORS: Readonly<Record<string, ConnectorName>> = Object.freeze({ pull: 'nixl-pull', push: 'nixl-push', mooncake: 'mooncake', inprocess: 'in-process' });
@@ -62,6 +62,13 @@ export interface DemoOptions {
   print?: (line: string) => void;
   /** Copy the engine and proxy processes' stderr to this process's stderr (multi-process; default false). */
   echoStderr?: boolean;
+  /**
+   * Multi-process: where the engines run their TP x PP workers: `processes` (one worker process
+   * each: the producer's TP2 is two worker processes) or `inprocess`. Default: processes for the
+   * connectors that support them (Mooncake), in the engine's process for NIXL (see
+   * `PROCESS_CONNECTORS` in topology-multiprocess.ts).
+   */
+  workers?: WorkersMode;
   /** A custom topology for the scenario runner (single-process path, whatever the connector). */
   topology?: Topology;
 }
@@ -346,8 +353,11 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   const faults = hit.map((n) => ({ ...planned.get(n)!, requestIds: [`pd-${n}-`], seed: seed + n }) as FaultSpec);
   const scenario = demoScenario(c, connector, [], hit.length, false);
   const model = resolveModelSpec(c.model);
+  const workers = c.o.workers ?? spec.workers;
+  if (workers !== 'processes' && workers !== 'inprocess') throw new RangeError(`--workers must be processes or inprocess, got ${String(workers)}`);
   const setup = [
     `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
+    workers === 'processes' ? 'workers: one process per TP rank (producer: 2 worker processes, consumer: 1)' : 'workers: in the engine processes',
     `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
     `faulted proxy requests (numbered in arrival order at the proxy; the prompt rN each one landed on is listed after the run): ${hit.map((n) => `#${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
@@ -368,7 +378,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   try {
     const refP = Promise.all(prompts.map((p) => reference.generate(p, { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true })));
     refP.catch(() => {});
-    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
+    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
     if (interrupted) throw new Error(`interrupted (${interrupted})`);
     print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
     const references = (await refP).map((r) => r.tokenIds);

@@ -237,6 +237,8 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
       kv_connector: cfg?.kv_connector ?? null,
       kv_role: cfg?.kv_role ?? null,
       enable_kv_checksum: cfg?.enable_kv_checksum ?? false,
+      executor: engine.executorKind,
+      worker_pids: engine.workerPids,
       in_flight: inflight.size,
       stats,
     });
