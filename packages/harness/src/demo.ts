@@ -381,6 +381,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
     pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
     if (interrupted) throw new Error(`interrupted (${interrupted})`);
     print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
+    const workerProcesses = await pd.workerPids();
     const references = (await refP).map((r) => r.tokenIds);
     const tRun = performance.now();
     const outcomes: RequestOutcome[] = new Array(prompts.length);
@@ -490,7 +491,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
       'Faults were injected by the consumer process, so the injector\'s ground truth (which blocks really changed) and per-load transfer times stay there: the Requests table shows the fault planned for each request, and no changed blocks or load time. Producer-side faults (`stale`, producer-side `payload`) need the producer\'s memory in the demo\'s process: run `--connector inprocess` for them.',
       '',
     ].join('\n');
-    const { outDir, reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid } });
+    const { outDir, reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid }, workerProcesses });
     return { result, summary, outDir, reportPath, connector, topology: 'processes', metrics };
   } finally {
     bar?.stop();

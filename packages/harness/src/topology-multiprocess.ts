@@ -129,6 +129,8 @@ export interface PDProcesses {
   readonly consumerTransferConfig: Record<string, unknown>;
   /** Every engine's `GET /metrics`, parsed. */
   metrics(): Promise<ProcessMetrics>;
+  /** The pids of each engine's worker processes (`GET /health` `worker_pids`; empty with in-process workers). */
+  workerPids(): Promise<{ producer: number[]; consumer: number[] }>;
   /** Stops the proxy, then both engines (SIGTERM, then SIGKILL). Idempotent. */
   shutdown(): Promise<void>;
 }
@@ -224,6 +226,11 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
       metrics: async () => {
         const [pt, ct] = await Promise.all([scrape(producer.url), scrape(consumer.url)]);
         return processMetrics(pt, ct);
+      },
+      workerPids: async () => {
+        const pids = async (url: string) => ((await (await fetch(`${url}/health`, { signal: AbortSignal.timeout(5000) })).json()) as { worker_pids?: number[][] }).worker_pids?.flat() ?? [];
+        const [p, c] = await Promise.all([pids(producer.url), pids(consumer.url)]);
+        return { producer: p, consumer: c };
       },
       shutdown: () => {
         down ??= (async () => {
