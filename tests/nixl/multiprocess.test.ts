@@ -44,21 +44,33 @@ async function metric(url: string, line: string): Promise<boolean> {
 }
 
 describe('NIXL across processes (producer, consumer, proxy)', () => {
-  const cases = [
-    ['pull', 'NixlConnector', PULL, 1],
-    ['pull', 'NixlConnector', PULL, 2],
-    ['push', 'NixlPushConnector', PUSH, 1],
-    ['push', 'NixlPushConnector', PUSH, 2],
+  // [mode, connector, module, producer TP, producer PP, consumer TP, where the engines run their workers]
+  const engineWorkers = [
+    ['pull', 'NixlConnector', PULL, 1, 1, 1, 'inprocess'],
+    ['pull', 'NixlConnector', PULL, 2, 1, 1, 'inprocess'],
+    ['push', 'NixlPushConnector', PUSH, 1, 1, 1, 'inprocess'],
+    ['push', 'NixlPushConnector', PUSH, 2, 1, 1, 'inprocess'],
   ] as const;
-  for (const [mode, connector, module, tp] of cases) {
-    it(`${mode} TP${tp} -> TP1: the output equals a single instance and the load verifies`, async () => {
-      const base = { preset: 'dense-gqa' as const, numBlocks: 128, imports: [module] };
+  // With worker processes NIXL's halves no longer meet: they share a process-local hub
+  // (packages/nixl-common/src/hub.ts), so the producer's scheduler half finds no side channel
+  // (its workers started theirs in their own processes) and returns no kv_transfer_params; every
+  // request then prefills on the consumer. These cases run once NIXL uses the handshake hooks.
+  const workerProcesses = (['pull', 'push'] as const).flatMap((mode) =>
+    ([[1, 1, 1], [2, 1, 1], [1, 1, 2], [1, 2, 1]] as const).map(([ptp, ppp, dtp]) => [mode, mode === 'pull' ? 'NixlConnector' : 'NixlPushConnector', mode === 'pull' ? PULL : PUSH, ptp, ppp, dtp, 'processes'] as const),
+  );
+  const NIXL_HUB = 'skipped: NIXL halves meet in a process-local hub (nixl-common/src/hub.ts), not yet on the handshake hooks';
+  for (const [mode, connector, module, tp, pp, dtp, executor] of [...engineWorkers, ...workerProcesses]) {
+    const name = `${mode} TP${tp}${pp > 1 ? ` PP${pp}` : ''} -> TP${dtp}${executor === 'processes' ? ', worker processes' : ''}: the output equals a single instance and the load verifies`;
+    (executor === 'processes' ? it.skip : it)(executor === 'processes' ? `${name} (${NIXL_HUB})` : name, async () => {
+      const base = { preset: 'dense-gqa' as const, numBlocks: 128, imports: [module], executor };
+      const id = `mp-${mode}-${tp}${pp}${dtp}-${executor}`;
       const [p, d] = await Promise.all([
-        launchEngineProcess({ config: { ...base, tpSize: tp, engineId: `mp-${mode}-p${tp}`, kvTransferConfig: { kv_connector: connector, kv_role: 'kv_producer', enable_kv_checksum: true } } }).then(track),
+        launchEngineProcess({ config: { ...base, tpSize: tp, ppSize: pp, engineId: `${id}-p`, kvTransferConfig: { kv_connector: connector, kv_role: 'kv_producer', enable_kv_checksum: true } } }).then(track),
         launchEngineProcess({
           config: {
             ...base,
-            engineId: `mp-${mode}-d${tp}`,
+            tpSize: dtp,
+            engineId: `${id}-d`,
             kvTransferConfig: { kv_connector: connector, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail' },
           },
         }).then(track),
@@ -68,10 +80,10 @@ describe('NIXL across processes (producer, consumer, proxy)', () => {
       const res = await fetch(`${proxy.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPT, max_tokens: MAX, ignore_eos: true }) });
       const body = (await res.json()) as { choices: Array<{ token_ids: number[] }>; kvconnect: { prefill: { kv_transfer_params?: Record<string, unknown> } } };
       expect(res.status).toBe(200);
-      const want = await new Engine({ preset: 'dense-gqa', engineId: `mp-ref-${mode}-${tp}` }).generate(PROMPT, { maxTokens: MAX, ignoreEos: true });
+      const want = await new Engine({ preset: 'dense-gqa', engineId: `${id}-ref` }).generate(PROMPT, { maxTokens: MAX, ignoreEos: true });
       expect(body.choices[0].token_ids).toEqual(want.tokenIds);
       const params = body.kvconnect.prefill.kv_transfer_params!;
-      expect(params).toMatchObject({ remote_engine_id: `mp-${mode}-p${tp}`, remote_tp_size: tp, remote_host: '127.0.0.1' });
+      expect(params).toMatchObject({ remote_engine_id: `${id}-p`, remote_tp_size: tp, remote_host: '127.0.0.1' });
       if (mode === 'pull') expect(typeof params.kv_checksums).toBe('string');
       else expect(params.kv_checksums).toBeUndefined();
       expect(await metric(d.url, 'kvconnect_kv_checksum_loads_total{verdict="verified"} 1')).toBe(true);
