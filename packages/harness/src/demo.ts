@@ -63,10 +63,10 @@ export interface DemoOptions {
   /** Copy the engine and proxy processes' stderr to this process's stderr (multi-process; default false). */
   echoStderr?: boolean;
   /**
-   * Multi-process: where the engines run their TP x PP workers: `processes` (one worker process
-   * each: the producer's TP2 is two worker processes) or `inprocess`. Default: processes for the
-   * connectors that support them (Mooncake), in the engine's process for NIXL (see
-   * `PROCESS_CONNECTORS` in topology-multiprocess.ts).
+   * Multi-process: where both engines run their TP x PP workers: `processes` (one worker process
+   * each: the producer's TP2 is two worker processes) or `inprocess`. Default per side: processes
+   * where the connector supports them (Mooncake; a NIXL consumer), else in the engine's process
+   * (a NIXL producer; see `PROCESS_CONNECTORS` in topology-multiprocess.ts).
    */
   workers?: WorkersMode;
   /** A custom topology for the scenario runner (single-process path, whatever the connector). */
@@ -353,11 +353,12 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   const faults = hit.map((n) => ({ ...planned.get(n)!, requestIds: [`pd-${n}-`], seed: seed + n }) as FaultSpec);
   const scenario = demoScenario(c, connector, [], hit.length, false);
   const model = resolveModelSpec(c.model);
-  const workers = c.o.workers ?? spec.workers;
-  if (workers !== 'processes' && workers !== 'inprocess') throw new RangeError(`--workers must be processes or inprocess, got ${String(workers)}`);
+  if (c.o.workers !== undefined && c.o.workers !== 'processes' && c.o.workers !== 'inprocess') throw new RangeError(`--workers must be processes or inprocess, got ${String(c.o.workers)}`);
+  const workers = c.o.workers === undefined ? spec.workers : { producer: c.o.workers, consumer: c.o.workers };
+  const where = (w: WorkersMode, tp: number) => (w === 'processes' ? `${tp} worker process${tp > 1 ? 'es' : ''}` : 'in the engine process');
   const setup = [
     `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
-    workers === 'processes' ? 'workers: one process per TP rank (producer: 2 worker processes, consumer: 1)' : 'workers: in the engine processes',
+    `workers: producer ${where(workers.producer, 2)}, consumer ${where(workers.consumer, 1)}`,
     `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
     `faulted proxy requests (numbered in arrival order at the proxy; the prompt rN each one landed on is listed after the run): ${hit.map((n) => `#${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
@@ -378,7 +379,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   try {
     const refP = Promise.all(prompts.map((p) => reference.generate(p, { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true })));
     refP.catch(() => {});
-    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
+    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
     if (interrupted) throw new Error(`interrupted (${interrupted})`);
     print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
     const workerProcesses = await pd.workerPids();

@@ -31,18 +31,18 @@ export type ProcessConnector = 'nixl-pull' | 'nixl-push' | 'mooncake';
 export type WorkersMode = 'processes' | 'inprocess';
 
 /**
- * Package, registered name and proxy mode of each {@link ProcessConnector}, and where the engines
- * run their workers by default: one process per worker when the connector's halves talk only
- * through the connector contract (Mooncake: bootstrap server and ZeroMQ, workers registered by
- * the handshake hooks); in the engine's process for NIXL, whose halves still meet in a
- * process-local hub (packages/nixl-common/src/hub.ts: with worker processes the producer's
- * scheduler half finds no side channel and returns no `kv_transfer_params`, so every request
- * prefills on the consumer).
+ * Package, registered name and proxy mode of each {@link ProcessConnector}, and where each side's
+ * engine runs its workers by default: one process per worker where the connector's halves talk
+ * only through the connector contract (Mooncake: bootstrap server and ZeroMQ, producer workers
+ * registered by the handshake hooks; a NIXL consumer); in the engine's process for a NIXL
+ * producer, whose halves still meet in a process-local hub (packages/nixl-common/src/hub.ts: with
+ * worker processes its scheduler half finds no side channel and returns no `kv_transfer_params`,
+ * so every request would prefill on the consumer).
  */
-export const PROCESS_CONNECTORS: Readonly<Record<ProcessConnector, { pkg: string; name: string; mode: 'sequential' | 'concurrent'; workers: WorkersMode }>> = Object.freeze({
-  'nixl-pull': { pkg: '@kvconnect/nixl-pull', name: 'NixlConnector', mode: 'sequential', workers: 'inprocess' },
-  'nixl-push': { pkg: '@kvconnect/nixl-push', name: 'NixlPushConnector', mode: 'sequential', workers: 'inprocess' },
-  mooncake: { pkg: '@kvconnect/mooncake', name: 'MooncakeConnector', mode: 'concurrent', workers: 'processes' },
+export const PROCESS_CONNECTORS: Readonly<Record<ProcessConnector, { pkg: string; name: string; mode: 'sequential' | 'concurrent'; workers: { producer: WorkersMode; consumer: WorkersMode } }>> = Object.freeze({
+  'nixl-pull': { pkg: '@kvconnect/nixl-pull', name: 'NixlConnector', mode: 'sequential', workers: { producer: 'inprocess', consumer: 'processes' } },
+  'nixl-push': { pkg: '@kvconnect/nixl-push', name: 'NixlPushConnector', mode: 'sequential', workers: { producer: 'inprocess', consumer: 'processes' } },
+  mooncake: { pkg: '@kvconnect/mooncake', name: 'MooncakeConnector', mode: 'concurrent', workers: { producer: 'processes', consumer: 'processes' } },
 });
 
 /**
@@ -105,7 +105,7 @@ export interface PDProcessOptions {
   policy?: 'fail' | 'recompute';
   /** Consumer-side faults (FaultInjectingConnector around the connector); empty: the wrapper only measures. */
   faults?: FaultSpec[];
-  /** Where both engines run their workers (default the connector's {@link PROCESS_CONNECTORS} `workers`). */
+  /** Where both engines run their workers (default per side: the connector's {@link PROCESS_CONNECTORS} `workers`). */
   workers?: WorkersMode;
   /** Engine id prefix (default `demo`). */
   idPrefix?: string;
@@ -118,8 +118,8 @@ export interface PDProcessOptions {
 export interface PDProcesses {
   readonly connector: ProcessConnector;
   readonly mode: 'sequential' | 'concurrent';
-  /** Where the engines run their workers. */
-  readonly workers: WorkersMode;
+  /** Where each engine runs its workers. */
+  readonly workers: { producer: WorkersMode; consumer: WorkersMode };
   readonly producer: LaunchedEngine;
   readonly consumer: LaunchedEngine;
   readonly proxy: LaunchedProxy;
@@ -171,7 +171,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
   const module = connectorModulePath(o.connector);
   if (!existsSync(FAULT_CONNECTOR_DIST)) throw new Error(`${FAULT_CONNECTOR_DIST} is missing: build @kvconnect/harness first (npm run build)`);
   const checksums = o.checksums ?? true;
-  const workers = o.workers ?? spec.workers;
+  const workers = o.workers === undefined ? spec.workers : { producer: o.workers, consumer: o.workers };
   const prefix = o.idPrefix ?? 'demo';
   const extra: Record<string, unknown> = {};
   let consumerExtra: Record<string, unknown> = {};
@@ -199,11 +199,11 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     const [p, d] = await Promise.allSettled([
       launchEngineProcess({
         ...launch,
-        config: { ...engineConfig(o.model, o.producer ?? {}, { tp: 2, blockSize: 16, layout: 'NHD', maxBatchedTokens: 128, numBlocks: 512 }, workers), engineId: `${prefix}-producer`, imports: [module], kvTransferConfig: producerTransfer },
+        config: { ...engineConfig(o.model, o.producer ?? {}, { tp: 2, blockSize: 16, layout: 'NHD', maxBatchedTokens: 128, numBlocks: 512 }, workers.producer), engineId: `${prefix}-producer`, imports: [module], kvTransferConfig: producerTransfer },
       }),
       launchEngineProcess({
         ...launch,
-        config: { ...engineConfig(o.model, o.consumer ?? {}, { tp: 1, blockSize: 32, layout: 'HND', maxBatchedTokens: 256, numBlocks: 256 }, workers), engineId: `${prefix}-consumer`, imports: [module], kvTransferConfig: consumerTransfer },
+        config: { ...engineConfig(o.model, o.consumer ?? {}, { tp: 1, blockSize: 32, layout: 'HND', maxBatchedTokens: 256, numBlocks: 256 }, workers.consumer), engineId: `${prefix}-consumer`, imports: [module], kvTransferConfig: consumerTransfer },
       }),
     ]);
     for (const r of [p, d]) if (r.status === 'fulfilled') started.push(r.value);
