@@ -224,9 +224,17 @@ export class MultiProcessExecutor implements Executor {
       }),
     );
     const all = this.procs.flat();
-    const replies = await Promise.all(
-      all.map((p) => p.request({ t: 'init', worker: p.opts, setup, imports: [...(this.o.imports ?? [])], checksumBackend: this.o.checksumBackend ?? 'auto' }, this.o.startTimeoutMs ?? 60_000)),
-    );
+    let replies: unknown[];
+    try {
+      replies = await Promise.all(
+        all.map((p) => p.request({ t: 'init', worker: p.opts, setup, imports: [...(this.o.imports ?? [])], checksumBackend: this.o.checksumBackend ?? 'auto' }, this.o.startTimeoutMs ?? 60_000)),
+      );
+    } catch (e) {
+      // A worker that could not start: stop them all (the engine's setup fails with `e`).
+      this.closing = true;
+      await Promise.all(all.map((p) => p.stop(1000)));
+      throw e;
+    }
     const out = new Map<string, unknown>();
     all.forEach((p, i) => {
       if (replies[i] !== null && replies[i] !== undefined) out.set(p.key, replies[i]);

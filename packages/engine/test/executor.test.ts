@@ -140,6 +140,28 @@ describe('MultiProcessExecutor', () => {
   });
 });
 
+describe('MultiProcessExecutor setup', () => {
+  it('a worker whose connector setup throws: ready rejects naming the worker, and every worker process exits', async () => {
+    const e = new Engine({ preset: 'dense-gqa', tpSize: 2, numBlocks: 32, executor: 'processes', kvTransferConfig: { ...probe(), kv_connector_extra_config: { fail_register: true } } });
+    try {
+      await expect(e.ready).rejects.toThrow(/^worker pp0\/tp[01] init: probe: registerKvCaches refused$/);
+      const pids = e.workerPids.flat();
+      expect(pids).toHaveLength(2);
+      const alive = (pid: number) => {
+        try {
+          process.kill(pid, 0);
+          return true;
+        } catch {
+          return false;
+        }
+      };
+      expect(pids.filter(alive)).toEqual([]);
+    } finally {
+      await e.shutdown();
+    }
+  });
+});
+
 describe('InProcessExecutor: connector data crosses as plain data', () => {
   class Agent {
     readonly fd = 3;
