@@ -18,6 +18,7 @@ import { KVConnectorRegistry, type KVConnectorFactory, type KVConnectorOutput } 
 import { Engine, type EngineOptions } from '../src/engine.js';
 import { FrameDecoder, FrameError, NotPlainDataError, assertPlainData, decodeMessage, encodeMessage, frame, roundTrip } from '../src/ipc.js';
 import { startEngineServer } from '../src/server/engine-server.js';
+import { launchEngineProcess } from '../src/server/launcher.js';
 import { parseEngineArgs, engineOptionsOf } from '../src/server/main.js';
 
 const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
@@ -136,6 +137,32 @@ describe('MultiProcessExecutor', () => {
     } finally {
       await server.close();
       await e.shutdown();
+    }
+  });
+});
+
+describe('kvconnect-engine --workers processes', () => {
+  it('serves with one worker process per rank; a killed worker: the request in flight gets 500 with the reason, /health 503', async () => {
+    const eng = await launchEngineProcess({ config: { preset: 'dense-gqa', tpSize: 2, numBlocks: 256 }, args: ['--workers', 'processes'] });
+    try {
+      const health = async () => {
+        const r = await fetch(`${eng.url}/health`);
+        return { status: r.status, body: (await r.json()) as { executor?: string; worker_pids?: number[][]; error?: string } };
+      };
+      const h = await health();
+      expect(h).toMatchObject({ status: 200, body: { executor: 'processes' } });
+      const [[, p1]] = h.body.worker_pids!;
+      const post = (max: number) => fetch(`${eng.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPT, max_tokens: max, ignore_eos: true }) });
+      expect((await post(3)).status).toBe(200);
+      const long = post(3000);
+      await new Promise((r) => setTimeout(r, 300));
+      process.kill(p1, 'SIGKILL');
+      const res = await long;
+      expect(res.status).toBe(500);
+      expect(JSON.stringify(await res.json())).toContain('worker pp0/tp1 exited (signal SIGKILL)');
+      expect(await health()).toMatchObject({ status: 503, body: { error: 'worker pp0/tp1 exited (signal SIGKILL)' } });
+    } finally {
+      await eng.stop();
     }
   });
 });
