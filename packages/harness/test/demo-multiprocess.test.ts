@@ -29,7 +29,7 @@ const PROMPTS = [
 
 beforeAll(() => {
   const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin/tsc');
-  const pkgs = ['engine', 'nixl-pull', 'nixl-push', 'harness'].map((p) => join(ROOT, 'packages', p));
+  const pkgs = ['engine', 'nixl-pull', 'nixl-push', 'mooncake', 'harness'].map((p) => join(ROOT, 'packages', p));
   const r = spawnSync(process.execPath, [tsc, '--build', ...pkgs], { encoding: 'utf8', timeout: 170_000 });
   if (r.status !== 0) throw new Error(`tsc --build failed:\n${`${r.stdout}${r.stderr}`.slice(-4000)}`);
 }, 180_000);
@@ -51,6 +51,7 @@ async function gone(pids: number[]): Promise<boolean> {
 interface SummaryJson {
   topology: string;
   processes: { proxy: number; producer: number; consumer: number };
+  workerProcesses: { producer: number[]; consumer: number[] };
   requests: Array<{ index: number; faults: string[]; verdict: string; action: string | null; identical: boolean; error?: string }>;
   checks: Array<{ ok: boolean; line: string }>;
 }
@@ -68,6 +69,7 @@ describe('kvconnect demo, multi-process topology', () => {
     const lines = r.stdout.split('\n');
     expect(lines.some((l) => l.startsWith('processes on 127.0.0.1: proxy (sequential)'))).toBe(true);
     expect(lines.some((l) => l.startsWith('connector NixlConnector'))).toBe(true);
+    expect(lines).toContain('workers: producer in the engine process, consumer 1 worker process');
     expect(lines).toContain('outputs identical to a single instance: 4/4');
     expect(lines.some((l) => /^checksum time: producer \d/.test(l))).toBe(true);
     const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
@@ -87,8 +89,9 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(md).toContain('## Summary');
     expect(md).toContain('## Process metrics');
     expect(md).toContain('| outputs identical to a single instance | 4/4 |');
+    expect(s.workerProcesses).toMatchObject({ producer: [], consumer: [expect.any(Number)] });
     // Every child process went away with the demo.
-    expect(await gone(Object.values(s.processes))).toBe(true);
+    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.consumer])).toBe(true);
   }, 60_000);
 
   it('--connector push (exported runDemo): faults detected and recomputed, outputs = single instance, report written', async () => {
@@ -137,6 +140,22 @@ describe('kvconnect demo, multi-process topology', () => {
     } finally {
       await pd.shutdown();
     }
+  }, 60_000);
+
+  it('--connector mooncake (exported runDemo): worker processes by default (producer TP2 = 2), faults detected and recomputed, outputs = single instance', async () => {
+    const out = join(dir, 'mooncake');
+    const printed: string[] = [];
+    const r = await runDemo({ connector: 'mooncake', prompts: PROMPTS, faultRate: 0.5, maxTokens: 8, out, progress: false, print: (l) => printed.push(l) });
+    expect(printed).toContain('workers: producer 2 worker processes, consumer 1 worker process');
+    expect(r.result.expectations.filter((x) => !x.ok)).toEqual([]);
+    expect(r.summary.identical).toBe(4);
+    expect(r.summary.recomputed).toBe(2);
+    expect(r.metrics?.loads).toMatchObject({ verified: 2 });
+    const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
+    expect(s.workerProcesses.producer).toHaveLength(2);
+    expect(s.workerProcesses.consumer).toHaveLength(1);
+    // Engines, proxy and every worker process went away with the demo.
+    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.producer, ...s.workerProcesses.consumer])).toBe(true);
   }, 60_000);
 
   it('metrics: Prometheus text of the engines reduces to checksum and transfer numbers (n/a when absent)', () => {

@@ -479,6 +479,11 @@ export interface BootstrapClientOptions {
   secret?: Uint8Array | null;
 }
 
+/** The wire body of a registration (`POST /register`, and a worker's handshake metadata), as {@link parseRegistration} reads it. */
+export function registrationBody(r: WorkerRegistration): Record<string, string | number> {
+  return { engine_id: r.engineId, tp_rank: r.tpRank, pp_rank: r.ppRank, tp_size: r.tpSize, pp_size: r.ppSize, addr: r.addr, ...(r.owner !== undefined ? { owner: r.owner } : {}) };
+}
+
 /**
  * Registers a worker at the bootstrap server `addr` (`host:port`), retrying with backoff (3
  * attempts, vLLM's behaviour).
@@ -487,7 +492,7 @@ export interface BootstrapClientOptions {
 export async function registerWorker(addr: string, r: WorkerRegistration, o: BootstrapClientOptions & { timeoutMs?: number; attempts?: number } = {}): Promise<void> {
   const attempts = o.attempts ?? 3;
   let last: unknown;
-  const body = JSON.stringify({ engine_id: r.engineId, tp_rank: r.tpRank, pp_rank: r.ppRank, tp_size: r.tpSize, pp_size: r.ppSize, addr: r.addr, ...(r.owner !== undefined ? { owner: r.owner } : {}) });
+  const body = JSON.stringify(registrationBody(r));
   for (let i = 0; i < attempts; i++) {
     try {
       const res = await call(addr, 'POST', '/register', body, o.secret ?? null, o.timeoutMs ?? 5000);

@@ -40,7 +40,7 @@ import { checkBindHost, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { createAgent } from './agent.js';
 import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
-import { queryEngine, registerWorker, type EngineWorkers } from './bootstrap.js';
+import { queryEngine, registerWorker, registrationBody, type EngineWorkers } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
 import { describeLayout, planWrites } from './layout.js';
 import {
@@ -174,6 +174,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   private routerSender: Sender | null = null;
   /** `tcp://host:port` of this worker's ROUTER (producer). */
   sideChannelAddr: string | null = null;
+  private handshake: Record<string, string | number> | null = null;
   private meta: MooncakeConnectorMetadata | null = null;
   private closed = false;
   // producer
@@ -236,10 +237,22 @@ export class MooncakeWorker implements KVConnectorWorker {
     this.sideChannelAddr = router.lastEndpoint;
     void this.routerLoop(router);
     const reg = { engineId: this.ctx.engineId, tpRank: this.ctx.tpRank, ppRank: this.ctx.ppRank, tpSize: this.ctx.tpSize, ppSize: this.ctx.ppSize, addr: this.sideChannelAddr!, owner: this.owner };
-    const local = this.opts.bootstrapAddr === undefined ? localBootstrap(this.ctx.engineId) : undefined;
+    if (this.opts.bootstrapAddr !== undefined) {
+      await registerWorker(this.opts.bootstrapAddr, reg, { timeoutMs: this.opts.bootstrapTimeoutMs, secret: this.opts.clusterSecret });
+      return;
+    }
+    // The engine's own bootstrap server (its scheduler half's): registered through the handshake
+    // hooks (getHandshakeMetadata -> MooncakeScheduler.setXferHandshakeMetadata), which work when
+    // this worker runs in its own process; directly too when that server is in this process (hosts
+    // or wrapping connectors that do not pass the handshake on).
+    this.handshake = registrationBody(reg);
+    const local = localBootstrap(this.ctx.engineId);
     if (local) (await local).register(reg);
-    else if (this.opts.bootstrapAddr !== undefined) await registerWorker(this.opts.bootstrapAddr, reg, { timeoutMs: this.opts.bootstrapTimeoutMs, secret: this.opts.clusterSecret });
-    else throw new Error(`MooncakeConnector worker ${this.key} of ${this.ctx.engineId}: no bootstrap server (set kv_connector_extra_config.bootstrap_addr)`);
+  }
+
+  /** Producer without `bootstrap_addr`: this worker's registration body for its engine's bootstrap server. */
+  getHandshakeMetadata(): Record<string, string | number> | null {
+    return this.handshake;
   }
 
   bindConnectorMetadata(meta: unknown): void {

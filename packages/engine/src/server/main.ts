@@ -51,8 +51,10 @@ export interface EngineProcessConfig {
   checksumBackend?: 'auto' | 'ts' | 'native' | 'cuda';
   /** Where the KV cache lives: host memory (default), GPU memory, or emulated device memory (tests). */
   device?: 'cpu' | 'cuda' | 'cuda-emulated';
-  /** Modules to import before the engine starts (connector packages register themselves). */
+  /** Modules to import before the engine starts (connector packages register themselves); worker processes import them too. */
   imports?: string[];
+  /** Where the workers run (default `inprocess`; `processes`: one process per TP rank x PP stage). */
+  executor?: 'inprocess' | 'processes';
   /** Interface to listen on (default 127.0.0.1). */
   host?: string;
   /** Port (default 0: any free port; the ready line says which). */
@@ -99,6 +101,7 @@ const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
   checksumBackend: ['auto', 'ts', 'native', 'cuda'],
   device: ['cpu', 'cuda', 'cuda-emulated'],
   imports: 'strings',
+  executor: ['inprocess', 'processes'],
   host: 'string',
   port: 'nat',
   maxBodyBytes: 'int',
@@ -221,6 +224,8 @@ engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxToke
   --device cpu|cuda|cuda-emulated   KV cache in host memory (default), GPU memory (addon built with
                                 CUDA), or emulated device memory (tests); the model computes on the host
   --import MODULE               import a module first (repeatable; connector packages register themselves)
+  --workers inprocess|processes where the TP x PP workers run (default inprocess; processes: one
+                                worker process each); also --distributed-executor-backend uni|mp
   --host HOST                   default 127.0.0.1
   --port N                      default 0 (any free port)
   --max-body-bytes N            --request-timeout-ms N (0 = none)  --max-tokens N  --max-model-len N
@@ -279,6 +284,8 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     'checksum-backend': { type: 'string' },
     device: { type: 'string' },
     import: { type: 'string', multiple: true },
+    workers: { type: 'string' },
+    'distributed-executor-backend': { type: 'string' },
     host: { type: 'string' },
     port: { type: 'string' },
     'max-body-bytes': { type: 'string' },
@@ -321,6 +328,9 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     maxModelLen: intFlag(s('max-model-len'), 'max-model-len'),
     logLevel: s('log-level'),
   };
+  const backend = s('distributed-executor-backend');
+  if (backend !== undefined && backend !== 'mp' && backend !== 'uni') throw new UsageError(`--distributed-executor-backend: expected mp or uni, got ${JSON.stringify(backend)}`);
+  flags.executor = s('workers') ?? (backend === undefined ? undefined : backend === 'mp' ? 'processes' : 'inprocess');
   if (s('kv-transfer-config') !== undefined) flags.kvTransferConfig = parseJson(s('kv-transfer-config')!, '--kv-transfer-config');
   if (s('cache-layout') !== undefined || s('kv-layout') !== undefined) {
     const base = isPlainObject(cfg.cacheLayout) ? cfg.cacheLayout : {};
@@ -414,6 +424,8 @@ export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
     engineId: c.engineId,
     checksumBackend: c.checksumBackend,
     device: c.device,
+    executor: c.executor,
+    workerImports: c.imports,
     observability: new KVChecksumObservability({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) } }),
   };
   for (const k of Object.keys(o) as (keyof EngineOptions)[]) if (o[k] === undefined) delete o[k];
