@@ -16,6 +16,7 @@ import {
 import type { BackendName, ChecksumBackend } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, KVConnectorOutput, KVConnectorScheduler, KVTransferConfig, KVTransferParams, FinishReason, SchedulerOutput } from './contracts.js';
 import type { KvDtype } from './dtype.js';
+import { deviceMemoryOf, type KVDeviceMode } from '@kvconnect/transfer';
 import { forward } from './executor.js';
 import { attnLayerName, indexerLayerName, mambaLayerName, resolveModel, validateModel, type ModelConfig, type PresetName } from './model/config.js';
 import { buildWeights, type ModelWeights } from './model/weights.js';
@@ -44,6 +45,15 @@ export interface EngineOptions {
   kvDtype?: KvDtype;
   /** Mamba SSM state type (default float32). */
   ssmDtype?: KvDtype;
+  /**
+   * Where the KV cache lives (default `cpu`): `cuda` allocates it in GPU memory through the native
+   * addon (built with CUDA), `cuda-emulated` in the emulated device memory of @kvconnect/transfer
+   * (CI). The model computes on the host from a mirror; connectors and checksums see the device
+   * memory (worker.ts, device mode).
+   */
+  device?: KVDeviceMode;
+  /** CUDA device ordinal of the KV cache with `device` `cuda` (default 0). */
+  deviceId?: number;
   /** Token budget per step (default 256; smaller values chunk prefills). */
   maxNumBatchedTokens?: number;
   /** Most running requests (default 256). */
@@ -151,6 +161,7 @@ export class Engine {
     this.groupConfigs = buildGroupConfigs(this.model, this.blockSize);
     this.weights = buildWeights(this.model);
     const numBlocks = o.numBlocks ?? 512;
+    const kvDevice = deviceMemoryOf(o.device ?? 'cpu');
     this.workers = [];
     for (let pp = 0; pp < this.ppSize; pp++) {
       const stage: Worker[] = [];
@@ -168,6 +179,8 @@ export class Engine {
             kvDtype: o.kvDtype ?? 'bfloat16',
             ssmDtype: o.ssmDtype,
             groupConfigs: this.groupConfigs,
+            device: kvDevice,
+            deviceId: o.deviceId,
           }),
         );
       }
@@ -198,7 +211,7 @@ export class Engine {
         await w.connector.registerKvCaches(w.kvCaches());
         if (this.checksumScheduler?.enabled) {
           const ck = new KVChecksumWorker({ config: cfg, backend: this.o.checksumBackend ?? 'auto' });
-          ck.registerKvCaches(w.kvCaches());
+          ck.registerKvCaches(w.checksumKvCaches());
           w.checksum = ck;
         }
       }
@@ -401,6 +414,7 @@ export class Engine {
     await this.ready.catch(() => {});
     await this.connector?.shutdown?.();
     for (const w of this.workers.flat()) await w.connector?.shutdown?.();
+    for (const w of this.workers.flat()) w.freeDevice();
   }
 }
 

@@ -20,6 +20,7 @@ import * as net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { launchEngineProcess, launchProxyProcess, type EngineProcessConfig, type LaunchedEngine, type LaunchedProcess, type LaunchedProxy, type ModelConfig } from '@kvconnect/engine';
+import { CLUSTER_SECRET_ENV, generateClusterSecret } from '@kvconnect/transfer';
 import { FAULT_INJECTING_CONNECTOR } from './faults/config.js';
 import type { FaultSpec } from './faults.js';
 
@@ -100,6 +101,12 @@ export interface PDProcessOptions {
   /** A folder that gets each process's stdout and stderr: `producer.log`, `consumer.log`, `proxy.log` (default none). */
   logDir?: string;
   readyTimeoutMs?: number;
+  /**
+   * The cluster secret both engines get in `KVCONNECT_CLUSTER_SECRET` (default: a fresh one from
+   * `generateClusterSecret`, so their side channels and agents authenticate each other; see
+   * `docs/security.md`).
+   */
+  clusterSecret?: string;
 }
 
 /** Running producer, consumer and proxy processes. */
@@ -174,6 +181,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
   };
   const launch = { echoStderr: o.echoStderr, readyTimeoutMs: o.readyTimeoutMs };
   const logFile = (name: string) => (o.logDir !== undefined ? { logFile: join(o.logDir, `${name}.log`) } : {});
+  const engineEnv = { ...process.env, [CLUSTER_SECRET_ENV]: o.clusterSecret ?? generateClusterSecret() };
   const started: LaunchedProcess[] = [];
   const stopAll = async () => {
     await Promise.all(started.splice(0).reverse().map((c) => c.stop().catch(() => undefined)));
@@ -183,11 +191,13 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
       launchEngineProcess({
         ...launch,
         ...logFile('producer'),
+        env: engineEnv,
         config: { ...engineConfig(o.model, o.producer ?? {}, { tp: 2, blockSize: 16, layout: 'NHD', maxBatchedTokens: 128, numBlocks: 512 }), engineId: `${prefix}-producer`, imports: [module], kvTransferConfig: producerTransfer },
       }),
       launchEngineProcess({
         ...launch,
         ...logFile('consumer'),
+        env: engineEnv,
         config: { ...engineConfig(o.model, o.consumer ?? {}, { tp: 1, blockSize: 32, layout: 'HND', maxBatchedTokens: 256, numBlocks: 256 }), engineId: `${prefix}-consumer`, imports: [module], kvTransferConfig: consumerTransfer },
       }),
     ]);

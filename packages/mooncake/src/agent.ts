@@ -51,7 +51,7 @@ export function mooncakeUnavailableReason(): string | null {
  */
 export async function createAgent(backend: MooncakeBackend, name: string, host: string, secret: Uint8Array | null = null): Promise<TransferAgent> {
   transfer.checkBindHost(host, secret, backend === 'embedded' ? 'Mooncake connector embedded agent' : 'Mooncake Transfer Engine');
-  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host });
+  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host, clusterSecret: secret ?? undefined });
   const why = mooncakeUnavailableReason();
   if (why) throw new MooncakeUnavailableError(why);
   try {

@@ -131,7 +131,7 @@ describe('client', () => {
     const s = await start();
     s.register(reg(0));
     await expect(queryEngine(s.address, 'prefill-0', { deadlineMs: 100, pollMs: 10 })).rejects.toThrow(/1 of 2 workers registered/);
-    await expect(queryEngine(s.address, 'missing', { deadlineMs: 60, pollMs: 10 })).rejects.toThrow(/HTTP 404/);
+    await expect(queryEngine(s.address, 'missing', { deadlineMs: 1000, pollMs: 10 })).rejects.toThrow(/HTTP 404/);
   });
 
   it('registerWorker gives up after its attempts against a dead server', async () => {

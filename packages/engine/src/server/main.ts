@@ -49,6 +49,8 @@ export interface EngineProcessConfig {
   enablePrefixCaching?: boolean;
   engineId?: string;
   checksumBackend?: 'auto' | 'ts' | 'native' | 'cuda';
+  /** Where the KV cache lives: host memory (default), GPU memory, or emulated device memory (tests). */
+  device?: 'cpu' | 'cuda' | 'cuda-emulated';
   /** Modules to import before the engine starts (connector packages register themselves). */
   imports?: string[];
   /** Interface to listen on (default 127.0.0.1). */
@@ -95,6 +97,7 @@ const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
   enablePrefixCaching: 'bool',
   engineId: 'string',
   checksumBackend: ['auto', 'ts', 'native', 'cuda'],
+  device: ['cpu', 'cuda', 'cuda-emulated'],
   imports: 'strings',
   host: 'string',
   port: 'nat',
@@ -215,6 +218,8 @@ engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxToke
   --kv-transfer-config JSON     vLLM kv_transfer_config
   --kv-connector-module-path M  sets kv_transfer_config.kv_connector_module_path
   --checksum-backend auto|ts|native|cuda
+  --device cpu|cuda|cuda-emulated   KV cache in host memory (default), GPU memory (addon built with
+                                CUDA), or emulated device memory (tests); the model computes on the host
   --import MODULE               import a module first (repeatable; connector packages register themselves)
   --host HOST                   default 127.0.0.1
   --port N                      default 0 (any free port)
@@ -272,6 +277,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     'kv-transfer-config': { type: 'string' },
     'kv-connector-module-path': { type: 'string' },
     'checksum-backend': { type: 'string' },
+    device: { type: 'string' },
     import: { type: 'string', multiple: true },
     host: { type: 'string' },
     port: { type: 'string' },
@@ -306,6 +312,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     enablePrefixCaching: v['disable-prefix-caching'] ? false : undefined,
     engineId: s('engine-id'),
     checksumBackend: s('checksum-backend'),
+    device: s('device'),
     host: s('host'),
     port: intFlag(s('port'), 'port'),
     maxBodyBytes: intFlag(s('max-body-bytes'), 'max-body-bytes'),
@@ -406,6 +413,7 @@ export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
     enablePrefixCaching: c.enablePrefixCaching,
     engineId: c.engineId,
     checksumBackend: c.checksumBackend,
+    device: c.device,
     observability: new KVChecksumObservability({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) } }),
   };
   for (const k of Object.keys(o) as (keyof EngineOptions)[]) if (o[k] === undefined) delete o[k];
