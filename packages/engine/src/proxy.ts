@@ -30,6 +30,13 @@ export interface PDCallOptions {
    * prefill is not sent to the consumer.
    */
   signal?: AbortSignal;
+  /**
+   * The request's id, carried by the client (e.g. the harness's `r<index>.…`, by which faults pick
+   * their requests): the producer's request is `<requestId>-p`, the consumer's `<requestId>-d`.
+   * Default `pd-<n>-<8 random hex>` (n counts this proxy's requests). The client keeps it unique
+   * among requests in flight (an engine answers 409 to an id in use).
+   */
+  requestId?: string;
 }
 
 /** Options of a {@link PDProxy}. */
@@ -62,7 +69,7 @@ export class PDProxy {
    * (the consumer is not asked). `call.signal`: see {@link PDCallOptions}.
    */
   async generate(prompt: string | readonly number[], sampling: SamplingParams = {}, call: PDCallOptions = {}): Promise<PDResult> {
-    const id = `pd-${this.n++}-${randomUUID().slice(0, 8)}`;
+    const id = call.requestId ?? `pd-${this.n++}-${randomUUID().slice(0, 8)}`;
     const signal = call.signal;
     const side = (ep: PDEndpoint, p: string | readonly number[], s: SamplingParams, params: KVTransferParams, requestId: string): Promise<GenerateResult> => {
       if (!signal) return ep.generate(p, s, params, requestId);

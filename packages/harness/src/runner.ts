@@ -14,7 +14,7 @@ import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, 
 export type PDEndpoint = PDProxyOptions['prefill'];
 import { FAULT_CONNECTOR_MODULE } from './fault-connector.js';
 import type { FaultSpec } from './faults.js';
-import { FAULT_INJECTING_CONNECTOR, faultReportOf, registerFaultInjectingConnector, requestIndexOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
+import { FAULT_INJECTING_CONNECTOR, applyGroundTruth, faultReportOf, registerFaultInjectingConnector, requestIndexOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
 import { IN_PROCESS_CONNECTOR, InProcessBus } from './in-process-connector.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts, promptText } from './prompts.js';
@@ -447,29 +447,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   const loads = reports.flatMap((x) => (x && ids.has(x.engineId) ? x.loads : []));
   const requests = reqs.map((q) => outcome(q.index)!);
   const consumerIds = new Set(topo.consumerIds);
-  for (const o of requests) {
-    const mine = loads.filter((l) => l.index === o.index && consumerIds.has(l.engineId));
-    if (mine.length > 0) {
-      o.transferMs = Math.max(...mine.map((l) => l.finishedAt)) - Math.min(...mine.map((l) => l.startedAt));
-      o.loadBytes = mine.reduce((a, l) => a + l.bytes, 0);
-    }
-    const first = mine.length ? Math.min(...mine.map((l) => l.firstToken)) : 0;
-    const numTokens = mine.length ? Math.max(...mine.map((l) => l.numTokens)) : Infinity;
-    const pos = new Map<number, Set<number>>();
-    for (const rec of records.filter((x) => x.index === o.index)) {
-      if (!o.faultKinds.includes(rec.kind)) o.faultKinds.push(rec.kind);
-      if (rec.side === 'producer' && mine.length === 0) continue;
-      for (const g of rec.changed) {
-        const B = topo.consumerBlockSizes.get(g.groupId) ?? 16;
-        let set = pos.get(g.groupId);
-        if (!set) pos.set(g.groupId, (set = new Set()));
-        if (g.state) set.add(0);
-        for (const t of g.tokens) if (t >= first && t < numTokens) set.add(Math.floor(t / B));
-        if (set.size === 0) pos.delete(g.groupId);
-      }
-    }
-    for (const [g, set] of [...pos].sort((a, b) => a[0] - b[0])) o.injected.set(g, [...set].sort((a, b) => a - b));
-  }
+  for (const o of requests) applyGroundTruth(o, records, loads, consumerIds, (g) => topo.consumerBlockSizes.get(g) ?? 16);
   return { label: spec.label ?? (s.runs.length > 1 ? `run ${runIndex}` : ''), spec, requests, checksumSeconds, checksumBytes, records, loads, wallMs };
 }
 

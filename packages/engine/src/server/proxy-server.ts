@@ -3,11 +3,13 @@
  * it routes each through a producer (prefill) and a consumer (decode) engine server with a
  * {@link PDProxy} over {@link EngineClient}s, round robin over several of each.
  *
- * - `POST /v1/completions`: the body of the engine API without `kv_transfer_params` and
- *   `request_id` (the proxy sets them). Answers the consumer's completion with a `kvconnect` field
+ * - `POST /v1/completions`: the body of the engine API without `kv_transfer_params` (the proxy
+ *   sets them); an optional `request_id` (at most 126 characters) names the two sides' requests
+ *   `<request_id>-p` and `<request_id>-d` (default `pd-<n>-<random>`). Answers the consumer's completion with a `kvconnect` field
  *   `{ mode, prefill: {...}, decode: {...} }`: each side's URL, engine id, request id and the
  *   engine's own `kvconnect` information (checksum verdict on the consumer, payload on the
- *   producer); `prefill.kv_transfer_params` are the params the producer returned. Status codes: 200;
+ *   producer); `prefill.kv_transfer_params` and `decode.kv_transfer_params` are the params each
+ *   engine returned (the consumer's carry e.g. the harness fault connector's ground truth). Status codes: 200;
  *   400/413/415 bad input (400 too when an engine
  *   rejects the request, e.g. longer than its max model length); 500 the request ended with `error` (on either side; `error.message`
  *   says which); 502 an engine answered unexpectedly or could not be reached; 503 the consumer is
@@ -222,7 +224,8 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
   async function completions(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (closing) throw new HttpError(503, 'the proxy is shutting down');
     const body = await readJson(req, maxBody);
-    const c = parseCompletionRequest(body, { maxTokens: options.maxTokens, allowKvTransferParams: false, allowRequestId: false });
+    const c = parseCompletionRequest(body, { maxTokens: options.maxTokens, allowKvTransferParams: false });
+    if (c.requestId !== undefined && c.requestId.length > 126) throw new HttpError(400, 'request_id: at most 126 characters through the proxy (it appends -p and -d)');
     const { p, d, proxy, reach: dReach } = pick();
     await dReach.ensureUp();
     const sampling = { maxTokens: c.maxTokens, temperature: c.temperature, seed: c.seed, ignoreEos: c.ignoreEos, stopTokenIds: c.stopTokenIds, stop: c.stop };
@@ -233,7 +236,7 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     };
     res.on('close', onClose);
     if (req.socket.destroyed) gone.abort();
-    const work = proxy.generate(c.prompt, sampling, { signal: gone.signal });
+    const work = proxy.generate(c.prompt, sampling, { signal: gone.signal, ...(c.requestId !== undefined ? { requestId: c.requestId } : {}) });
     const tracked = work.catch(() => {});
     running.add(tracked);
     let r;
@@ -262,6 +265,7 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     // In sequential mode a failed producer means the consumer was not asked.
     if (!(prefillFailed && mode === 'sequential')) {
       kvconnect.decode = sideInfo(d, dr);
+      if (dr.kvTransferParams !== undefined) (kvconnect.decode as Record<string, unknown>).kv_transfer_params = dr.kvTransferParams;
       dReach.ok();
     }
     const promptTokens = dr.usage?.prompt_tokens ?? pr.usage?.prompt_tokens ?? 0;
