@@ -214,6 +214,42 @@ uint64_t kvc_plain_sum64(const uint8_t* p, size_t n_words);
  */
 uint64_t kvc_weighted_sum64(const uint8_t* p, size_t n_words);
 
+/**
+ * The instruction set the CPU kernel's loop runs with: "avx512" (AVX-512F), "avx2" or "generic"
+ * (SSE2 on x86-64, NEON on aarch64, else scalar). Chosen once, at the first call of any kernel
+ * function: the value of the environment variable KVC_CPU_ISA when this CPU runs it, else AVX2
+ * if the CPU runs it (faster than AVX-512 on memory-bound sums where 512-bit operations lower the
+ * clock: bench/README.md), else AVX-512F, else generic. Every variant gives the same sums bit for bit.
+ * @return a static string
+ */
+const char* kvc_cpu_isa(void);
+
+/**
+ * Chooses the loop's instruction set ("auto" = the default choice above, "generic", "avx2",
+ * "avx512") for later calls (tests
+ * and benchmarks compare the variants). Not thread-safe against calls running at the same time.
+ * @return KVC_OK, or KVC_EINVAL for an unknown name or one this CPU does not run (unchanged then)
+ */
+int kvc_set_cpu_isa(const char* name);
+
+/**
+ * kvc_sum_rows_cpu_diag on n_threads threads: the same checks first (nothing is written on an
+ * error), then the rows split into n_threads contiguous ranges, each summed by one thread of a
+ * persistent pool into its own zeroed copy of out (the calling thread sums the first range into
+ * out), the copies added into out at the end. The result equals the single-threaded one exactly.
+ * One call runs at a time (concurrent calls wait). n_threads is clamped to [1, 64] and to n_rows.
+ * Extra memory: (n_threads - 1) * out_len * 8 bytes for the copies.
+ */
+int kvc_sum_rows_cpu_mt(const kvc_tables* tables, const uint8_t* const* regions, const uint64_t* region_bytes,
+                        uint32_t n_regions, const kvc_row* rows, size_t n_rows, uint64_t* out, size_t out_len,
+                        unsigned n_threads, kvc_diag* diag);
+
+/**
+ * kvc_plain_sum64 split over n_threads threads of the same pool (the benchmark baseline of the
+ * multi-threaded mode: the machine's multi-core read bandwidth). Same result as kvc_plain_sum64.
+ */
+uint64_t kvc_plain_sum64_mt(const uint8_t* p, size_t n_words, unsigned n_threads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,7 @@
 #include "mooncake_addon.h"
 #ifdef KVC_WITH_CUDA
 #include "addon_cuda.h"
+#include "addon_device.h"
 #endif
 
 namespace {
@@ -132,30 +133,62 @@ const char* AtName(uint32_t at) {
   }
 }
 
+/** The checked arguments of a sumRows call, ready for kvc_sum_rows_cpu_mt. */
+struct SumRowsArgs {
+  std::vector<kvc_entry> aligned;  ///< a copy of the entries when they are not 8-byte aligned
+  kvc_tables tables{};
+  std::vector<const uint8_t*> regions;
+  std::vector<uint64_t> region_bytes;
+  const kvc_row* rows = nullptr;
+  size_t n_rows = 0;
+  uint64_t* out = nullptr;
+  size_t out_len = 0;
+  unsigned threads = 1;
+};
+
+/** The message of a failed kernel call (diag says where and why). */
+std::string KernelError(const char* name, int rc, const kvc_diag& diag) {
+  std::string msg = std::string(name) + ": ";
+  if (const char* at = AtName(diag.at)) msg += std::string(at) + "[" + std::to_string(diag.index) + "]: ";
+  msg += diag.reason ? diag.reason : "invalid arguments";
+  msg += rc == KVC_ERANGE ? " (KVC_ERANGE)" : " (KVC_EINVAL)";
+  return msg;
+}
+
 /**
- * sumRows(entries: Uint8Array, groupStart: Uint32Array, regions: Array<bytes>, rows: Uint32Array,
- *         out: BigUint64Array): void
+ * Checks sumRows' arguments (entries, groupStart, regions, rows, out[, threads]) and fills a. On a
+ * bad argument it throws (TypeError / RangeError) and returns false.
  */
-Napi::Value SumRows(const Napi::CallbackInfo& info) {
+bool PrepareSumRows(const Napi::CallbackInfo& info, const char* name, SumRowsArgs* a) {
   Napi::Env env = info.Env();
   napi_env e = env;
-  if (info.Length() < 5) return ThrowType(env, "sumRows(entries, groupStart, regions, rows, out): 5 arguments expected");
+  const std::string n(name);
+  if (info.Length() < 5) {
+    ThrowType(env, n + "(entries, groupStart, regions, rows, out[, threads]): 5 arguments expected");
+    return false;
+  }
   // Phase 1: types (may run JS).
-  if (!IsTypedArrayOf(e, info[0], napi_uint8_array)) return ThrowType(env, "sumRows: entries must be a Uint8Array");
-  if (!IsTypedArrayOf(e, info[1], napi_uint32_array)) return ThrowType(env, "sumRows: groupStart must be a Uint32Array");
-  if (!info[2].IsArray()) return ThrowType(env, "sumRows: regions must be an Array");
-  if (!IsTypedArrayOf(e, info[3], napi_uint32_array)) return ThrowType(env, "sumRows: rows must be a Uint32Array");
-  if (!IsTypedArrayOf(e, info[4], napi_biguint64_array)) return ThrowType(env, "sumRows: out must be a BigUint64Array");
-  if (env.IsExceptionPending()) return env.Undefined();
+  if (!IsTypedArrayOf(e, info[0], napi_uint8_array)) return ThrowType(env, n + ": entries must be a Uint8Array"), false;
+  if (!IsTypedArrayOf(e, info[1], napi_uint32_array)) return ThrowType(env, n + ": groupStart must be a Uint32Array"), false;
+  if (!info[2].IsArray()) return ThrowType(env, n + ": regions must be an Array"), false;
+  if (!IsTypedArrayOf(e, info[3], napi_uint32_array)) return ThrowType(env, n + ": rows must be a Uint32Array"), false;
+  if (!IsTypedArrayOf(e, info[4], napi_biguint64_array)) return ThrowType(env, n + ": out must be a BigUint64Array"), false;
+  if (info.Length() > 5 && !info[5].IsUndefined()) {
+    if (!info[5].IsNumber()) return ThrowType(env, n + ": threads must be a number"), false;
+    const double t = info[5].As<Napi::Number>().DoubleValue();
+    if (!(t >= 1 && t <= 64 && t == (double)(unsigned)t)) return ThrowRange(env, n + ": threads must be an integer in [1, 64]"), false;
+    a->threads = (unsigned)t;
+  }
+  if (env.IsExceptionPending()) return false;
   Napi::Array region_list = info[2].As<Napi::Array>();
   const uint32_t n_regions = region_list.Length();
-  if (env.IsExceptionPending()) return env.Undefined();
+  if (env.IsExceptionPending()) return false;
   std::vector<napi_value> region_vals(n_regions);
   for (uint32_t i = 0; i < n_regions; ++i) {
     Napi::Value v = region_list.Get(i);
-    if (env.IsExceptionPending() || v.IsEmpty()) return env.Undefined();
-    region_vals[i] = ByteSource(e, v, "sumRows: regions[" + std::to_string(i) + "]");
-    if (!region_vals[i]) return env.Undefined();
+    if (env.IsExceptionPending() || v.IsEmpty()) return false;
+    region_vals[i] = ByteSource(e, v, n + ": regions[" + std::to_string(i) + "]");
+    if (!region_vals[i]) return false;
   }
 
   // Phase 2: data pointers (no JS runs from here to the kernel's return).
@@ -163,50 +196,127 @@ Napi::Value SumRows(const Napi::CallbackInfo& info) {
   size_t entries_len, gs_len, rows_len, out_len;
   if (!TypedArrayData(e, info[0], &ep, &entries_len) || !TypedArrayData(e, info[1], &gp, &gs_len) ||
       !TypedArrayData(e, info[3], &rp, &rows_len) || !TypedArrayData(e, info[4], &op, &out_len))
-    return ThrowType(env, "sumRows: cannot read an argument's buffer");
-  std::vector<const uint8_t*> regions(n_regions);
-  std::vector<uint64_t> region_bytes(n_regions);
+    return ThrowType(env, n + ": cannot read an argument's buffer"), false;
+  a->regions.resize(n_regions);
+  a->region_bytes.resize(n_regions);
   for (uint32_t i = 0; i < n_regions; ++i) {
     size_t len = 0;
-    if (!ByteData(e, region_vals[i], &regions[i], &len))
-      return ThrowType(env, "sumRows: cannot read regions[" + std::to_string(i) + "]");
-    region_bytes[i] = len;
+    if (!ByteData(e, region_vals[i], &a->regions[i], &len))
+      return ThrowType(env, n + ": cannot read regions[" + std::to_string(i) + "]"), false;
+    a->region_bytes[i] = len;
   }
 
   if (entries_len % sizeof(kvc_entry) != 0)
-    return ThrowRange(env, "sumRows: entries.byteLength (" + std::to_string(entries_len) +
-                               ") is not a multiple of " + std::to_string(sizeof(kvc_entry)));
+    return ThrowRange(env, n + ": entries.byteLength (" + std::to_string(entries_len) + ") is not a multiple of " +
+                               std::to_string(sizeof(kvc_entry))),
+           false;
   const size_t n_entries = entries_len / sizeof(kvc_entry);
-  if (gs_len < 1) return ThrowRange(env, "sumRows: groupStart must hold n_groups + 1 values (at least 1)");
-  if (gs_len - 1 > UINT32_MAX) return ThrowRange(env, "sumRows: too many groups");
+  if (gs_len < 1) return ThrowRange(env, n + ": groupStart must hold n_groups + 1 values (at least 1)"), false;
+  if (gs_len - 1 > UINT32_MAX) return ThrowRange(env, n + ": too many groups"), false;
   const uint32_t* gs = static_cast<const uint32_t*>(gp);
-  if (gs[0] != 0) return ThrowRange(env, "sumRows: groupStart[0] must be 0, got " + std::to_string(gs[0]));
+  if (gs[0] != 0) return ThrowRange(env, n + ": groupStart[0] must be 0, got " + std::to_string(gs[0])), false;
   if (gs[gs_len - 1] != n_entries)
-    return ThrowRange(env, "sumRows: groupStart[" + std::to_string(gs_len - 1) + "] = " + std::to_string(gs[gs_len - 1]) +
-                               " but entries holds " + std::to_string(n_entries) + " entries");
+    return ThrowRange(env, n + ": groupStart[" + std::to_string(gs_len - 1) + "] = " + std::to_string(gs[gs_len - 1]) +
+                               " but entries holds " + std::to_string(n_entries) + " entries"),
+           false;
   if (rows_len % (sizeof(kvc_row) / 4) != 0)
-    return ThrowRange(env, "sumRows: rows.length (" + std::to_string(rows_len) + ") is not a multiple of " +
-                               std::to_string(sizeof(kvc_row) / 4));
+    return ThrowRange(env, n + ": rows.length (" + std::to_string(rows_len) + ") is not a multiple of " +
+                               std::to_string(sizeof(kvc_row) / 4)),
+           false;
 
   // kvc_entry holds uint64 fields: copy entries that are not 8-byte aligned.
   const kvc_entry* entries = static_cast<const kvc_entry*>(ep);
-  std::vector<kvc_entry> aligned;
   if (n_entries && (reinterpret_cast<uintptr_t>(ep) % alignof(kvc_entry)) != 0) {
-    aligned.resize(n_entries);
-    std::memcpy(aligned.data(), ep, n_entries * sizeof(kvc_entry));
-    entries = aligned.data();
+    a->aligned.resize(n_entries);
+    std::memcpy(a->aligned.data(), ep, n_entries * sizeof(kvc_entry));
+    entries = a->aligned.data();
   }
-  kvc_tables tables = {entries, gs, (uint32_t)(gs_len - 1)};
+  a->tables = {entries, gs, (uint32_t)(gs_len - 1)};
+  a->rows = static_cast<const kvc_row*>(rp);
+  a->n_rows = rows_len / (sizeof(kvc_row) / 4);
+  a->out = static_cast<uint64_t*>(op);
+  a->out_len = out_len;
+  return true;
+}
+
+int RunSumRows(const SumRowsArgs& a, kvc_diag* diag) {
+  return kvc_sum_rows_cpu_mt(&a.tables, a.regions.data(), a.region_bytes.data(), (uint32_t)a.regions.size(), a.rows,
+                             a.n_rows, a.out, a.out_len, a.threads, diag);
+}
+
+/**
+ * sumRows(entries: Uint8Array, groupStart: Uint32Array, regions: Array<bytes>, rows: Uint32Array,
+ *         out: BigUint64Array, threads = 1): void — on the calling thread, plus threads - 1 pool
+ * threads (kvc_sum_rows_cpu_mt).
+ */
+Napi::Value SumRows(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  SumRowsArgs a;
+  if (!PrepareSumRows(info, "sumRows", &a)) return env.Undefined();
   kvc_diag diag;
-  int rc = kvc_sum_rows_cpu_diag(&tables, regions.data(), region_bytes.data(), n_regions,
-                                 static_cast<const kvc_row*>(rp), rows_len / (sizeof(kvc_row) / 4),
-                                 static_cast<uint64_t*>(op), out_len, &diag);
+  const int rc = RunSumRows(a, &diag);
   if (rc == KVC_OK) return env.Undefined();
-  std::string msg = "sumRows: ";
-  if (const char* name = AtName(diag.at)) msg += std::string(name) + "[" + std::to_string(diag.index) + "]: ";
-  msg += diag.reason ? diag.reason : "invalid arguments";
-  msg += rc == KVC_ERANGE ? " (KVC_ERANGE)" : " (KVC_EINVAL)";
-  return ThrowRange(env, msg);
+  return ThrowRange(env, KernelError("sumRows", rc, diag));
+}
+
+/**
+ * The kernel run of sumRowsAsync on a libuv thread: the argument objects are kept alive (strong
+ * references) until the promise settles.
+ */
+class SumRowsWorker : public Napi::AsyncWorker {
+ public:
+  SumRowsWorker(Napi::Env env, SumRowsArgs&& a, std::vector<Napi::ObjectReference>&& keep)
+      : Napi::AsyncWorker(env, "kvconnect.sumRowsAsync"), a_(std::move(a)), keep_(std::move(keep)), deferred_(env) {}
+  Napi::Promise Promise() { return deferred_.Promise(); }
+  void Execute() override { rc_ = RunSumRows(a_, &diag_); }
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (rc_ == KVC_OK) deferred_.Resolve(env.Undefined());
+    else deferred_.Reject(Napi::RangeError::New(env, KernelError("sumRowsAsync", rc_, diag_)).Value());
+  }
+
+ private:
+  SumRowsArgs a_;
+  std::vector<Napi::ObjectReference> keep_;
+  Napi::Promise::Deferred deferred_;
+  kvc_diag diag_{};
+  int rc_ = KVC_OK;
+};
+
+/**
+ * sumRowsAsync(entries, groupStart, regions, rows, out, threads = 1): Promise<void> — sumRows off
+ * the JS thread (a libuv worker thread drives the pool). Argument errors throw at once; a kernel
+ * check that fails rejects with a RangeError and writes nothing. The caller must not modify the
+ * buffers until the promise settles.
+ */
+Napi::Value SumRowsAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  SumRowsArgs a;
+  if (!PrepareSumRows(info, "sumRowsAsync", &a)) return env.Undefined();
+  std::vector<Napi::ObjectReference> keep;
+  for (size_t i = 0; i < 5; ++i) keep.push_back(Napi::Persistent(info[i].As<Napi::Object>()));
+  Napi::Array region_list = info[2].As<Napi::Array>();
+  for (uint32_t i = 0; i < region_list.Length(); ++i) {
+    Napi::Value v = region_list.Get(i);
+    if (env.IsExceptionPending()) return env.Undefined();
+    if (v.IsObject()) keep.push_back(Napi::Persistent(v.As<Napi::Object>()));
+  }
+  auto* w = new SumRowsWorker(env, std::move(a), std::move(keep));
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+/** cpuIsa(): string — the instruction set of the CPU kernel's loop (kvc_cpu_isa). */
+Napi::Value CpuIsa(const Napi::CallbackInfo& info) { return Napi::String::New(info.Env(), kvc_cpu_isa()); }
+
+/** setCpuIsa(name: 'auto' | 'generic' | 'avx2' | 'avx512'): boolean — false when this CPU cannot. */
+Napi::Value SetCpuIsa(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) return ThrowType(env, "setCpuIsa(name): a string expected");
+  const std::string name = info[0].As<Napi::String>().Utf8Value();
+  if (env.IsExceptionPending()) return env.Undefined();
+  return Napi::Boolean::New(env, kvc_set_cpu_isa(name.c_str()) == KVC_OK);
 }
 
 /** entryExtent(entries: Uint8Array, index: number): [lo: bigint, hi: bigint] */
@@ -257,6 +367,22 @@ Napi::Value WordSum(const Napi::CallbackInfo& info, const char* name, uint64_t (
 }
 
 Napi::Value PlainSum64(const Napi::CallbackInfo& info) { return WordSum(info, "plainSum64", kvc_plain_sum64); }
+
+/** plainSum64Parallel(buf, threads): bigint — the multi-core read baseline (kvc_plain_sum64_mt). */
+Napi::Value PlainSum64Parallel(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 2 || !info[1].IsNumber()) return ThrowType(env, "plainSum64Parallel(buf, threads): 2 arguments expected");
+  const double t = info[1].As<Napi::Number>().DoubleValue();
+  if (!(t >= 1 && t <= 64 && t == (double)(unsigned)t)) return ThrowRange(env, "plainSum64Parallel: threads must be an integer in [1, 64]");
+  napi_env e = env;
+  napi_value src = ByteSource(e, info[0], "plainSum64Parallel: buf");
+  if (!src) return env.Undefined();
+  const uint8_t* p;
+  size_t len;
+  if (!ByteData(e, src, &p, &len)) return ThrowType(env, "plainSum64Parallel: cannot read buf");
+  if (len % 8 != 0) return ThrowRange(env, "plainSum64Parallel: buf.byteLength is not a multiple of 8");
+  return Napi::BigInt::New(env, kvc_plain_sum64_mt(p, len / 8, (unsigned)t));
+}
 Napi::Value WeightedSum64(const Napi::CallbackInfo& info) {
   return WordSum(info, "weightedSum64", kvc_weighted_sum64);
 }
@@ -271,6 +397,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("withCuda", Napi::Boolean::New(env, false));
 #endif
   exports.Set("sumRows", Napi::Function::New(env, SumRows, "sumRows"));
+  exports.Set("sumRowsAsync", Napi::Function::New(env, SumRowsAsync, "sumRowsAsync"));
+  exports.Set("cpuIsa", Napi::Function::New(env, CpuIsa, "cpuIsa"));
+  exports.Set("setCpuIsa", Napi::Function::New(env, SetCpuIsa, "setCpuIsa"));
+  exports.Set("plainSum64Parallel", Napi::Function::New(env, PlainSum64Parallel, "plainSum64Parallel"));
   exports.Set("entryExtent", Napi::Function::New(env, EntryExtent, "entryExtent"));
   exports.Set("plainSum64", Napi::Function::New(env, PlainSum64, "plainSum64"));
   exports.Set("weightedSum64", Napi::Function::New(env, WeightedSum64, "weightedSum64"));
@@ -281,6 +411,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   if (env.IsExceptionPending()) return exports;
 #ifdef KVC_WITH_CUDA
   KvcRegisterCuda(env, exports);
+  if (env.IsExceptionPending()) return exports;
+  KvcRegisterDevice(env, exports);
 #endif
   return exports;
 }

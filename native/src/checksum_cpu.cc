@@ -1,19 +1,18 @@
 /**
  * @file checksum_cpu.cc
  * @brief CPU kernel of the SPEC v1 checksum (include/kvc_checksum.h): table and row validation,
- *        entry extents, and the weighted sums of ATTN, ROWS and STREAM entries.
+ *        entry extents, the run-time choice of the summation loop's instruction set, and the
+ *        multi-threaded mode.
  *
- * Every sum is sum x * m * (2j + 1) mod 2^64. Because multiplication mod 2^64 distributes over
- * addition, the kernel sums x * (2j + 1) per slice (one head of one row, one state row, one
- * stream part) into a local accumulator and multiplies it by m once.
+ * The weighted sums of ATTN, ROWS and STREAM entries are in checksum_kernel.inc, compiled once
+ * per instruction set (generic SSE2/NEON, AVX2, AVX-512F: checksum_isa.h); the widest one the CPU
+ * supports is chosen once (kvc_cpu_isa), so one build runs everywhere. All variants give the same
+ * sums bit for bit.
  *
- * A part whose bytes do not start or end on a piece boundary (byte_start % 8 != 0 or
- * byte_count % 8 != 0) is handled by placing each edge byte at its shift inside its piece: the
- * contribution of a piece is linear in its bytes, so a piece split over two parts (or a stream
- * piece split over two states) is the sum of what each part adds.
- *
- * Memory is read with memcpy loads (any alignment) as little-endian words; the kernel assumes a
- * little-endian host, as the header says.
+ * Multi-threaded mode (kvc_sum_rows_cpu_mt): the rows are split into contiguous ranges, one per
+ * thread of a persistent pool; each thread sums into its own zeroed copy of the output and the
+ * copies are added into out at the end (addition mod 2^64 is associative and commutative, so the
+ * result equals the single-threaded one exactly).
  */
 #include "kvc_checksum.h"
 
@@ -21,11 +20,15 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "checksum_isa.h"
 
 static_assert(sizeof(kvc_entry) == 128, "kvc_entry must be 128 bytes");
 static_assert(offsetof(kvc_entry, elem_stride) == 48, "kvc_entry layout");
@@ -47,148 +50,6 @@ inline uint64_t ld64(const uint8_t* p) {
   uint64_t x;
   std::memcpy(&x, p, 8);
   return x;
-}
-inline uint64_t ld32(const uint8_t* p) {
-  uint32_t x;
-  std::memcpy(&x, p, 4);
-  return x;
-}
-inline uint64_t ld16(const uint8_t* p) {
-  uint16_t x;
-  std::memcpy(&x, p, 2);
-  return x;
-}
-
-// Two-lane vectors of uint64 with wrapping adds: SSE2 (baseline of every x86-64), NEON
-// (aarch64), else plain scalars. Unaligned loads.
-#if defined(__SSE2__)
-struct V {
-  __m128i v;
-};
-inline V vzero() { return {_mm_setzero_si128()}; }
-inline V vload(const uint8_t* p) { return {_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))}; }
-inline V vadd(V a, V b) { return {_mm_add_epi64(a.v, b.v)}; }
-inline void vstore(uint64_t* o, V a) { _mm_storeu_si128(reinterpret_cast<__m128i*>(o), a.v); }
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-struct V {
-  uint64x2_t v;
-};
-inline V vzero() { return {vdupq_n_u64(0)}; }
-inline V vload(const uint8_t* p) { return {vreinterpretq_u64_u8(vld1q_u8(p))}; }
-inline V vadd(V a, V b) { return {vaddq_u64(a.v, b.v)}; }
-inline void vstore(uint64_t* o, V a) { vst1q_u64(o, a.v); }
-#else
-struct V {
-  uint64_t lo, hi;
-};
-inline V vzero() { return {0, 0}; }
-inline V vload(const uint8_t* p) { return {ld64(p), ld64(p + 8)}; }
-inline V vadd(V a, V b) { return {a.lo + b.lo, a.hi + b.hi}; }
-inline void vstore(uint64_t* o, V a) {
-  o[0] = a.lo;
-  o[1] = a.hi;
-}
-#endif
-
-/** The bytes p[0..n) placed at byte positions off..off+n of one little-endian piece (off+n < 8). */
-inline uint64_t partial_piece(const uint8_t* p, unsigned off, unsigned n) {
-  // 4-, 2- and 1-byte loads: reads only the part's own bytes, no byte loop.
-  uint64_t x = 0;
-  unsigned o = 0;
-  if (n & 4u) {
-    x = ld32(p);
-    o = 4;
-  }
-  if (n & 2u) {
-    x |= ld16(p + o) << (8u * o);
-    o += 2;
-  }
-  if (n & 1u) x |= (uint64_t)p[o] << (8u * o);
-  return x << (8u * off);
-}
-
-/** Tokens of one slice: token t's part starts at base + (t / kbt) * kbs + (t % kbt) * ts. */
-struct Walk {
-  uint64_t base;  ///< offset of token 0's part from the region start (mod 2^64 arithmetic)
-  uint32_t n;     ///< tokens
-  uint32_t kbt;   ///< tokens per kernel block (>= 1)
-  uint64_t kbs;   ///< kernel block stride (two's complement)
-  uint64_t ts;    ///< token stride (two's complement)
-};
-
-/**
- * The weighted sum of one slice, the kernel's inner loop: for every token t < w.n, the part's
- * bytes at cell positions [bs, bs + bc) (bytes of a piece outside that range count as 0), with
- * piece c/8 of token t weighted k0 + t*kstep + 2*(c/8); mod 2^64.
- *
- * Whole pieces are summed without multiplications, 4 words (two 2-lane vectors) per iteration:
- * lane L (word 4r + L of a token) keeps a running sum A, B += A after every iteration and
- * G += A after every token. Over N = n*R iterations (R per token), a word x at global iteration
- * i of token t adds x to A, x*(N - i) to B and x*(n - t) to G, so with its weight
- *   kw + 2L + 8i + t*(kstep - 8R)     (kw = weight of the first whole piece of token 0)
- * the lane's sum is (kw + 2L)*A + 8*(N*A - B) + (kstep - 8R)*(n*A - G), all mod 2^64. The
- * partial pieces at the part's edges and the 0-3 words past the last full iteration are added
- * with one multiplication each. Each byte is read once.
- */
-uint64_t wsum_slice(const uint8_t* region, const Walk& w, uint64_t bs, uint64_t bc, uint64_t k0, uint64_t kstep) {
-  const uint64_t end = bs + bc;
-  const uint64_t up = (bs + 7u) & ~(uint64_t)7u, down = end & ~(uint64_t)7u;
-  const uint64_t hb = up < end ? up : end;     // first byte of the whole pieces
-  const uint64_t we = down > hb ? down : hb;   // end of the whole pieces
-  const unsigned lead = (unsigned)(hb - bs), tail = (unsigned)(end - we), off_h = (unsigned)(bs & 7u);
-  const uint64_t W = (we - hb) / 8u, R = W / 4u, rem = W % 4u;
-  const uint64_t kh = k0 + 2u * (bs / 8u), kw = k0 + 2u * (hb / 8u), ktl = k0 + 2u * (we / 8u);
-  V a0 = vzero(), a1 = vzero(), b0 = vzero(), b1 = vzero(), g0 = vzero(), g1 = vzero();
-  uint64_t edge = 0, tk = 0, kb_off = 0;
-  uint32_t tt = 0;
-  for (uint32_t t = 0; t < w.n; ++t, tk += kstep) {
-    const uint8_t* q = region + (w.base + kb_off + (uint64_t)tt * w.ts);
-    if (lead) edge += partial_piece(q, off_h, lead) * (kh + tk);
-    q += lead;
-    for (uint64_t r = 0; r < R; ++r, q += 32) {
-      V x0 = vload(q), x1 = vload(q + 16);
-      a0 = vadd(a0, x0);
-      a1 = vadd(a1, x1);
-      b0 = vadd(b0, a0);
-      b1 = vadd(b1, a1);
-    }
-    g0 = vadd(g0, a0);
-    g1 = vadd(g1, a1);
-    uint64_t kr = kw + tk + 8u * R;
-    for (uint64_t i = 0; i < rem; ++i, q += 8, kr += 2u) edge += ld64(q) * kr;
-    if (tail) edge += partial_piece(q, 0, tail) * (ktl + tk);
-    if (++tt == w.kbt) {
-      tt = 0;
-      kb_off += w.kbs;
-    }
-  }
-  if (R == 0) return edge;
-  uint64_t A[4], B[4], G[4];
-  vstore(A, a0);
-  vstore(A + 2, a1);
-  vstore(B, b0);
-  vstore(B + 2, b1);
-  vstore(G, g0);
-  vstore(G + 2, g1);
-  const uint64_t N = (uint64_t)w.n * R, T = w.n, dt = kstep - 8u * R;
-  uint64_t acc = edge;
-  for (unsigned L = 0; L < 4; ++L) acc += (kw + 2u * L) * A[L] + 8u * (N * A[L] - B[L]) + dt * (T * A[L] - G[L]);
-  return acc;
-}
-
-/** sum over q < n of word(p + 8q) * (k + 2q), mod 2^64: one contiguous run of pieces. */
-inline uint64_t wsum_words(const uint8_t* p, uint64_t n, uint64_t k) {
-  const Walk w = {0, 1, 1, 0, 0};
-  return wsum_slice(p, w, 0, 8u * n, k, 0);
-}
-
-/**
- * Contributions of n bytes at p that sit at positions [c, c + n) of a byte sequence whose piece q
- * (bytes [8q, 8q + 8)) weighs kbase + 2q (bytes of a piece outside the range count as 0).
- */
-inline uint64_t wsum_span(const uint8_t* p, uint64_t c, uint64_t n, uint64_t kbase) {
-  const Walk w = {0, 1, 1, 0, 0};
-  return wsum_slice(p, w, c, n, kbase, 0);
 }
 
 /** Adds (count - 1) * stride to lo (negative) or hi (positive). count >= 1. */
@@ -277,103 +138,133 @@ inline bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Summation (inputs already validated; all offsets are computed mod 2^64, and the validated
-// extents guarantee the final offsets lie inside the region).
+// Instruction-set choice (checksum_isa.h).
 
-void sum_attn(const kvc_entry& e, const uint8_t* region, const kvc_row& r, uint64_t* out) {
-  const uint32_t valid = r.valid_tokens;
-  if (valid == 0) return;
-  const uint64_t P = e.cell_pieces;
-  const uint32_t kbt = e.kblock_tokens;
-  const uint64_t bs = e.byte_start, bc = e.byte_count;
-  const uint64_t ts = (uint64_t)e.token_stride, kbs = (uint64_t)e.kblock_stride;
-  const uint64_t os = (uint64_t)e.outer_stride;
-  const uint64_t blk = e.offset + (uint64_t)r.block_id * (uint64_t)e.block_stride;
-  const uint64_t kstep = 2u * P;                                // weight advance per token
-  const uint64_t k0 = 2u * ((uint64_t)r.first_token * P) + 1u;  // weight of piece 0 of token 0
-  // Whole cells at consecutive addresses: the tokens of a kernel block are one run of pieces with
-  // consecutive j (and the whole block is one run when the kernel blocks follow each other too).
-  const bool cells_contig = bs == 0 && bc == 8u * P && ts == bc;
-  const bool kblocks_contig = cells_contig && kbs == (uint64_t)kbt * ts;
-  const uint32_t full = valid / kbt, rest = valid % kbt;
-  uint64_t total = 0;
-  for (uint64_t h = 0; h < e.outer_count; ++h) {
-    const uint64_t hbase = blk + h * os;
-    uint64_t acc;
-    if (kblocks_contig) {
-      acc = wsum_slice(region, Walk{hbase, 1, 1, 0, 0}, 0, (uint64_t)valid * bc, k0, 0);
-    } else if (cells_contig) {
-      // full kernel blocks as "tokens" of kbt cells, then the partial one
-      acc = full ? wsum_slice(region, Walk{hbase, full, 1, kbs, 0}, 0, (uint64_t)kbt * bc, k0, (uint64_t)kbt * kstep) : 0;
-      if (rest)
-        acc += wsum_slice(region, Walk{hbase + (uint64_t)full * kbs, 1, 1, 0, 0}, 0, (uint64_t)rest * bc,
-                          k0 + (uint64_t)full * kbt * kstep, 0);
-    } else {
-      acc = wsum_slice(region, Walk{hbase, valid, kbt, kbs, ts}, bs, bc, k0, kstep);
+struct IsaVariant {
+  const char* name;
+  kvc_isa::SumRowsFn sum_rows;
+  uint64_t (*weighted_words)(const uint8_t*, size_t);
+};
+
+const IsaVariant kGeneric = {"generic", kvc_isa::generic::sum_rows, kvc_isa::generic::weighted_words};
+#if defined(KVC_HAVE_X86_VARIANTS)
+const IsaVariant kAvx2 = {"avx2", kvc_isa::avx2::sum_rows, kvc_isa::avx2::weighted_words};
+const IsaVariant kAvx512 = {"avx512", kvc_isa::avx512::sum_rows, kvc_isa::avx512::weighted_words};
+#endif
+
+/** The variant called `name` if this CPU runs it ("auto": the widest it runs), else nullptr. */
+const IsaVariant* variant_named(const char* name) {
+  const bool any = std::strcmp(name, "auto") == 0;
+#if defined(KVC_HAVE_X86_VARIANTS)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  // "auto" prefers AVX2 where both run: the loop is bound by memory, and on the Xeon of the GPU
+  // machine (bench/README.md, 2026-12-01) the AVX2 loop reached 0.91-1.02 of the read-sum on
+  // contiguous KV where the AVX-512 one reached 0.75-0.81 (512-bit operations lower the core's
+  // clock). KVC_CPU_ISA=avx512 or kvc_set_cpu_isa("avx512") still chooses it.
+  if (std::strcmp(name, "avx512") == 0) return avx512 ? &kAvx512 : nullptr;
+  if ((any || std::strcmp(name, "avx2") == 0) && avx2) return &kAvx2;
+  if (std::strcmp(name, "avx2") == 0) return nullptr;
+  if (any && avx512) return &kAvx512;
+#endif
+  if (any || std::strcmp(name, "generic") == 0) return &kGeneric;
+  return nullptr;
+}
+
+/** The chosen variant: KVC_CPU_ISA if set and runnable, else the widest runnable one. */
+std::atomic<const IsaVariant*> g_isa{nullptr};
+
+const IsaVariant* isa() {
+  const IsaVariant* v = g_isa.load(std::memory_order_acquire);
+  if (v) return v;
+  const char* env = std::getenv("KVC_CPU_ISA");
+  v = env && *env ? variant_named(env) : nullptr;
+  if (!v) v = variant_named("auto");
+  g_isa.store(v, std::memory_order_release);
+  return v;
+}
+
+inline kvc_isa::SumRowsFn isa_sum_rows() { return isa()->sum_rows; }
+
+// ---------------------------------------------------------------------------------------------
+// The thread pool of the multi-threaded mode: persistent threads, one parallel call at a time.
+
+class Pool {
+ public:
+  /** Runs task(i) for i in [0, n): task 0 on the calling thread, the others on pool threads. */
+  template <class F>
+  void run(unsigned n, F&& task) {
+    std::lock_guard<std::mutex> call(call_mu_);
+    grow(n - 1);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = [&task](unsigned i) { task(i); };
+      tasks_ = n;
+      pending_ = n - 1;
+      ++gen_;
     }
-    total += acc * (2u * (e.factor_base + h) + 1u);
+    cv_.notify_all();
+    task(0u);
+    std::unique_lock<std::mutex> lk(mu_);
+    done_.wait(lk, [this] { return pending_ == 0; });
+    job_ = nullptr;
   }
-  out[r.out_offset + e.column] += total;
-}
 
-template <unsigned W>
-inline uint64_t ld_elem(const uint8_t* p) {
-  return W == 2 ? ld16(p) : ld32(p);
-}
-
-/**
- * sum over i < n of elem(p + i * stride) * (k + 2i). The stride is signed: every address it
- * reaches lies inside the region (validated extent), so the pointer arithmetic stays in bounds.
- */
-template <unsigned W>
-inline uint64_t wsum_elems(const uint8_t* p, uint64_t n, int64_t stride, uint64_t k) {
-  uint64_t a0 = 0, a1 = 0;
-  uint64_t i = 0;
-  if (stride == (int64_t)W) {
-    for (; i + 2 <= n; i += 2, k += 4) {
-      a0 += ld_elem<W>(p + i * W) * k;
-      a1 += ld_elem<W>(p + (i + 1) * W) * (k + 2);
-    }
-  } else {
-    for (; i + 2 <= n; i += 2, k += 4) {
-      a0 += ld_elem<W>(p + (int64_t)i * stride) * k;
-      a1 += ld_elem<W>(p + (int64_t)(i + 1) * stride) * (k + 2);
+ private:
+  void grow(unsigned want) {
+    while (threads_ < want) {
+      const unsigned index = ++threads_;  // pool thread k runs task k (k >= 1)
+      std::thread([this, index] { loop(index); }).detach();
     }
   }
-  if (i < n) a0 += ld_elem<W>(p + (int64_t)i * stride) * k;
-  return a0 + a1;
-}
-
-template <unsigned W>
-void sum_rows_w(const kvc_entry& e, const uint8_t* region, const kvc_row& r, uint64_t* out) {
-  const uint64_t c0 = e.elem_count[0], c1 = e.elem_count[1], c2 = e.elem_count[2];
-  const uint64_t s0 = (uint64_t)e.elem_stride[0], s1 = (uint64_t)e.elem_stride[1];  // mod 2^64
-  const uint64_t blk = e.offset + (uint64_t)r.block_id * (uint64_t)e.block_stride;
-  uint64_t total = 0;
-  for (uint64_t i = 0; i < e.outer_count; ++i) {
-    const uint64_t rbase = blk + i * (uint64_t)e.outer_stride;
-    uint64_t acc = 0;
-    uint64_t k = 1;  // 2 * element index + 1
-    for (uint64_t i0 = 0; i0 < c0; ++i0) {
-      for (uint64_t i1 = 0; i1 < c1; ++i1) {
-        acc += wsum_elems<W>(region + (rbase + i0 * s0 + i1 * s1), c2, e.elem_stride[2], k);
-        k += 2u * c2;
+  void loop(unsigned index) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::function<void(unsigned)> job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return gen_ != seen; });
+        seen = gen_;
+        if (index >= tasks_) continue;
+        job = job_;
       }
+      job(index);
+      std::lock_guard<std::mutex> lk(mu_);
+      if (--pending_ == 0) done_.notify_one();
     }
-    total += acc * (2u * (e.factor_base + i) + 1u);
   }
-  out[r.out_offset + e.column] += total;
+  std::mutex call_mu_, mu_;
+  std::condition_variable cv_, done_;
+  std::function<void(unsigned)> job_;
+  unsigned threads_ = 0, tasks_ = 0, pending_ = 0;
+  uint64_t gen_ = 0;
+};
+
+/** The process's pool (never destroyed: its threads are detached and idle at exit). */
+Pool& pool() {
+  static Pool* p = new Pool();
+  return *p;
 }
 
-void sum_stream(const kvc_entry& e, const uint8_t* region, const kvc_row& r, uint64_t* out) {
-  const uint64_t blk = e.offset + (uint64_t)r.block_id * (uint64_t)e.block_stride;
-  uint64_t acc = wsum_span(region + blk, e.byte_start, e.byte_count, 1u);
-  out[r.out_offset + e.column] += acc * (2u * e.factor_base + 1u);
-}
+/** Most threads a multi-threaded call uses. */
+constexpr unsigned kMaxThreads = 64;
 
 }  // namespace
 
 extern "C" {
+
+const char* kvc_cpu_isa(void) { return isa()->name; }
+
+int kvc_set_cpu_isa(const char* name) {
+  if (!name) return KVC_EINVAL;
+  const IsaVariant* v = variant_named(name);
+  if (!v) return KVC_EINVAL;
+  g_isa.store(v, std::memory_order_release);
+  return KVC_OK;
+}
+
+
 
 int kvc_entry_extent(const kvc_entry* e, uint64_t* lo, uint64_t* hi) {
   if (!e || !lo || !hi) return KVC_EINVAL;
@@ -439,7 +330,8 @@ int kvc_check_rows(const kvc_tables* tables, const uint64_t* region_bytes, uint3
   return KVC_OK;
 }
 
-int kvc_sum_rows_cpu_diag(const kvc_tables* tables, const uint8_t* const* regions,
+/** Every check of kvc_sum_rows_cpu_diag (kvc_check_rows, NULL pointers, overlaps). */
+static int check_sum_args(const kvc_tables* tables, const uint8_t* const* regions,
                           const uint64_t* region_bytes, uint32_t n_regions, const kvc_row* rows,
                           size_t n_rows, uint64_t* out, size_t out_len, kvc_diag* diag) {
   int rc = kvc_check_rows(tables, region_bytes, n_regions, rows, n_rows, out_len, diag);
@@ -464,21 +356,15 @@ int kvc_sum_rows_cpu_diag(const kvc_tables* tables, const uint8_t* const* region
       overlaps(out, out_b, region_bytes, (size_t)n_regions * sizeof(uint64_t)))
     return fail(diag, KVC_EINVAL, KVC_AT_ARGS, 0, "out overlaps the tables, the rows or the region lists");
 
-  for (size_t ri = 0; ri < n_rows; ++ri) {
-    const kvc_row& r = rows[ri];
-    for (uint32_t i = gs[r.group]; i < gs[r.group + 1]; ++i) {
-      const kvc_entry& e = tables->entries[i];
-      const uint8_t* region = regions[e.region];
-      switch (e.kind) {
-        case KVC_ENTRY_ATTN: sum_attn(e, region, r, out); break;
-        case KVC_ENTRY_ROWS:
-          if (e.elem_bytes == 2) sum_rows_w<2>(e, region, r, out);
-          else sum_rows_w<4>(e, region, r, out);
-          break;
-        default: sum_stream(e, region, r, out); break;
-      }
-    }
-  }
+  return KVC_OK;
+}
+
+int kvc_sum_rows_cpu_diag(const kvc_tables* tables, const uint8_t* const* regions,
+                          const uint64_t* region_bytes, uint32_t n_regions, const kvc_row* rows,
+                          size_t n_rows, uint64_t* out, size_t out_len, kvc_diag* diag) {
+  const int rc = check_sum_args(tables, regions, region_bytes, n_regions, rows, n_rows, out, out_len, diag);
+  if (rc != KVC_OK) return rc;
+  isa_sum_rows()(tables, regions, rows, n_rows, out);
   return KVC_OK;
 }
 
@@ -501,6 +387,46 @@ uint64_t kvc_plain_sum64(const uint8_t* p, size_t n_words) {
   return (a0 + a1) + (a2 + a3);
 }
 
-uint64_t kvc_weighted_sum64(const uint8_t* p, size_t n_words) { return wsum_words(p, n_words, 1u); }
+uint64_t kvc_weighted_sum64(const uint8_t* p, size_t n_words) { return isa()->weighted_words(p, n_words); }
+
+int kvc_sum_rows_cpu_mt(const kvc_tables* tables, const uint8_t* const* regions, const uint64_t* region_bytes,
+                        uint32_t n_regions, const kvc_row* rows, size_t n_rows, uint64_t* out, size_t out_len,
+                        unsigned n_threads, kvc_diag* diag) {
+  if (n_threads == 0) n_threads = 1;
+  if (n_threads > kMaxThreads) n_threads = kMaxThreads;
+  if (n_threads > n_rows) n_threads = n_rows ? (unsigned)n_rows : 1u;
+  // The single-threaded call does every check (and sums when one thread is asked for).
+  if (n_threads == 1) return kvc_sum_rows_cpu_diag(tables, regions, region_bytes, n_regions, rows, n_rows, out, out_len, diag);
+  const int rc = check_sum_args(tables, regions, region_bytes, n_regions, rows, n_rows, out, out_len, diag);
+  if (rc != KVC_OK) return rc;
+  std::vector<std::vector<uint64_t>> partial(n_threads - 1);
+  const kvc_isa::SumRowsFn sum = isa_sum_rows();
+  pool().run(n_threads, [&](unsigned t) {
+    const size_t a = n_rows * t / n_threads, b = n_rows * (t + 1) / n_threads;
+    uint64_t* dst = out;
+    if (t > 0) {
+      partial[t - 1].assign(out_len, 0);
+      dst = partial[t - 1].data();
+    }
+    sum(tables, regions, rows + a, b - a, dst);
+  });
+  for (const auto& p : partial)
+    for (size_t i = 0; i < out_len; ++i) out[i] += p[i];
+  return KVC_OK;
+}
+
+uint64_t kvc_plain_sum64_mt(const uint8_t* p, size_t n_words, unsigned n_threads) {
+  if (n_threads == 0) n_threads = 1;
+  if (n_threads > kMaxThreads) n_threads = kMaxThreads;
+  if (n_threads == 1 || n_words < 4096) return kvc_plain_sum64(p, n_words);
+  std::vector<uint64_t> part(n_threads, 0);
+  pool().run(n_threads, [&](unsigned t) {
+    const size_t a = n_words * t / n_threads, b = n_words * (t + 1) / n_threads;
+    part[t] = kvc_plain_sum64(p + 8u * a, b - a);
+  });
+  uint64_t s = 0;
+  for (uint64_t x : part) s += x;
+  return s;
+}
 
 }  // extern "C"

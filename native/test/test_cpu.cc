@@ -51,7 +51,11 @@ static kvc_row row(uint32_t group, uint32_t block_id, uint32_t first_token, uint
   return r;
 }
 
-// One call of kvc_sum_rows_cpu_diag over a single region.
+// Threads of every Call::run: 1 = kvc_sum_rows_cpu_diag, more = kvc_sum_rows_cpu_mt (main runs
+// every test both ways and under every instruction set this CPU runs).
+static unsigned g_threads = 1;
+
+// One call of kvc_sum_rows_cpu_diag (or _mt) over a single region.
 struct Call {
   std::vector<kvc_entry> entries;
   std::vector<uint32_t> group_start;
@@ -64,6 +68,9 @@ struct Call {
   int run() {
     kvc_tables t = {entries.data(), group_start.data(), (uint32_t)(group_start.size() - 1)};
     std::memset(&diag, 0, sizeof diag);
+    if (g_threads > 1)
+      return kvc_sum_rows_cpu_mt(&t, regions.data(), region_bytes.data(), (uint32_t)regions.size(), rows.data(),
+                                 rows.size(), out.data(), out.size(), g_threads, &diag);
     return kvc_sum_rows_cpu_diag(&t, regions.data(), region_bytes.data(), (uint32_t)regions.size(),
                                  rows.data(), rows.size(), out.data(), out.size(), &diag);
   }
@@ -656,16 +663,91 @@ static void test_plain_weighted() {
   CHECK(kvc_plain_sum64(buf, 0) == 0 && kvc_weighted_sum64(buf, 0) == 0, "empty sums");
 }
 
+// Long slices (every vector width's main loop and remainder) and many rows sharing output words,
+// single- vs multi-threaded: the multi-threaded sums must equal the single-threaded ones exactly.
+static void test_long_and_parallel() {
+  Rng rng(777);
+  std::vector<uint8_t> buf(1u << 20);
+  for (auto& x : buf) x = (uint8_t)rng.next();
+  for (uint32_t n = 0; n < 80; ++n) {  // weighted words vs the definition
+    uint64_t want = 0;
+    for (uint32_t j = 0; j < n; ++j) {
+      uint64_t x;
+      std::memcpy(&x, buf.data() + 3 + 8 * j, 8);
+      want += x * (2u * j + 1u);
+    }
+    CHECK(kvc_weighted_sum64(buf.data() + 3, n) == want, "weighted sum of %u words", n);
+  }
+  // 64 heads x 16 tokens x 48 pieces, NHD, 40 blocks; 200 rows over the blocks, out offsets shared.
+  kvc_entry e = blank();
+  e.kind = KVC_ENTRY_ATTN;
+  e.outer_count = 4;
+  e.cell_pieces = 48;
+  e.byte_count = 8 * 48;
+  e.outer_stride = 8 * 48;
+  e.token_stride = 4 * 8 * 48;
+  e.kblock_tokens = e.block_tokens = 16;
+  e.kblock_stride = 16 * e.token_stride;
+  e.block_stride = e.kblock_stride;
+  e.num_blocks = (uint32_t)(buf.size() / (uint64_t)e.block_stride);
+  Call c;
+  c.entries = {e};
+  c.group_start = {0, 1};
+  c.regions = {buf.data()};
+  c.region_bytes = {buf.size()};
+  for (uint32_t i = 0; i < 200; ++i) c.rows.push_back(row(0, rng.below(e.num_blocks), 16 * rng.below(100), 1 + rng.below(16), rng.below(37)));
+  c.out.assign(37, 0);
+  const unsigned saved = g_threads;
+  g_threads = 1;
+  int rc = c.run();
+  const std::vector<uint64_t> single = c.out;
+  for (unsigned th : {2u, 3u, 8u, 200u, 1000u}) {
+    g_threads = th;
+    c.out.assign(37, 0);
+    int rc2 = c.run();
+    CHECK(rc == KVC_OK && rc2 == KVC_OK && c.out == single, "%u threads equal 1 thread (rc %d/%d)", th, rc, rc2);
+  }
+  // an error found by the checks leaves out untouched, threads or not
+  g_threads = 4;
+  c.rows[150].block_id = e.num_blocks;
+  c.out.assign(37, 5);
+  rc = c.run();
+  CHECK(rc == KVC_ERANGE && c.diag.at == KVC_AT_ROW && c.diag.index == 150 && c.out == std::vector<uint64_t>(37, 5),
+        "threaded row error rc %d at %u index %llu", rc, c.diag.at, (ull)c.diag.index);
+  g_threads = saved;
+  const uint64_t words = buf.size() / 8;
+  CHECK(kvc_plain_sum64_mt(buf.data(), words, 4) == kvc_plain_sum64(buf.data(), words), "plain sum on 4 threads");
+}
+
 int main() {
-  test_hand_attn();
-  test_hand_rows();
-  test_hand_stream();
-  test_random_attn();
-  test_random_rows();
-  test_random_stream();
-  test_errors();
-  test_extent();
-  test_plain_weighted();
+  const char* isas[] = {"generic", "avx2", "avx512"};
+  int ran = 0;
+  for (const char* isa : isas) {
+    if (kvc_set_cpu_isa(isa) != KVC_OK) {
+      std::printf("skipped: instruction set %s (this CPU does not run it)\n", isa);
+      continue;
+    }
+    CHECK(std::strcmp(kvc_cpu_isa(), isa) == 0, "kvc_cpu_isa() = %s after choosing %s", kvc_cpu_isa(), isa);
+    ++ran;
+    for (unsigned th : {1u, 3u}) {
+      g_threads = th;
+      test_hand_attn();
+      test_hand_rows();
+      test_hand_stream();
+      test_random_attn();
+      test_random_rows();
+      test_random_stream();
+      test_errors();
+    }
+    g_threads = 1;
+    test_extent();
+    test_plain_weighted();
+    test_long_and_parallel();
+  }
+  CHECK(ran >= 1, "at least the generic instruction set ran");
+  CHECK(kvc_set_cpu_isa("sse9") == KVC_EINVAL && kvc_set_cpu_isa(nullptr) == KVC_EINVAL, "unknown instruction sets refused");
+  CHECK(kvc_set_cpu_isa("auto") == KVC_OK, "auto");
+  std::printf("instruction set (auto): %s\n", kvc_cpu_isa());
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;
 }

@@ -9,14 +9,12 @@ import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { KVChecksumObservability } from '@kvconnect/core';
 import { Engine, PDProxy } from '@kvconnect/engine';
 import { MOONCAKE_CONNECTOR, bootstrapAddressOf } from '@kvconnect/mooncake';
-import { inProcessBus } from '../../packages/engine/test/utils/in-process-connector.js';
 import { counter, makePD, prompts, single } from '../../packages/engine/test/utils/pd.js';
 
-afterEach(() => inProcessBus.reset());
 
 const N = 50;
 const SAMPLING = { maxTokens: 6, ignoreEos: true };

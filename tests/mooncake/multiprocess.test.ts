@@ -5,7 +5,8 @@
  * the producer's workers register with its bootstrap server through the handshake hooks). The KV moves producer -> consumer
  * through the bootstrap server, the ZeroMQ side channel and the embedded agents; the consumer's
  * load verifies its checksums (carried on the transfer response) and the answer equals an
- * in-process single engine's.
+ * in-process single engine's. Once without a cluster secret and once with KVCONNECT_CLUSTER_SECRET
+ * in the engines' environment (bootstrap and side channel proven; an unproven query gets a 401).
  *
  * The bins run `dist/`; `beforeAll` brings the engine and this package up to date with `tsc --build`.
  */
@@ -44,25 +45,31 @@ async function freePort(): Promise<number> {
 }
 
 describe('MooncakeConnector, producer / consumer / proxy processes', () => {
-  // [producer TP, producer PP, consumer TP, where the engines run their workers]
+  // [producer TP, producer PP, consumer TP, where the engines run their workers, cluster secret]
+  const SECRET = 'multiprocess-cluster-secret-0123';
   const cases = [
-    [1, 1, 1, 'inprocess'],
-    [1, 1, 1, 'processes'],
-    [2, 1, 1, 'processes'],
-    [1, 1, 2, 'processes'],
-    [1, 2, 1, 'processes'],
+    [1, 1, 1, 'inprocess', null],
+    [1, 1, 1, 'inprocess', SECRET],
+    [1, 1, 1, 'processes', SECRET],
+    [2, 1, 1, 'processes', null],
+    [1, 1, 2, 'processes', null],
+    [1, 2, 1, 'processes', null],
   ] as const;
-  for (const [ptp, ppp, dtp, executor] of cases) {
-    it(`TP${ptp}${ppp > 1 ? ` PP${ppp}` : ''} -> TP${dtp}, workers ${executor}: the answer equals a single engine, the load is verified`, async () => {
+  for (const [ptp, ppp, dtp, executor, secret] of cases) {
+    it(`TP${ptp}${ppp > 1 ? ` PP${ppp}` : ''} -> TP${dtp}, workers ${executor}${secret ? ', KVCONNECT_CLUSTER_SECRET set' : ''}: the answer equals a single engine, the load is verified`, async () => {
       const port = await freePort();
+      // The engines (and their worker processes) read the cluster secret from their environment (as the demo passes it).
+      const env = secret ? { ...process.env, KVCONNECT_CLUSTER_SECRET: secret } : { ...process.env, KVCONNECT_CLUSTER_SECRET: '' };
       const base = { preset: 'dense-gqa' as const, numBlocks: 256, imports: [MOONCAKE_DIST], executor };
       const extra = { bootstrap_port: port, abort_timeout_ms: 20_000, transfer_timeout_ms: 30_000 };
-      const id = `mp-mc-${ptp}${ppp}${dtp}-${executor}`;
+      const id = `mp-mc-${ptp}${ppp}${dtp}-${executor}${secret ? '-s' : ''}`;
       const [prod, cons] = await Promise.all([
         launchEngineProcess({
+          env,
           config: { ...base, tpSize: ptp, ppSize: ppp, engineId: `${id}-prod`, kvTransferConfig: { kv_connector: 'MooncakeConnector', kv_role: 'kv_producer', enable_kv_checksum: true, kv_connector_extra_config: extra } },
         }),
         launchEngineProcess({
+          env,
           config: {
             ...base,
             tpSize: dtp,
@@ -86,6 +93,8 @@ describe('MooncakeConnector, producer / consumer / proxy processes', () => {
         expect(h.executor).toBe(executor);
         expect(h.worker_pids.flat()).toHaveLength(executor === 'processes' ? n : 0);
       }
+      // With the secret, the producer's bootstrap server answers no unproven query.
+      expect((await fetch(`http://127.0.0.1:${port}/query?engine_id=${id}-prod`)).status).toBe(secret ? 401 : 200);
       const proxy = await launchProxyProcess({ config: { prefill: [prod.url], decode: [cons.url], mode: 'concurrent' } });
       children.push(proxy);
       const ref = new Engine({ preset: 'dense-gqa', numBlocks: 256, engineId: `${id}-ref` });

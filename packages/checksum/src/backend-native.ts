@@ -54,30 +54,55 @@ function load(): LoadState {
  * @throws RangeError for invalid tables or rows (the message names the entry or row); nothing is
  *   written to `out` then.
  */
-function makeBackend(addon: KvconnectNativeAddon): ChecksumBackend {
+function makeBackend(addon: KvconnectNativeAddon, threads = 1): ChecksumBackend {
   return {
     name: 'native',
     sumRows(tables: PackedTables, regions: readonly Uint8Array[], rows: Uint32Array, out: BigUint64Array): void {
       if (!(tables.groupStart instanceof Uint32Array) || tables.groupStart.length !== tables.nGroups + 1) {
         throw new RangeError(`groupStart must hold nGroups + 1 = ${tables.nGroups + 1} values, got ${tables.groupStart?.length}`);
       }
-      addon.sumRows(tables.entries, tables.groupStart, Array.isArray(regions) ? regions : Array.from(regions), rows, out);
+      addon.sumRows(tables.entries, tables.groupStart, Array.isArray(regions) ? regions : Array.from(regions), rows, out, threads);
     },
   };
 }
 
 let backend: ChecksumBackend | null | undefined;
 
+/** Options of {@link loadNativeBackend}. */
+export interface NativeBackendOptions {
+  /**
+   * Threads per `sumRows` call (integer in [1, 64], default 1): the calling thread plus pool threads
+   * of the addon (`kvc_sum_rows_cpu_mt`; the sums equal the single-threaded ones exactly). For large
+   * steps; small steps run on fewer threads (at most one per row).
+   */
+  threads?: number;
+}
+
 /**
  * The native CPU backend, or null when the addon is not available (then
  * {@link nativeUnavailableReason} says why). Loads the addon on the first call.
+ * @throws RangeError for `threads` outside [1, 64] or not an integer.
  */
-export function loadNativeBackend(): ChecksumBackend | null {
+export function loadNativeBackend(options: NativeBackendOptions = {}): ChecksumBackend | null {
+  const threads = options.threads ?? 1;
+  if (!Number.isInteger(threads) || threads < 1 || threads > 64) throw new RangeError(`threads must be an integer in [1, 64], got ${threads}`);
+  if (threads !== 1) {
+    const { addon } = load();
+    return addon ? makeBackend(addon, threads) : null;
+  }
   if (backend === undefined) {
     const { addon } = load();
     backend = addon ? makeBackend(addon) : null;
   }
   return backend;
+}
+
+/**
+ * The instruction set the native kernel's loop runs with (`avx512`, `avx2`, `generic`; chosen once
+ * from the CPU, or the `KVC_CPU_ISA` environment variable), null without the addon.
+ */
+export function nativeCpuIsa(): string | null {
+  return load().addon?.cpuIsa() ?? null;
 }
 
 /** Why {@link loadNativeBackend} returns null; null when the addon loaded. */

@@ -26,7 +26,7 @@ export {
 } from './plan.js';
 export * from './backend.js';
 export { tsBackend } from './backend-ts.js';
-export { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
+export { loadNativeBackend, nativeCpuIsa, nativeUnavailableReason, type NativeBackendOptions } from './backend-native.js';
 export {
   loadCudaBackend,
   cudaUnavailableReason,

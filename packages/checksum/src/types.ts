@@ -154,3 +154,28 @@ export interface Verdict {
   /** State-local groups left out because TP sizes differ (SPEC 8 step 2): logged once. */
   leftOut: number[];
 }
+
+/**
+ * KV memory in a GPU's memory (CUDA device memory), as a worker registers it. Plain data: it crosses
+ * processes (the engine's worker processes, the connector contract). `address` is the device pointer
+ * in the process that allocated it; a peer process on the same host opens `ipcHandle` instead.
+ */
+export interface DeviceMemoryRegion {
+  readonly kind: 'device';
+  /** CUDA device ordinal (`cudaSetDevice` index) the memory lives on. */
+  readonly device: number;
+  /** Device address (CUDA `void*`) in the owning process, as a bigint. */
+  readonly address: bigint;
+  /** Bytes of the region. */
+  readonly bytes: number;
+  /** The CUDA IPC handle of the allocation (`cudaIpcMemHandle_t`, 64 bytes), when exported. */
+  readonly ipcHandle?: Uint8Array;
+}
+
+/** A worker's KV memory region: host memory (bytes in this process) or device memory. */
+export type KVMemoryRegion = Uint8Array | DeviceMemoryRegion;
+
+/** True when `r` is device memory ({@link DeviceMemoryRegion}). */
+export function isDeviceRegion(r: KVMemoryRegion): r is DeviceMemoryRegion {
+  return !(r instanceof Uint8Array) && typeof r === 'object' && r !== null && (r as DeviceMemoryRegion).kind === 'device';
+}

@@ -29,6 +29,7 @@ import {
 import type { BackendName, ChecksumBackend } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, KVConnectorOutput, KVConnectorScheduler, KVTransferConfig, KVTransferParams, FinishReason, SchedulerOutput } from './contracts.js';
 import type { KvDtype } from './dtype.js';
+import { deviceMemoryOf, type KVDeviceMode } from '@kvconnect/transfer';
 import { InProcessExecutor, type Executor, type ExecutorKind } from './executor.js';
 import { roundTrip } from './ipc.js';
 import { MultiProcessExecutor } from './multiprocess-executor.js';
@@ -60,10 +61,26 @@ export interface EngineOptions {
   kvDtype?: KvDtype;
   /** Mamba SSM state type (default float32). */
   ssmDtype?: KvDtype;
+  /**
+   * Where the KV cache lives (default `cpu`): `cuda` allocates it in GPU memory through the native
+   * addon (built with CUDA), `cuda-emulated` in the emulated device memory of @kvconnect/transfer
+   * (CI). The model computes on the host from a mirror; connectors and checksums see the device
+   * memory (worker.ts, device mode).
+   */
+  device?: KVDeviceMode;
+  /** CUDA device ordinal of the KV cache with `device` `cuda` (default 0). */
+  deviceId?: number;
   /** Token budget per step (default 256; smaller values chunk prefills). */
   maxNumBatchedTokens?: number;
   /** Most running requests (default 256). */
   maxNumSeqs?: number;
+  /**
+   * Most prompt tokens one request gets in a step (vLLM's `long_prefill_token_threshold`; see
+   * `SchedulerOptions.longPrefillTokenThreshold` in `scheduler.ts`): default a quarter of
+   * `maxNumBatchedTokens` (at least 1), so a long prompt cannot take a whole step from other requests;
+   * 0 = no cap.
+   */
+  longPrefillTokenThreshold?: number;
   /** vLLM `kv_transfer_config` (raw; validated by `parseKVTransferConfig`). */
   kvTransferConfig?: unknown;
   /** Prefix caching (default true). */
@@ -195,6 +212,7 @@ export class Engine {
           kvDtype: o.kvDtype ?? 'bfloat16',
           ssmDtype: o.ssmDtype,
           groupConfigs: this.groupConfigs,
+          deviceId: o.deviceId,
         });
       }
       workerOptions.push(stage);
@@ -204,9 +222,10 @@ export class Engine {
       if (o.registry !== undefined && o.registry !== defaultRegistry) throw new RangeError("executor 'processes': worker processes create connector halves from the process-wide registry (workerImports, kv_connector_module_path); a custom registry cannot cross processes");
       if (typeof o.checksumBackend === 'object') throw new RangeError("executor 'processes': checksumBackend must be a backend name (an object cannot cross processes)");
       this.workers = [];
-      this.executor = new MultiProcessExecutor({ model: this.model, weights: this.weights, workers: workerOptions, imports: o.workerImports, checksumBackend: o.checksumBackend as BackendName | 'auto' | undefined });
+      this.executor = new MultiProcessExecutor({ model: this.model, weights: this.weights, workers: workerOptions, imports: o.workerImports, checksumBackend: o.checksumBackend as BackendName | 'auto' | undefined, device: o.device });
     } else if (this.executorKind === 'inprocess') {
-      this.workers = workerOptions.map((stage) => stage.map((wo) => new Worker(wo)));
+      const device = deviceMemoryOf(o.device ?? 'cpu');
+      this.workers = workerOptions.map((stage) => stage.map((wo) => new Worker({ ...wo, device })));
       const env = { registry: o.registry ?? defaultRegistry, metricsRegistry: this.observability?.registry, checksumBackend: o.checksumBackend };
       const runtimes = this.workers.map((stage) => stage.map((w) => new WorkerRuntime(w, this.weights, env)));
       this.executor = new InProcessExecutor(this.model, this.weights, runtimes, o.checkPlainData === false ? <T>(v: T) => v : roundTrip);
@@ -243,6 +262,7 @@ export class Engine {
       numBlocks,
       maxNumBatchedTokens: this.o.maxNumBatchedTokens ?? 256,
       maxNumSeqs: this.o.maxNumSeqs,
+      longPrefillTokenThreshold: this.o.longPrefillTokenThreshold ?? Math.max(1, Math.floor((this.o.maxNumBatchedTokens ?? 256) / 4)),
       enablePrefixCaching: this.o.enablePrefixCaching ?? true,
       worldSize: this.tpSize * this.ppSize,
       eosTokenId: this.model.eosTokenId,

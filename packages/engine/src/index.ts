@@ -17,9 +17,9 @@ export { Scheduler, type SchedulerOptions, type ScheduledSegment, type StepPlan,
 export { Worker, partAddress, stateAddress, type CacheLayout, type ForwardSegment, type WorkerOptions } from './worker.js';
 export { forward } from './executor.js';
 export { Engine, buildGroupConfigs, type EngineOptions, type GenerateResult, type StepResult } from './engine.js';
-export { PDProxy, type PDProxyOptions, type PDResult } from './proxy.js';
+export { PDProxy, type PDCallOptions, type PDEndpoint, type PDProxyOptions, type PDResult } from './proxy.js';
 export { startEngineServer, type EngineServer, type EngineServerOptions } from './server/engine-server.js';
-export { EngineClient, EngineClientError, type EngineClientOptions, type RemoteGenerateResult, type RemoteSamplingParams } from './server/engine-client.js';
+export { EngineClient, EngineClientError, type EngineCallOptions, type EngineClientOptions, type RemoteGenerateResult, type RemoteSamplingParams } from './server/engine-client.js';
 export { startProxyServer, type ProxyServer, type ProxyServerOptions } from './server/proxy-server.js';
 export {
   parseCompletionRequest,

@@ -16,7 +16,20 @@ import type { SamplingParams } from './request.js';
 /** What the proxy needs of an engine. */
 export interface PDEndpoint {
   readonly engineId: string;
-  generate(prompt: string | readonly number[], sampling?: SamplingParams, kvTransferParams?: KVTransferParams, requestId?: string): Promise<GenerateResult>;
+  /** `call.signal` aborts the request (an `EngineClient` closes its connection, which aborts it on the server). */
+  generate(prompt: string | readonly number[], sampling?: SamplingParams, kvTransferParams?: KVTransferParams, requestId?: string, call?: PDCallOptions): Promise<GenerateResult>;
+  /** Aborts request `requestId` (an in-process `Engine`, whose `generate` takes no signal). */
+  abort?(requestId: string): unknown;
+}
+
+/** Per-request options of {@link PDProxy.generate} and {@link PDEndpoint.generate}. */
+export interface PDCallOptions {
+  /**
+   * Aborting it aborts the request on both sides (the client went away): each side gets the
+   * signal and, when it has one, its `abort(requestId)`; a sequential request aborted after its
+   * prefill is not sent to the consumer.
+   */
+  signal?: AbortSignal;
 }
 
 /** Options of a {@link PDProxy}. */
@@ -46,22 +59,34 @@ export class PDProxy {
 
   /**
    * Generates for `prompt` through P then D. A producer error ends the request with that error
-   * (the consumer is not asked).
+   * (the consumer is not asked). `call.signal`: see {@link PDCallOptions}.
    */
-  async generate(prompt: string | readonly number[], sampling: SamplingParams = {}): Promise<PDResult> {
+  async generate(prompt: string | readonly number[], sampling: SamplingParams = {}, call: PDCallOptions = {}): Promise<PDResult> {
     const id = `pd-${this.n++}-${randomUUID().slice(0, 8)}`;
+    const signal = call.signal;
+    const side = (ep: PDEndpoint, p: string | readonly number[], s: SamplingParams, params: KVTransferParams, requestId: string): Promise<GenerateResult> => {
+      if (!signal) return ep.generate(p, s, params, requestId);
+      const onAbort = () => void ep.abort?.(requestId);
+      signal.addEventListener('abort', onAbort, { once: true });
+      return ep.generate(p, s, params, requestId, { signal }).finally(() => signal.removeEventListener('abort', onAbort));
+    };
+    const aborted = (r: GenerateResult): PDResult => ({ ...r, tokenIds: [], text: '', finishReason: 'abort', prefill: r });
+    if (signal?.aborted) return aborted({ requestId: `${id}-p`, tokenIds: [], text: '', finishReason: 'abort', numPreemptions: 0 });
     if (this.mode === 'concurrent') {
       const transferId = randomUUID();
       const [p, d] = await Promise.all([
-        this.o.prefill.generate(prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, transfer_id: transferId }, `${id}-p`),
-        this.o.decode.generate(prompt, sampling, { do_remote_prefill: true, transfer_id: transferId, remote_engine_id: this.o.prefill.engineId }, `${id}-d`),
+        side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, transfer_id: transferId }, `${id}-p`),
+        side(this.o.decode, prompt, sampling, { do_remote_prefill: true, transfer_id: transferId, remote_engine_id: this.o.prefill.engineId }, `${id}-d`),
       ]);
       return { ...d, prefill: p };
     }
-    const p = await this.o.prefill.generate(prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true }, `${id}-p`);
+    const p = await side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true }, `${id}-p`);
     if (p.finishReason === 'error' || p.finishReason === 'abort') return { ...p, tokenIds: [], text: '', prefill: p };
+    // The client went away during the prefill: the consumer is not asked (the producer's blocks
+    // wait for their lease to expire, as for any consumer that never reads).
+    if (signal?.aborted) return aborted(p);
     const params: KVTransferParams = { ...(p.kvTransferParams ?? {}), do_remote_prefill: true, do_remote_decode: false };
-    const d = await this.o.decode.generate(prompt, sampling, params, `${id}-d`);
+    const d = await side(this.o.decode, prompt, sampling, params, `${id}-d`);
     return { ...d, prefill: p };
   }
 }

@@ -42,6 +42,14 @@ export interface SchedulerOptions {
   maxNumBatchedTokens: number;
   /** Most running requests (default 256). */
   maxNumSeqs?: number;
+  /**
+   * Most prompt tokens one request gets in a step (vLLM's `long_prefill_token_threshold`,
+   * `vllm/v1/core/sched/scheduler.py`): while other requests are unfinished, a longer prefill is
+   * chunked at this size, so the rest of the budget serves them in the same step (a request alone
+   * keeps the whole budget, unlike vLLM). 0 (default here) = no cap; the engine
+   * (`EngineOptions.longPrefillTokenThreshold`) sets its own default.
+   */
+  longPrefillTokenThreshold?: number;
   enablePrefixCaching: boolean;
   /** TP x PP workers that report each step (transfer completions need all of them). */
   worldSize: number;
@@ -102,11 +110,16 @@ export class Scheduler {
   private stepId = 0;
   private readonly o: SchedulerOptions;
   private readonly maxNumSeqs: number;
+  /** Per-request token cap of a step (Infinity: none). */
+  private readonly chunkCap: number;
 
   constructor(o: SchedulerOptions) {
     this.o = o;
     this.maxNumSeqs = o.maxNumSeqs ?? 256;
     if (!(o.maxNumBatchedTokens >= 1)) throw new RangeError(`maxNumBatchedTokens ${o.maxNumBatchedTokens}`);
+    const cap = o.longPrefillTokenThreshold ?? 0;
+    if (!Number.isSafeInteger(cap) || cap < 0) throw new RangeError(`longPrefillTokenThreshold must be an integer >= 0, got ${cap}`);
+    this.chunkCap = cap > 0 ? cap : Infinity;
     this.kv = new KVCacheManager(o.groupConfigs, o.blockSize, o.numBlocks, o.enablePrefixCaching);
   }
 
@@ -152,6 +165,7 @@ export class Scheduler {
     const segments: ScheduledSegment[] = [];
     const preempted: string[] = [];
     let budget = this.o.maxNumBatchedTokens;
+    const cap = this.numUnfinished > 1 ? this.chunkCap : Infinity;
 
     // Loads every worker finished: decide them (verification) before scheduling.
     for (const r of this.waiting.slice()) if (r.status === 'WAITING_FOR_REMOTE_KVS' && this.loadComplete(r)) this.finishLoad(r);
@@ -159,7 +173,7 @@ export class Scheduler {
     // Running requests first.
     for (let i = 0; i < this.running.length && budget > 0; ) {
       const r = this.running[i];
-      const n = Math.min(r.numTokens - r.numComputedTokens, budget);
+      const n = Math.min(r.numTokens - r.numComputedTokens, budget, cap);
       if (n <= 0) {
         i++;
         continue;
@@ -206,7 +220,7 @@ export class Scheduler {
         }
         const local = hit?.numTokens ?? r.numComputedTokens;
         const computed = local + external;
-        let n = loadAsync ? 0 : Math.min(r.numTokens - computed, budget);
+        let n = loadAsync ? 0 : Math.min(r.numTokens - computed, budget, cap);
         // A synchronous load of every token: the last token is recomputed for its logits.
         if (!loadAsync && n <= 0) n = Math.min(1, budget);
         const blocks = this.kv.allocateSlots(r, Math.max(computed, Math.min(r.numTokens, computed + n)), hit);

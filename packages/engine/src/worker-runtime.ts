@@ -5,7 +5,7 @@
  *
  * - {@link WorkerRuntime.setup}: `registry.prepare` (imports `kv_connector_module_path`), the
  *   connector's `createWorker` and `registerKvCaches`, the `KVChecksumWorker`'s
- *   `registerKvCaches`, then `getHandshakeMetadata`;
+ *   `registerKvCaches` (`Worker.checksumKvCaches`), then `getHandshakeMetadata`;
  * - {@link WorkerRuntime.begin}: `bindConnectorMetadata`, `bindStepMeta`, `startLoadKv`;
  * - {@link WorkerRuntime.mixer} (per layer of the stage): `waitForLayerLoad`, the mixer, `saveKvLayer`;
  * - {@link WorkerRuntime.end}: `waitForSave`, `afterForward`, `getTransferResults`,
@@ -59,7 +59,7 @@ export class WorkerRuntime {
     await c.registerKvCaches(w.kvCaches());
     if (s.checksum) {
       const ck = new KVChecksumWorker({ config: cfg, backend: this.env.checksumBackend ?? 'auto' });
-      ck.registerKvCaches(w.kvCaches());
+      ck.registerKvCaches(w.checksumKvCaches());
       w.checksum = ck;
     }
     return c.getHandshakeMetadata?.() ?? null;
@@ -101,8 +101,9 @@ export class WorkerRuntime {
     return o;
   }
 
-  /** Shuts the connector worker half down. */
+  /** Shuts the connector worker half down, then frees the worker's device memory (device mode). */
   async shutdown(): Promise<void> {
     await this.worker.connector?.shutdown?.();
+    this.worker.freeDevice();
   }
 }

@@ -32,11 +32,30 @@ describe('Engine', () => {
     expect(tight.stats.preemptions).toBeGreaterThan(0);
   });
 
+  it('long prefill threshold (default a quarter of the budget) chunks a long prompt beside short ones, outputs unchanged', async () => {
+    const long = 'A long prompt that would take the whole step budget of the engine without the threshold.';
+    const shorts = ['short one', 'short two'];
+    const base = new Engine({ model: 'dense-gqa', maxNumBatchedTokens: 512, longPrefillTokenThreshold: 0 });
+    const ref = await Promise.all([long, ...shorts].map((p) => base.generate(p, S)));
+    for (const model of ['dense-gqa', 'hybrid-mamba2'] as const) {
+      const refM = model === 'dense-gqa' ? ref : await Promise.all([long, ...shorts].map((p) => new Engine({ model, longPrefillTokenThreshold: 0 }).generate(p, S)));
+      const e = new Engine({ model, maxNumBatchedTokens: 32 });
+      const ids = await Promise.all([long, ...shorts].map((p, i) => e.addRequest(p, S, undefined, `q${i}`)));
+      const first = await e.step();
+      expect(Object.fromEntries(first.numScheduledTokens)).toEqual({ q0: 8, q1: 8, q2: 8 });
+      while (e.scheduler.numUnfinished > 0) await e.step();
+      const got = await Promise.all([long, ...shorts].map((p) => e.generate(p, S)));
+      expect(ids).toHaveLength(3);
+      expect(got.map((r) => r.tokenIds)).toEqual(refM.map((r) => r.tokenIds));
+    }
+  });
+
   it('hybrid Mamba2: preemption recomputes the state from scratch', async () => {
     const prompts = ['Mamba state one, a longer prompt', 'Mamba state two', 'Three'];
     const base = new Engine({ model: 'hybrid-mamba2' });
     const ref = await Promise.all(prompts.map((p) => base.generate(p, { ...S, maxTokens: 10 })));
-    const tight = new Engine({ model: 'hybrid-mamba2', blockSize: 4, numBlocks: 20, maxNumBatchedTokens: 8, tpSize: 2 });
+    // Threshold off: this schedule is the one that runs out of blocks.
+    const tight = new Engine({ model: 'hybrid-mamba2', blockSize: 4, numBlocks: 20, maxNumBatchedTokens: 8, longPrefillTokenThreshold: 0, tpSize: 2 });
     const t = await Promise.all(prompts.map((p) => tight.generate(p, { ...S, maxTokens: 10 })));
     expect(t.map((r) => r.tokenIds)).toEqual(ref.map((r) => r.tokenIds));
     expect(tight.stats.preemptions).toBeGreaterThan(0);

@@ -7,8 +7,8 @@ const groups: KVCacheGroupConfig[] = [{ groupId: 0, kind: 'full-attention', bloc
 const EOS = 257;
 const range = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
 
-function sched(o: { numBlocks?: number; budget?: number; prefix?: boolean; maxNumSeqs?: number } = {}) {
-  return new Scheduler({ groupConfigs: groups, blockSize: 4, numBlocks: o.numBlocks ?? 64, maxNumBatchedTokens: o.budget ?? 32, maxNumSeqs: o.maxNumSeqs, enablePrefixCaching: o.prefix ?? true, worldSize: 1, eosTokenId: EOS });
+function sched(o: { numBlocks?: number; budget?: number; prefix?: boolean; maxNumSeqs?: number; longPrefill?: number } = {}) {
+  return new Scheduler({ groupConfigs: groups, blockSize: 4, numBlocks: o.numBlocks ?? 64, maxNumBatchedTokens: o.budget ?? 32, maxNumSeqs: o.maxNumSeqs, longPrefillTokenThreshold: o.longPrefill, enablePrefixCaching: o.prefix ?? true, worldSize: 1, eosTokenId: EOS });
 }
 
 /** Runs a step with a fake model: every sampled token is 7. */
@@ -90,6 +90,37 @@ describe('Scheduler', () => {
     const p = step(s);
     expect(p.segments[0].start).toBe(12);
     expect(tokensOf(p)).toEqual({ b: 2 });
+  });
+
+  it('long prefill threshold: a long prompt is chunked while a short request arriving later is served every step', () => {
+    const s = sched({ numBlocks: 256, budget: 32, longPrefill: 8 });
+    const long = new Request('long', range(0, 400), { maxTokens: 1 }, undefined, 0);
+    s.addRequest(long);
+    // Alone it keeps the whole budget.
+    expect(tokensOf(step(s))).toEqual({ long: 32 });
+    const short = new Request('short', range(500, 506), { maxTokens: 3 }, undefined, 1);
+    s.addRequest(short);
+    const plans: StepPlan[] = [];
+    while (!short.isFinished && plans.length < 20) plans.push(step(s));
+    // Prefill and two decodes: three steps, each with the long prompt at the threshold.
+    expect(plans.map(tokensOf)).toEqual([
+      { long: 8, short: 6 },
+      { long: 8, short: 1 },
+      { long: 8, short: 1 },
+    ]);
+    expect(short.finishReason).toBe('length');
+    expect(long.isFinished).toBe(false);
+    // Alone again: the whole budget.
+    expect(tokensOf(step(s))).toEqual({ long: 32 });
+  });
+
+  it('long prefill threshold: off (0) a long prompt takes the whole budget and a later short request waits', () => {
+    const s = sched({ numBlocks: 256, budget: 32, longPrefill: 0 });
+    s.addRequest(new Request('long', range(0, 400), { maxTokens: 1 }, undefined, 0));
+    step(s);
+    s.addRequest(new Request('short', range(500, 506), { maxTokens: 3 }, undefined, 1));
+    expect(tokensOf(step(s))).toEqual({ long: 32 });
+    expect(() => sched({ longPrefill: -1 })).toThrow(RangeError);
   });
 
   it('abort frees the blocks and reports the id next step', () => {

@@ -100,8 +100,8 @@ export const DEMO_FAULTS: ReadonlyArray<Omit<FaultSpec, 'requests'>> = [
 
 /**
  * The fault kinds of the multi-process demo, one per faulted load: consumer-side faults only (the
- * producer's memory is in another process, so `stale` and producer-side payload faults cannot be
- * injected there).
+ * demo wraps only the consumer with the FaultInjectingConnector, so `stale` and producer-side
+ * payload faults are not injected there).
  */
 export const DEMO_PROCESS_FAULTS: ReadonlyArray<Omit<FaultSpec, 'requests'>> = [
   { kind: 'bit-flip', note: 'one bit of one loaded cell flipped' },
@@ -489,7 +489,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
       `| connector transfer time, ms / transfers / bytes | ${ms(metrics.transferSeconds)} / ${metrics.transfers ?? 'n/a'} / ${metrics.transferBytes ?? 'n/a'} |`,
       `| connector metrics found | ${metrics.connectorMetrics.join(', ') || 'none'} |`,
       '',
-      'Faults were injected by the consumer process, so the injector\'s ground truth (which blocks really changed) and per-load transfer times stay there: the Requests table shows the fault planned for each request, and no changed blocks or load time. Producer-side faults (`stale`, producer-side `payload`) need the producer\'s memory in the demo\'s process: run `--connector inprocess` for them.',
+      'Faults were injected by the consumer process, so the injector\'s ground truth (which blocks really changed) and per-load transfer times stay there: the Requests table shows the fault planned for each request, and no changed blocks or load time. Producer-side faults (`stale`, producer-side `payload`) are not injected here (only the consumer is wrapped): run `--connector inprocess` for them.',
       '',
     ].join('\n');
     const { outDir, reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid }, workerProcesses });

@@ -8,9 +8,8 @@
  *
  * The consumer's `kv_transfer_config` names the `FaultInjectingConnector`, loaded by module path
  * from the harness's built `dist/fault-connector.js`, with the chosen connector as `inner`, so
- * consumer-side faults can be injected into real loads. Producer-side faults (`stale`,
- * producer-side `payload`) need the producer's memory in the demo's process and are not
- * available here.
+ * consumer-side faults can be injected into real loads. The producer is not wrapped, so
+ * producer-side faults (`stale`, producer-side `payload`) are not available here.
  *
  * Processes run the compiled `dist/` of the packages (`npm run build` first).
  * @module
@@ -21,7 +20,8 @@ import * as net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { launchEngineProcess, launchProxyProcess, type EngineProcessConfig, type LaunchedEngine, type LaunchedProcess, type LaunchedProxy, type ModelConfig } from '@kvconnect/engine';
-import { FAULT_INJECTING_CONNECTOR } from './fault-connector.js';
+import { CLUSTER_SECRET_ENV, generateClusterSecret } from '@kvconnect/transfer';
+import { FAULT_INJECTING_CONNECTOR } from './faults/config.js';
 import type { FaultSpec } from './faults.js';
 
 /** The connectors a multi-process topology can run. */
@@ -112,6 +112,12 @@ export interface PDProcessOptions {
   /** Copy the children's stderr to this process's stderr (default false). */
   echoStderr?: boolean;
   readyTimeoutMs?: number;
+  /**
+   * The cluster secret both engines get in `KVCONNECT_CLUSTER_SECRET` (default: a fresh one from
+   * `generateClusterSecret`, so their side channels and agents authenticate each other; see
+   * `docs/security.md`).
+   */
+  clusterSecret?: string;
 }
 
 /** Running producer, consumer and proxy processes. */
@@ -191,6 +197,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     kv_connector_extra_config: { inner: { kv_connector: spec.name, kv_connector_extra_config: consumerExtra }, faults: o.faults ?? [] },
   };
   const launch = { echoStderr: o.echoStderr, readyTimeoutMs: o.readyTimeoutMs };
+  const engineEnv = { ...process.env, [CLUSTER_SECRET_ENV]: o.clusterSecret ?? generateClusterSecret() };
   const started: LaunchedProcess[] = [];
   const stopAll = async () => {
     await Promise.all(started.splice(0).reverse().map((c) => c.stop().catch(() => undefined)));
@@ -199,10 +206,12 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     const [p, d] = await Promise.allSettled([
       launchEngineProcess({
         ...launch,
+        env: engineEnv,
         config: { ...engineConfig(o.model, o.producer ?? {}, { tp: 2, blockSize: 16, layout: 'NHD', maxBatchedTokens: 128, numBlocks: 512 }, workers.producer), engineId: `${prefix}-producer`, imports: [module], kvTransferConfig: producerTransfer },
       }),
       launchEngineProcess({
         ...launch,
+        env: engineEnv,
         config: { ...engineConfig(o.model, o.consumer ?? {}, { tp: 1, blockSize: 32, layout: 'HND', maxBatchedTokens: 256, numBlocks: 256 }, workers.consumer), engineId: `${prefix}-consumer`, imports: [module], kvTransferConfig: consumerTransfer },
       }),
     ]);

@@ -47,6 +47,19 @@ describe('kvconnect CLI', () => {
     expect(r.lines.at(-1)).toBe('0 passed, 1 failed');
   });
 
+  it('run: a one-request NIXL scenario finishes and reports in every run (the NIXL poller\'s unref\'d timers do not end the process early)', () => {
+    // Before runScenario held the event loop, most of these runs exited with code 13 and no output.
+    for (const connector of ['nixl-pull', 'nixl-push']) {
+      const f = join(dir, `${connector}-one.json`);
+      writeFileSync(f, JSON.stringify({ name: `${connector}-one`, model: 'GQA-S', connector, requests: [{ promptTokens: 32 }], expect: { requests: [{ request: 0, verdict: 'verified', output: 'reference' }] } }));
+      for (let k = 0; k < 5; k++) {
+        const r = run('run', f);
+        expect({ connector, k, code: r.code, last: r.lines.at(-1) }, r.stderr).toEqual({ connector, k, code: 0, last: '3 passed, 0 failed' });
+        expect(r.lines[0]).toBe(`PASS ${connector}-one: r0: verdict verified, output = single instance`);
+      }
+    }
+  });
+
   it('demo: writes a report to --out', () => {
     const prompts = join(dir, 'p.txt');
     writeFileSync(prompts, '# two prompts\nhello there\nthe cache is warm\n');

@@ -14,7 +14,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { parsePrometheus, processMetrics, runDemo } from '../src/index.js';
+import { SideChannelClient, decodeLeaseBody } from '@kvconnect/nixl-common';
+import { HARNESS_PRESETS, parsePrometheus, processMetrics, runDemo, startPDProcesses } from '../src/index.js';
 
 const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
 const BIN = join(ROOT, 'packages/harness/bin/kvconnect.js');
@@ -134,6 +135,27 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(s.workerProcesses.consumer).toHaveLength(1);
     // Engines, proxy and every worker process went away with the demo.
     expect(await gone([...Object.values(s.processes), ...s.workerProcesses.producer, ...s.workerProcesses.consumer])).toBe(true);
+  }, 60_000);
+
+  it('the engines share the cluster secret passed in KVCONNECT_CLUSTER_SECRET: loads verify, their side channel refuses a peer without it', async () => {
+    const secret = 'demo-test-cluster-secret-0123456789abcdef';
+    const pd = await startPDProcesses({ connector: 'nixl-pull', model: HARNESS_PRESETS['GQA-S'], idPrefix: `secret-${process.pid}`, clusterSecret: secret });
+    try {
+      const res = await fetch(`${pd.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPTS[1], max_tokens: 4, ignore_eos: true }) });
+      const body = (await res.json()) as { kvconnect: { prefill: { kv_transfer_params?: { remote_host: string; remote_port: number } } } };
+      expect(res.status).toBe(200);
+      expect((await pd.metrics()).loads).toMatchObject({ verified: 1 });
+      const { remote_host: host, remote_port: port } = body.kvconnect.prefill.kv_transfer_params!;
+      const lease = { type: 'lease', requestIds: ['x'], pinMs: 0 } as const;
+      const outsider = new SideChannelClient(host, port, { timeoutMs: 5000 });
+      await expect(outsider.request(lease, decodeLeaseBody)).rejects.toMatchObject({ code: 'unauthenticated' });
+      outsider.close();
+      const member = new SideChannelClient(host, port, { timeoutMs: 5000, clusterSecret: Buffer.from(secret) });
+      expect((await member.request(lease, decodeLeaseBody)).get('x')).toBe(0);
+      member.close();
+    } finally {
+      await pd.shutdown();
+    }
   }, 60_000);
 
   it('metrics: Prometheus text of the engines reduces to checksum and transfer numbers (n/a when absent)', () => {

@@ -33,6 +33,7 @@ import type {
   RequestFinishedResult,
   SchedulerContext,
 } from '@kvconnect/core';
+import { checkBindHost } from '@kvconnect/transfer';
 import { BootstrapServer, parseRegistration } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
 
@@ -106,7 +107,8 @@ export class MooncakeScheduler implements KVConnectorScheduler {
     private readonly opts: MooncakeOptions,
   ) {
     if (config.kv_role !== 'kv_consumer' && opts.bootstrapAddr === undefined) {
-      const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort });
+      checkBindHost(opts.bootstrapHost, opts.clusterSecret, 'Mooncake bootstrap server'); // a config error, thrown here rather than from the listen
+      const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort, secret: opts.clusterSecret });
       this.server = p;
       localServers.set(ctx.engineId, p);
       p.then((s) => localAddrs.set(ctx.engineId, s.address)).catch(() => localServers.delete(ctx.engineId));

@@ -4,6 +4,8 @@
  * exactly as it drives in-process ones.
  * @module
  */
+import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from 'node:http';
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import type { KVTransferParams, FinishReason } from '../contracts.js';
 import type { GenerateResult } from '../engine.js';
 import type { PDEndpoint } from '../proxy.js';
@@ -20,6 +22,16 @@ export interface EngineClientOptions {
   controlTimeoutMs?: number;
   /** Largest response body accepted, in bytes (default 16 MiB). */
   maxResponseBytes?: number;
+}
+
+/** Per-call options of {@link EngineClient.generate} and {@link EngineClient.completion}. */
+export interface EngineCallOptions {
+  /**
+   * Aborts the call: the connection is closed, which the engine server takes as the client going
+   * away (it aborts the request in its engine). The call rejects with an
+   * {@link EngineClientError} whose `aborted` is true.
+   */
+  signal?: AbortSignal;
 }
 
 /** Sampling parameters plus the stop sequences the HTTP API adds. */
@@ -48,9 +60,16 @@ export class EngineClientError extends Error {
     message: string,
     readonly timedOut = false,
     options?: { cause?: unknown },
+    /** The caller's signal aborted the call. */
+    readonly aborted = false,
   ) {
     super(message, options);
     this.name = 'EngineClientError';
+  }
+
+  /** No answer because the server could not be reached or the connection failed (not a timeout, not an abort). */
+  get unreachable(): boolean {
+    return this.status === 0 && !this.timedOut && !this.aborted;
   }
 }
 
@@ -66,6 +85,9 @@ export class EngineClient implements PDEndpoint {
   readonly url: string;
   private _engineId: string;
   private readonly o: EngineClientOptions;
+  /** Keep-alive connections of this client (idle sockets are unref'd by Node's agent). */
+  private readonly agent: HttpAgent;
+  private readonly send: typeof httpRequest;
 
   constructor(url: string, options: EngineClientOptions = {}) {
     const u = new URL(url);
@@ -73,6 +95,14 @@ export class EngineClient implements PDEndpoint {
     this.url = u.origin;
     this._engineId = options.engineId ?? '';
     this.o = options;
+    const https = u.protocol === 'https:';
+    this.agent = https ? new HttpsAgent({ keepAlive: true }) : new HttpAgent({ keepAlive: true });
+    this.send = https ? (httpsRequest as typeof httpRequest) : httpRequest;
+  }
+
+  /** Closes this client's idle keep-alive connections (requests still work afterwards, on new ones). */
+  close(): void {
+    this.agent.destroy();
   }
 
   /** Connects to the engine server at `url`: asks `/health` for the engine id. */
@@ -113,8 +143,8 @@ export class EngineClient implements PDEndpoint {
    * `POST /v1/completions` with a raw body.
    * @returns the status and the parsed body (an error body for non-200 statuses).
    */
-  async completion(body: Record<string, unknown>): Promise<{ status: number; body: unknown }> {
-    const { status, body: b } = await this.request('POST', '/v1/completions', body, this.o.timeoutMs ?? 120_000);
+  async completion(body: Record<string, unknown>, call: EngineCallOptions = {}): Promise<{ status: number; body: unknown }> {
+    const { status, body: b } = await this.request('POST', '/v1/completions', body, this.o.timeoutMs ?? 120_000, true, call.signal);
     return { status, body: b };
   }
 
@@ -124,7 +154,7 @@ export class EngineClient implements PDEndpoint {
    * `Engine.generate` does.
    * @throws EngineClientError for other failures (bad request, unreachable, timeout, malformed answer).
    */
-  async generate(prompt: string | readonly number[], sampling: RemoteSamplingParams = {}, kvTransferParams?: KVTransferParams, requestId?: string): Promise<RemoteGenerateResult> {
+  async generate(prompt: string | readonly number[], sampling: RemoteSamplingParams = {}, kvTransferParams?: KVTransferParams, requestId?: string, call: EngineCallOptions = {}): Promise<RemoteGenerateResult> {
     const body: Record<string, unknown> = { prompt: typeof prompt === 'string' ? prompt : [...prompt] };
     if (sampling.maxTokens !== undefined) body.max_tokens = sampling.maxTokens;
     if (sampling.temperature !== undefined) body.temperature = sampling.temperature;
@@ -134,7 +164,7 @@ export class EngineClient implements PDEndpoint {
     if (sampling.stop !== undefined && sampling.stop.length > 0) body.stop = [...sampling.stop];
     if (kvTransferParams !== undefined) body.kv_transfer_params = kvTransferParams;
     if (requestId !== undefined) body.request_id = requestId;
-    const { status, body: b } = await this.completion(body);
+    const { status, body: b } = await this.completion(body, call);
     if (status === 200 || (status === 500 && isPlainObject(b) && Array.isArray(b.choices))) return this.resultOf(b, status);
     throw this.errorOf(status, b, '/v1/completions');
   }
@@ -177,64 +207,96 @@ export class EngineClient implements PDEndpoint {
     return new EngineClientError(this.url, status, `${this.url}${path}: ${msg}`);
   }
 
-  private async request(method: string, path: string, json: unknown, timeoutMs: number, parse = true): Promise<{ status: number; body: unknown; text: string }> {
-    const limit = this.o.maxResponseBytes ?? 16 << 20;
-    const signal = AbortSignal.timeout(timeoutMs);
-    let res: Response;
-    try {
-      res = await fetch(this.url + path, {
-        method,
-        headers: json === undefined ? {} : { 'content-type': 'application/json' },
-        body: json === undefined ? undefined : JSON.stringify(json),
-        signal,
-      });
-    } catch (e) {
-      throw this.networkError(path, e, signal);
+  /**
+   * One HTTP request over this client's keep-alive agent, parsed as JSON unless `parse` is false.
+   * A request that fails on a reused keep-alive connection before any byte of an answer came
+   * (the server closed the idle connection as the request went out: ECONNRESET, EPIPE) is sent
+   * again once, on a fresh connection, as Node's `http` documentation advises
+   * (`request.reusedSocket`); any other failure is an {@link EngineClientError} with status 0.
+   * (A server that reset the connection after reading the request, e.g. a crash, may see it twice:
+   * a completion's `request_id` then answers 409 while the first one runs.)
+   */
+  private async request(method: string, path: string, json: unknown, timeoutMs: number, parse = true, external?: AbortSignal): Promise<{ status: number; body: unknown; text: string }> {
+    const timeout = AbortSignal.timeout(timeoutMs);
+    const signal = external ? AbortSignal.any([timeout, external]) : timeout;
+    const payload = json === undefined ? undefined : Buffer.from(JSON.stringify(json));
+    let res: { status: number; text: string };
+    for (let attempt = 0; ; attempt++) {
+      try {
+        res = await this.exchange(method, path, payload, signal);
+        break;
+      } catch (e) {
+        if (e instanceof EngineClientError) throw e;
+        const retry = attempt === 0 && !signal.aborted && e instanceof ExchangeError && e.reused && !e.answered && RETRYABLE.has(e.code ?? '');
+        if (!retry) throw this.networkError(path, e instanceof ExchangeError ? e.cause : e, timeout, external);
+      }
     }
-    let text: string;
-    try {
-      text = await readLimited(res, limit);
-    } catch (e) {
-      if (e instanceof EngineClientError) throw e;
-      throw this.networkError(path, e, signal);
-    }
-    if (!parse) return { status: res.status, body: undefined, text };
+    if (!parse) return { status: res.status, body: undefined, text: res.text };
     let body: unknown;
     try {
-      body = text.length > 0 ? JSON.parse(text) : undefined;
+      body = res.text.length > 0 ? JSON.parse(res.text) : undefined;
     } catch {
       throw new EngineClientError(this.url, res.status, `${this.url}${path}: answered ${res.status} with a body that is not JSON`);
     }
-    return { status: res.status, body, text };
+    return { status: res.status, body, text: res.text };
   }
 
-  private networkError(path: string, e: unknown, signal: AbortSignal): EngineClientError {
-    const timedOut = signal.aborted;
+  /** Sends one request and reads its answer (at most `maxResponseBytes`). */
+  private exchange(method: string, path: string, payload: Buffer | undefined, signal: AbortSignal): Promise<{ status: number; text: string }> {
+    const limit = this.o.maxResponseBytes ?? 16 << 20;
+    return new Promise((resolve, reject) => {
+      let answered = false;
+      const headers: Record<string, string | number> = payload === undefined ? {} : { 'content-type': 'application/json', 'content-length': payload.length };
+      const req = this.send(this.url + path, { method, headers, agent: this.agent, signal }, (res: IncomingMessage) => {
+        answered = true;
+        const status = res.statusCode ?? 0;
+        const declared = Number(res.headers['content-length'] ?? NaN);
+        if (declared > limit) {
+          res.destroy();
+          reject(new EngineClientError(this.url, status, `${this.url}${path}: response body larger than ${limit} bytes`));
+          return;
+        }
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on('data', (c: Buffer) => {
+          size += c.length;
+          if (size > limit) {
+            res.destroy();
+            reject(new EngineClientError(this.url, status, `${this.url}${path}: response body larger than ${limit} bytes`));
+            return;
+          }
+          chunks.push(c);
+        });
+        res.on('end', () => resolve({ status, text: Buffer.concat(chunks, size).toString('utf8') }));
+        res.on('error', (e) => reject(new ExchangeError(e, req.reusedSocket, true)));
+        res.on('aborted', () => reject(new ExchangeError(new Error('the connection closed mid-answer'), req.reusedSocket, true)));
+      });
+      req.on('error', (e) => reject(new ExchangeError(e, req.reusedSocket, answered)));
+      req.end(payload);
+    });
+  }
+
+  private networkError(path: string, e: unknown, timeout: AbortSignal, external: AbortSignal | undefined): EngineClientError {
+    const aborted = external?.aborted === true;
+    const timedOut = !aborted && timeout.aborted;
     const cause = e instanceof Error && e.cause instanceof Error ? `: ${e.cause.message}` : '';
-    const what = timedOut ? 'timed out' : `failed: ${e instanceof Error ? e.message : String(e)}${cause}`;
-    return new EngineClientError(this.url, 0, `${this.url}${path} ${what}`, timedOut, { cause: e });
+    const what = aborted ? 'aborted by the caller' : timedOut ? 'timed out' : `failed: ${e instanceof Error ? e.message : String(e)}${cause}`;
+    return new EngineClientError(this.url, 0, `${this.url}${path} ${what}`, timedOut, { cause: e }, aborted);
   }
 }
 
-async function readLimited(res: Response, limit: number): Promise<string> {
-  const declared = Number(res.headers.get('content-length') ?? NaN);
-  if (declared > limit) {
-    await res.body?.cancel();
-    throw new EngineClientError(res.url, res.status, `response body larger than ${limit} bytes`);
+/** Error codes of a connection the server closed as the request went out. */
+const RETRYABLE = new Set(['ECONNRESET', 'EPIPE']);
+
+/** A failed exchange: whether it ran on a reused keep-alive connection and whether an answer had started. */
+class ExchangeError extends Error {
+  readonly code: string | undefined;
+  constructor(
+    override readonly cause: Error,
+    readonly reused: boolean,
+    readonly answered: boolean,
+  ) {
+    super(cause.message);
+    this.code = (cause as NodeJS.ErrnoException).code;
   }
-  if (!res.body) return '';
-  const reader = res.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    size += value.length;
-    if (size > limit) {
-      await reader.cancel();
-      throw new EngineClientError(res.url, res.status, `response body larger than ${limit} bytes`);
-    }
-    chunks.push(value);
-  }
-  return Buffer.concat(chunks, size).toString('utf8');
 }

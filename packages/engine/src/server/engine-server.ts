@@ -176,6 +176,7 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
       if (!res.writableFinished) engine.abort(requestId);
     };
     res.on('close', onClose);
+    if (req.socket.destroyed) onClose(); // it went away before the request was queued
     let r: GenerateResult;
     try {
       r = await gen;

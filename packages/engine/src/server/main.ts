@@ -42,11 +42,15 @@ export interface EngineProcessConfig {
   ssmDtype?: 'bfloat16' | 'float16' | 'float32';
   maxNumBatchedTokens?: number;
   maxNumSeqs?: number;
+  /** See `EngineOptions.longPrefillTokenThreshold` (0 = no cap). */
+  longPrefillTokenThreshold?: number;
   /** vLLM `kv_transfer_config` (may name `kv_connector_module_path`). */
   kvTransferConfig?: Record<string, unknown>;
   enablePrefixCaching?: boolean;
   engineId?: string;
   checksumBackend?: 'auto' | 'ts' | 'native' | 'cuda';
+  /** Where the KV cache lives: host memory (default), GPU memory, or emulated device memory (tests). */
+  device?: 'cpu' | 'cuda' | 'cuda-emulated';
   /** Modules to import before the engine starts (connector packages register themselves); worker processes import them too. */
   imports?: string[];
   /** Where the workers run (default `inprocess`; `processes`: one process per TP rank x PP stage). */
@@ -90,10 +94,12 @@ const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
   ssmDtype: ['bfloat16', 'float16', 'float32'],
   maxNumBatchedTokens: 'int',
   maxNumSeqs: 'int',
+  longPrefillTokenThreshold: 'nat',
   kvTransferConfig: 'object',
   enablePrefixCaching: 'bool',
   engineId: 'string',
   checksumBackend: ['auto', 'ts', 'native', 'cuda'],
+  device: ['cpu', 'cuda', 'cuda-emulated'],
   imports: 'strings',
   executor: ['inprocess', 'processes'],
   host: 'string',
@@ -209,11 +215,14 @@ engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxToke
   --cache-layout NHD|HND        --kv-layout kv-first|block-kv|separate
   --kv-dtype bfloat16|float16|float32
   --max-num-batched-tokens N    --max-num-seqs N
+  --long-prefill-token-threshold N  most prompt tokens of one request per step while others run (default max-num-batched-tokens / 4; 0 = no cap)
   --disable-prefix-caching
   --engine-id ID
   --kv-transfer-config JSON     vLLM kv_transfer_config
   --kv-connector-module-path M  sets kv_transfer_config.kv_connector_module_path
   --checksum-backend auto|ts|native|cuda
+  --device cpu|cuda|cuda-emulated   KV cache in host memory (default), GPU memory (addon built with
+                                CUDA), or emulated device memory (tests); the model computes on the host
   --import MODULE               import a module first (repeatable; connector packages register themselves)
   --workers inprocess|processes where the TP x PP workers run (default inprocess; processes: one
                                 worker process each); also --distributed-executor-backend uni|mp
@@ -267,11 +276,13 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     'ssm-dtype': { type: 'string' },
     'max-num-batched-tokens': { type: 'string' },
     'max-num-seqs': { type: 'string' },
+    'long-prefill-token-threshold': { type: 'string' },
     'disable-prefix-caching': { type: 'boolean' },
     'engine-id': { type: 'string' },
     'kv-transfer-config': { type: 'string' },
     'kv-connector-module-path': { type: 'string' },
     'checksum-backend': { type: 'string' },
+    device: { type: 'string' },
     import: { type: 'string', multiple: true },
     workers: { type: 'string' },
     'distributed-executor-backend': { type: 'string' },
@@ -304,9 +315,11 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     ssmDtype: s('ssm-dtype'),
     maxNumBatchedTokens: intFlag(s('max-num-batched-tokens'), 'max-num-batched-tokens'),
     maxNumSeqs: intFlag(s('max-num-seqs'), 'max-num-seqs'),
+    longPrefillTokenThreshold: intFlag(s('long-prefill-token-threshold'), 'long-prefill-token-threshold'),
     enablePrefixCaching: v['disable-prefix-caching'] ? false : undefined,
     engineId: s('engine-id'),
     checksumBackend: s('checksum-backend'),
+    device: s('device'),
     host: s('host'),
     port: intFlag(s('port'), 'port'),
     maxBodyBytes: intFlag(s('max-body-bytes'), 'max-body-bytes'),
@@ -405,10 +418,12 @@ export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
     ssmDtype: c.ssmDtype,
     maxNumBatchedTokens: c.maxNumBatchedTokens,
     maxNumSeqs: c.maxNumSeqs,
+    longPrefillTokenThreshold: c.longPrefillTokenThreshold,
     kvTransferConfig: c.kvTransferConfig,
     enablePrefixCaching: c.enablePrefixCaching,
     engineId: c.engineId,
     checksumBackend: c.checksumBackend,
+    device: c.device,
     executor: c.executor,
     workerImports: c.imports,
     observability: new KVChecksumObservability({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) } }),

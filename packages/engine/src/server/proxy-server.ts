@@ -10,7 +10,17 @@
  *   producer); `prefill.kv_transfer_params` are the params the producer returned. Status codes: 200;
  *   400/413/415 bad input (400 too when an engine
  *   rejects the request, e.g. longer than its max model length); 500 the request ended with `error` (on either side; `error.message`
- *   says which); 502 an engine answered unexpectedly or could not be reached; 504 an engine timed out.
+ *   says which); 502 an engine answered unexpectedly or could not be reached; 503 the consumer is
+ *   unreachable (the prefill is not sent: see below) or the proxy is shutting down; 504 an engine
+ *   timed out.
+ * - A client that disconnects aborts its request on both engines (their servers abort it in their
+ *   engines on the closed connection; the producer frees its KV, `requestFinished` with `abort`).
+ * - Consumer reachability: a consumer that could not be reached (connection refused or reset, or
+ *   `/health` failing) is marked down; while it is, requests for it fail fast with 503 and are not
+ *   prefilled on the producer (whose KV would otherwise fill with blocks nobody reads). A request
+ *   for a consumer not heard from in `consumerCheckIntervalMs` asks its `/health` first; a down
+ *   consumer is asked again at most once per interval and used again once it answers. Round robin
+ *   skips down consumers while another is up.
  * - `GET /health`: asks every engine's `/health` (200 when all answer, else 503).
  * - `POST /shutdown`: closes the proxy gracefully (the engines keep running).
  * @module
@@ -54,6 +64,13 @@ export interface ProxyServerOptions {
   maxTokens?: number;
   /** How long {@link ProxyServer.close} waits for running requests (default 5000 ms). */
   gracefulTimeoutMs?: number;
+  /**
+   * How long an answer from a consumer counts as proof that it is up, and how often a consumer
+   * marked down is asked `/health` again, in ms (default 1000; 0 = ask before every request).
+   */
+  consumerCheckIntervalMs?: number;
+  /** Deadline of a consumer `/health` check, in ms (default 2000). */
+  consumerCheckTimeoutMs?: number;
   /** Serve `POST /shutdown` (default true). */
   allowShutdown?: boolean;
   /** Called once after `POST /shutdown` closed the server. */
@@ -69,7 +86,7 @@ export interface ProxyServer {
   /** The engines, as connected at start (engine ids learned from `/health`). */
   readonly prefill: readonly EngineClient[];
   readonly decode: readonly EngineClient[];
-  /** Stops accepting requests, waits for running ones (up to the grace period), closes connections. Idempotent. */
+  /** Stops accepting requests, waits for running ones (up to the grace period), closes connections (its engine clients' idle ones too). Idempotent. */
   close(): Promise<void>;
   /** Resolves when the server closed. */
   readonly closed: Promise<void>;
@@ -83,6 +100,76 @@ async function connectWithRetry(url: string, deadline: number, timeoutMs: number
       if (Date.now() >= deadline) throw new Error(`engine ${url} is not reachable: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
       await new Promise((r) => setTimeout(r, 100));
     }
+  }
+}
+
+/**
+ * Whether a consumer is reachable: an answer within `intervalMs` proves it up; otherwise (and at
+ * most once per interval while it is down) its `/health` is asked. Requests for a down consumer
+ * fail fast (HttpError 503 with `retry-after`).
+ */
+class Reachability {
+  private lastOkAt: number;
+  private lastCheckAt = 0;
+  /** Why it is down (null: up). */
+  private why: string | null = null;
+  private checking: Promise<void> | null = null;
+  /** Asks `/health` with the check's deadline. */
+  private readonly checker: EngineClient;
+
+  constructor(
+    readonly client: EngineClient,
+    private readonly intervalMs: number,
+    checkTimeoutMs: number,
+  ) {
+    this.lastOkAt = Date.now(); // it answered /health at connect
+    this.checker = new EngineClient(client.url, { controlTimeoutMs: checkTimeoutMs });
+  }
+
+  get down(): boolean {
+    return this.why !== null;
+  }
+
+  /** The consumer answered. */
+  ok(): void {
+    this.lastOkAt = Date.now();
+    this.why = null;
+  }
+
+  /** The consumer could not be reached. */
+  failed(why: string): void {
+    this.why = why;
+    this.lastCheckAt = Date.now();
+  }
+
+  /** Resolves when the consumer is known up. @throws HttpError 503 when it is down. */
+  async ensureUp(): Promise<void> {
+    const now = Date.now();
+    if (this.why === null && now - this.lastOkAt < this.intervalMs) return;
+    if (this.why !== null && !this.checking && now - this.lastCheckAt < this.intervalMs) throw this.unreachable();
+    this.checking ??= this.check().finally(() => (this.checking = null));
+    await this.checking;
+    if (this.why !== null) throw this.unreachable();
+  }
+
+  /** Drops the checker's idle connection. */
+  close(): void {
+    this.checker.close();
+  }
+
+  private async check(): Promise<void> {
+    this.lastCheckAt = Date.now();
+    try {
+      await this.checker.health();
+      this.ok();
+    } catch (e) {
+      this.failed(e instanceof Error ? e.message : String(e));
+    }
+  }
+
+  private unreachable(): HttpError {
+    const retry = Math.max(1, Math.ceil(this.intervalMs / 1000));
+    return new HttpError(503, `consumer ${this.client.url} is unreachable (${this.why}); the request was not sent to the producer`, 'service_unavailable', { 'retry-after': String(retry) });
   }
 }
 
@@ -109,38 +196,53 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
   const deadline = Date.now() + (options.connectTimeoutMs ?? 10_000);
   const prefill = await Promise.all(options.prefill.map((u) => connectWithRetry(u, deadline, timeoutMs)));
   const decode = await Promise.all(options.decode.map((u) => connectWithRetry(u, deadline, timeoutMs)));
+  const intervalMs = options.consumerCheckIntervalMs ?? 1000;
+  const reach = decode.map((c) => new Reachability(c, intervalMs, options.consumerCheckTimeoutMs ?? 2000));
   const proxies = new Map<string, PDProxy>();
   let nextP = 0;
   let nextD = 0;
   const running = new Set<Promise<unknown>>();
   let closing = false;
 
-  function pick(): { p: EngineClient; d: EngineClient; proxy: PDProxy } {
+  function pick(): { p: EngineClient; d: EngineClient; proxy: PDProxy; reach: Reachability } {
     const pi = nextP++ % prefill.length;
-    const di = nextD++ % decode.length;
+    // Round robin over the consumers not known down (all down: the next one, which fails fast).
+    let di = nextD++ % decode.length;
+    for (let k = 0; k < decode.length && reach[di].down; k++) di = (di + 1) % decode.length;
+    if (reach[di].down) di = (nextD - 1) % decode.length;
     const key = `${pi}:${di}`;
     let proxy = proxies.get(key);
     if (!proxy) {
       proxy = new PDProxy({ prefill: prefill[pi], decode: decode[di], mode });
       proxies.set(key, proxy);
     }
-    return { p: prefill[pi], d: decode[di], proxy };
+    return { p: prefill[pi], d: decode[di], proxy, reach: reach[di] };
   }
 
   async function completions(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (closing) throw new HttpError(503, 'the proxy is shutting down');
     const body = await readJson(req, maxBody);
     const c = parseCompletionRequest(body, { maxTokens: options.maxTokens, allowKvTransferParams: false, allowRequestId: false });
-    const { p, d, proxy } = pick();
+    const { p, d, proxy, reach: dReach } = pick();
+    await dReach.ensureUp();
     const sampling = { maxTokens: c.maxTokens, temperature: c.temperature, seed: c.seed, ignoreEos: c.ignoreEos, stopTokenIds: c.stopTokenIds, stop: c.stop };
-    const work = proxy.generate(c.prompt, sampling);
+    // The client going away aborts the request on both engines.
+    const gone = new AbortController();
+    const onClose = () => {
+      if (!res.writableFinished) gone.abort();
+    };
+    res.on('close', onClose);
+    if (req.socket.destroyed) gone.abort();
+    const work = proxy.generate(c.prompt, sampling, { signal: gone.signal });
     const tracked = work.catch(() => {});
     running.add(tracked);
     let r;
     try {
       r = await work;
     } catch (e) {
+      if (gone.signal.aborted) return; // nobody to answer
       if (e instanceof EngineClientError) {
+        if (e.url === d.url && (e.unreachable || e.status === 503)) dReach.failed(e.message);
         if (e.timedOut || e.status === 504) throw new HttpError(504, `engine timed out: ${e.message}`, 'timeout_error');
         if (e.status === 400) throw new HttpError(400, `engine rejected the request: ${e.message}`);
         throw new HttpError(502, `engine error: ${e.message}`, 'upstream_error');
@@ -148,7 +250,9 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
       throw e;
     } finally {
       running.delete(tracked);
+      res.off('close', onClose);
     }
+    if (gone.signal.aborted) return;
     const pr = r.prefill as RemoteGenerateResult;
     const dr = r as unknown as RemoteGenerateResult;
     const prefillInfo = sideInfo(p, pr);
@@ -156,7 +260,10 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     const prefillFailed = pr.finishReason === 'error' || pr.finishReason === 'abort';
     const kvconnect: Record<string, unknown> = { mode, prefill: prefillInfo };
     // In sequential mode a failed producer means the consumer was not asked.
-    if (!(prefillFailed && mode === 'sequential')) kvconnect.decode = sideInfo(d, dr);
+    if (!(prefillFailed && mode === 'sequential')) {
+      kvconnect.decode = sideInfo(d, dr);
+      dReach.ok();
+    }
     const promptTokens = dr.usage?.prompt_tokens ?? pr.usage?.prompt_tokens ?? 0;
     const out: CompletionResponse = {
       id: `cmpl-${dr.requestId || pr.requestId}`,
@@ -179,15 +286,18 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
   }
 
   async function health(res: ServerResponse): Promise<void> {
-    const check = async (c: EngineClient) => {
+    const check = async (c: EngineClient, r?: Reachability) => {
       try {
         const h = await c.health();
+        r?.ok();
         return { url: c.url, engine_id: c.engineId, ok: true, status: h.status };
       } catch (e) {
-        return { url: c.url, engine_id: c.engineId, ok: false, error: e instanceof Error ? e.message : String(e) };
+        const error = e instanceof Error ? e.message : String(e);
+        r?.failed(error);
+        return { url: c.url, engine_id: c.engineId, ok: false, error };
       }
     };
-    const [ps, ds] = await Promise.all([Promise.all(prefill.map(check)), Promise.all(decode.map(check))]);
+    const [ps, ds] = await Promise.all([Promise.all(prefill.map((c) => check(c))), Promise.all(decode.map((c, i) => check(c, reach[i])))]);
     const ok = !closing && [...ps, ...ds].every((x) => x.ok);
     sendJson(res, ok ? 200 : 503, { status: closing ? 'shutting-down' : ok ? 'ok' : 'degraded', mode, prefill: ps, decode: ds });
   }
@@ -230,6 +340,8 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
       await new Promise((r) => setImmediate(r));
       server.closeAllConnections();
       await serverClosed;
+      for (const c of [...prefill, ...decode]) c.close();
+      for (const r of reach) r.close();
       closedResolve();
     })();
     return closeP;
