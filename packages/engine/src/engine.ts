@@ -29,7 +29,7 @@ import {
 import type { BackendName, ChecksumBackend } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, KVConnectorOutput, KVConnectorScheduler, KVTransferConfig, KVTransferParams, FinishReason, SchedulerOutput } from './contracts.js';
 import type { KvDtype } from './dtype.js';
-import { deviceMemoryOf, type KVDeviceMode } from '@kvconnect/transfer';
+import type { KVDeviceMode } from '@kvconnect/transfer';
 import { InProcessExecutor, type Executor, type ExecutorKind } from './executor.js';
 import { roundTrip } from './ipc.js';
 import { MultiProcessExecutor } from './multiprocess-executor.js';
@@ -212,6 +212,7 @@ export class Engine {
           kvDtype: o.kvDtype ?? 'bfloat16',
           ssmDtype: o.ssmDtype,
           groupConfigs: this.groupConfigs,
+          device: o.device ?? 'cpu',
           deviceId: o.deviceId,
         });
       }

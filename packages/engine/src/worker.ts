@@ -37,7 +37,7 @@ import {
   type CacheView,
 } from '@kvconnect/checksum';
 import type { DeviceMemoryRegion } from '@kvconnect/checksum';
-import { EmulatedDeviceMemory, type DeviceMemory } from '@kvconnect/transfer';
+import { EmulatedDeviceMemory, deviceMemoryOf, type DeviceMemory, type KVDeviceMode } from '@kvconnect/transfer';
 import type { KVCacheGroupConfig, KVChecksumWorkerHooks, KVConnectorWorker, WorkerKVCaches } from './contracts.js';
 import { readElem, writeElem, type KvDtype } from './dtype.js';
 import { attnLayerName, indexerLayerName, mambaLayerName, stageLayers, type ModelConfig } from './model/config.js';
@@ -84,10 +84,11 @@ export interface WorkerOptions {
   ssmDtype?: KvDtype;
   groupConfigs: readonly KVCacheGroupConfig[];
   /**
-   * Device memory for the KV cache (device mode; see the module note), or null / absent for host
-   * memory. The engine passes `deviceMemoryOf(mode)` of @kvconnect/transfer.
+   * Where the KV cache lives (device mode; see the module note): `cpu` (default, host memory),
+   * `cuda` or `cuda-emulated`; the worker opens it with `deviceMemoryOf` of @kvconnect/transfer.
+   * A string, so that worker options cross into a worker process.
    */
-  device?: DeviceMemory | null;
+  device?: KVDeviceMode;
   /** CUDA device ordinal of the KV cache in device mode (default 0). */
   deviceId?: number;
 }
@@ -235,7 +236,7 @@ export class Worker {
       }
     }
     this.groups = o.groupConfigs.map((gc, i) => ({ groupId: gc.groupId, caches: groupCaches[i] }));
-    this.dm = o.device ?? null;
+    this.dm = deviceMemoryOf(o.device ?? 'cpu');
     this.deviceId = o.deviceId ?? 0;
     if (this.dm) this.deviceRegions = allocateDeviceKv(this.dm, this.deviceId, this.regions);
   }

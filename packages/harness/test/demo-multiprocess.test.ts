@@ -121,22 +121,6 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(await gone(Object.values(s.processes))).toBe(true);
   }, 60_000);
 
-  it('--connector mooncake (exported runDemo): worker processes by default (producer TP2 = 2), faults detected and recomputed, outputs = single instance', async () => {
-    const out = join(dir, 'mooncake');
-    const printed: string[] = [];
-    const r = await runDemo({ connector: 'mooncake', prompts: PROMPTS, faultRate: 0.5, maxTokens: 8, out, progress: false, print: (l) => printed.push(l) });
-    expect(printed).toContain('workers: producer 2 worker processes, consumer 1 worker process');
-    expect(r.result.expectations.filter((x) => !x.ok)).toEqual([]);
-    expect(r.summary.identical).toBe(4);
-    expect(r.summary.recomputed).toBe(2);
-    expect(r.metrics?.loads).toMatchObject({ verified: 2 });
-    const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
-    expect(s.workerProcesses.producer).toHaveLength(2);
-    expect(s.workerProcesses.consumer).toHaveLength(1);
-    // Engines, proxy and every worker process went away with the demo.
-    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.producer, ...s.workerProcesses.consumer])).toBe(true);
-  }, 60_000);
-
   it('the engines share the cluster secret passed in KVCONNECT_CLUSTER_SECRET: loads verify, their side channel refuses a peer without it', async () => {
     const secret = 'demo-test-cluster-secret-0123456789abcdef';
     const pd = await startPDProcesses({ connector: 'nixl-pull', model: HARNESS_PRESETS['GQA-S'], idPrefix: `secret-${process.pid}`, clusterSecret: secret });
@@ -156,6 +140,22 @@ describe('kvconnect demo, multi-process topology', () => {
     } finally {
       await pd.shutdown();
     }
+  }, 60_000);
+
+  it('--connector mooncake (exported runDemo): worker processes by default (producer TP2 = 2), faults detected and recomputed, outputs = single instance', async () => {
+    const out = join(dir, 'mooncake');
+    const printed: string[] = [];
+    const r = await runDemo({ connector: 'mooncake', prompts: PROMPTS, faultRate: 0.5, maxTokens: 8, out, progress: false, print: (l) => printed.push(l) });
+    expect(printed).toContain('workers: producer 2 worker processes, consumer 1 worker process');
+    expect(r.result.expectations.filter((x) => !x.ok)).toEqual([]);
+    expect(r.summary.identical).toBe(4);
+    expect(r.summary.recomputed).toBe(2);
+    expect(r.metrics?.loads).toMatchObject({ verified: 2 });
+    const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
+    expect(s.workerProcesses.producer).toHaveLength(2);
+    expect(s.workerProcesses.consumer).toHaveLength(1);
+    // Engines, proxy and every worker process went away with the demo.
+    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.producer, ...s.workerProcesses.consumer])).toBe(true);
   }, 60_000);
 
   it('metrics: Prometheus text of the engines reduces to checksum and transfer numbers (n/a when absent)', () => {
