@@ -9,7 +9,7 @@ import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { KVChecksumObservability } from '@kvconnect/core';
 import { Engine, PDProxy } from '@kvconnect/engine';
 import { MOONCAKE_CONNECTOR, bootstrapAddressOf } from '@kvconnect/mooncake';

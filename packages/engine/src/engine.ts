@@ -223,10 +223,9 @@ export class Engine {
       if (o.registry !== undefined && o.registry !== defaultRegistry) throw new RangeError("executor 'processes': worker processes create connector halves from the process-wide registry (workerImports, kv_connector_module_path); a custom registry cannot cross processes");
       if (typeof o.checksumBackend === 'object') throw new RangeError("executor 'processes': checksumBackend must be a backend name (an object cannot cross processes)");
       this.workers = [];
-      this.executor = new MultiProcessExecutor({ model: this.model, weights: this.weights, workers: workerOptions, imports: o.workerImports, checksumBackend: o.checksumBackend as BackendName | 'auto' | undefined, device: o.device });
+      this.executor = new MultiProcessExecutor({ model: this.model, weights: this.weights, workers: workerOptions, imports: o.workerImports, checksumBackend: o.checksumBackend as BackendName | 'auto' | undefined });
     } else if (this.executorKind === 'inprocess') {
-      const device = deviceMemoryOf(o.device ?? 'cpu');
-      this.workers = workerOptions.map((stage) => stage.map((wo) => new Worker({ ...wo, device })));
+      this.workers = workerOptions.map((stage) => stage.map((wo) => new Worker(wo)));
       const env = { registry: o.registry ?? defaultRegistry, metricsRegistry: this.observability?.registry, checksumBackend: o.checksumBackend };
       const runtimes = this.workers.map((stage) => stage.map((w) => new WorkerRuntime(w, this.weights, env)));
       this.executor = new InProcessExecutor(this.model, this.weights, runtimes, o.checkPlainData === false ? <T>(v: T) => v : roundTrip);

@@ -25,7 +25,6 @@ import type { Socket } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { workerKey } from '@kvconnect/core';
 import type { BackendName } from '@kvconnect/checksum';
-import type { KVDeviceMode } from '@kvconnect/transfer';
 import type { HandshakeMetadataByWorker, KVConnectorOutput } from './contracts.js';
 import { forwardSteps, mixerColumns, mixerWidth, type Executor, type ExecutorSetup, type StepExecution, type StepInput, type WorkerMetricsJSON } from './executor.js';
 import { FrameDecoder, assertPlainData, decodeMessage, encodeMessage, frame } from './ipc.js';
@@ -58,8 +57,6 @@ export interface MultiProcessExecutorOptions {
   /** Modules every worker process imports first (connector packages that register on import). */
   imports?: readonly string[];
   checksumBackend?: BackendName | 'auto';
-  /** Where each worker process allocates its KV cache (default `cpu`; see `EngineOptions.device`). */
-  device?: KVDeviceMode;
   /** How long a worker may take to start and set up (default 60 000 ms). */
   startTimeoutMs?: number;
   /** How long a worker may take to answer a step request (default 60 000 ms). */
@@ -230,7 +227,7 @@ export class MultiProcessExecutor implements Executor {
     let replies: unknown[];
     try {
       replies = await Promise.all(
-        all.map((p) => p.request({ t: 'init', worker: p.opts, device: this.o.device ?? 'cpu', setup, imports: [...(this.o.imports ?? [])], checksumBackend: this.o.checksumBackend ?? 'auto' }, this.o.startTimeoutMs ?? 60_000)),
+        all.map((p) => p.request({ t: 'init', worker: p.opts, setup, imports: [...(this.o.imports ?? [])], checksumBackend: this.o.checksumBackend ?? 'auto' }, this.o.startTimeoutMs ?? 60_000)),
       );
     } catch (e) {
       // A worker that could not start: stop them all (the engine's setup fails with `e`).

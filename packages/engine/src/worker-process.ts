@@ -6,11 +6,9 @@
  * Channel: file descriptor 3, a socket pair to the engine process, carrying {@link frame}s of
  * msgpackr messages (ipc.ts). Requests are handled one at a time, in order; each gets one reply
  * `{ ok: true, v }` or `{ ok: false, error }` with the request's id:
- * - `init { worker, device, setup, imports, checksumBackend }`: imports `imports` (connector
- *   packages register themselves on import, as the engine process did), builds the worker (its KV
- *   cache in host memory, or device memory of the `device` mode, allocated in this process) and
- *   the model's seeded weights, runs {@link WorkerRuntime.setup}; replies the handshake metadata
- *   (or null);
+ * - `init { worker, setup, imports, checksumBackend }`: imports `imports` (connector packages
+ *   register themselves on import, as the engine process did), builds the worker and the model's
+ *   seeded weights, runs {@link WorkerRuntime.setup}; replies the handshake metadata (or null);
  * - `begin { out, segs, end }`: {@link WorkerRuntime.begin}; with `end` (a step without forward
  *   pass, e.g. while only transfers are pending) also {@link WorkerRuntime.end}, replying its output;
  * - `mixer { layer, hn }`: the worker's columns of the layer's gathered mixer output, packed
@@ -29,7 +27,6 @@
 import { Socket } from 'node:net';
 import { defaultRegistry } from '@kvconnect/core';
 import type { BackendName } from '@kvconnect/checksum';
-import { deviceMemoryOf, type KVDeviceMode } from '@kvconnect/transfer';
 import { Registry } from 'prom-client';
 import type { SchedulerOutput } from './contracts.js';
 import { mixerColumns, mixerWidth, type ExecutorSetup } from './executor.js';
@@ -40,7 +37,7 @@ import { WorkerRuntime } from './worker-runtime.js';
 
 /** A request from the engine process (see the module comment). */
 export type WorkerRequest =
-  | { t: 'init'; worker: WorkerOptions; device: KVDeviceMode; setup: ExecutorSetup; imports: string[]; checksumBackend: BackendName | 'auto' }
+  | { t: 'init'; worker: WorkerOptions; setup: ExecutorSetup; imports: string[]; checksumBackend: BackendName | 'auto' }
   | { t: 'begin'; out: SchedulerOutput; segs: readonly ForwardSegment[]; end: boolean }
   | { t: 'mixer'; layer: number; hn: Float32Array }
   | { t: 'end' }
@@ -64,7 +61,7 @@ function main(): void {
       opts = m.worker;
       process.title = `kvconnect-worker pp${opts.ppRank}/tp${opts.tpRank}`;
       for (const mod of m.imports) await defaultRegistry.loadModule(mod);
-      rt = new WorkerRuntime(new Worker({ ...opts, device: deviceMemoryOf(m.device) }), buildWeights(opts.model), { registry: defaultRegistry, metricsRegistry: registry, checksumBackend: m.checksumBackend });
+      rt = new WorkerRuntime(new Worker(opts), buildWeights(opts.model), { registry: defaultRegistry, metricsRegistry: registry, checksumBackend: m.checksumBackend });
       return rt.setup(m.setup);
     }
     if (m.t === 'metrics') return registry.getMetricsAsJSON();

@@ -5,7 +5,7 @@
  *
  * - {@link WorkerRuntime.setup}: `registry.prepare` (imports `kv_connector_module_path`), the
  *   connector's `createWorker` and `registerKvCaches`, the `KVChecksumWorker`'s
- *   `registerKvCaches` (`Worker.checksumKvCaches`), then `getHandshakeMetadata`;
+ *   `registerKvCaches`, then `getHandshakeMetadata`;
  * - {@link WorkerRuntime.begin}: `bindConnectorMetadata`, `bindStepMeta`, `startLoadKv`;
  * - {@link WorkerRuntime.mixer} (per layer of the stage): `waitForLayerLoad`, the mixer, `saveKvLayer`;
  * - {@link WorkerRuntime.end}: `waitForSave`, `afterForward`, `getTransferResults`,
@@ -101,7 +101,7 @@ export class WorkerRuntime {
     return o;
   }
 
-  /** Shuts the connector worker half down, then frees the worker's device memory (device mode). */
+  /** Shuts the connector worker half down. */
   async shutdown(): Promise<void> {
     await this.worker.connector?.shutdown?.();
     this.worker.freeDevice();
