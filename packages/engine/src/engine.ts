@@ -191,6 +191,7 @@ export class Engine {
           ppSize: this.ppSize,
           groupConfigs: this.groupConfigs,
           observability: this.observability!,
+          carriers: registry.get(cfg.kv_connector).kvChecksumCarriers?.(cfg),
         });
       }
       for (const w of this.workers.flat()) {

@@ -490,6 +490,8 @@ export function createInProcessConnectorFactory(o: InProcessConnectorOptions): I
     name: o.name ?? IN_PROCESS_CONNECTOR,
     createScheduler: (config, ctx) => new InProcessScheduler(bus, config, ctx),
     createWorker: (_config, ctx) => new InProcessWorker(bus, ctx),
+    // `connector` for requests with a transfer_id, else `kv_transfer_params` (InProcessScheduler.kvChecksumCarrier).
+    kvChecksumCarriers: () => ['connector', 'kv_transfer_params'],
   };
 }
 
