@@ -19,8 +19,9 @@
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
  *
- * Same-host shared memory: not implemented; see bench/transfer-README.md for the measurement
- * and the reason.
+ * Same-host transfers also go over (loopback) TCP: this agent has no shared-memory path;
+ * bench/transfer-README.md has the measurement and the reason. The same-host fast path today is
+ * NixlAgent with UCX shared-memory transports (docs/backends.md N6).
  * @module
  */
 import { EventEmitter } from 'node:events';
