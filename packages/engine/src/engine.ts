@@ -218,6 +218,7 @@ export class Engine {
       checksum: this.checksumScheduler,
       loadFailurePolicy: cfg?.kv_load_failure_policy,
       warn: (msg, fields) => this.observability?.logger.warn({ engineId: this.engineId, ...fields }, msg),
+      onLoadOutcome: (e) => this.observability?.events.emit('load-outcome', e),
       onFinished: (r) => this.settle(r),
     });
   }
