@@ -28,6 +28,7 @@ import {
   type StateTensor,
   type CacheView,
 } from '@kvconnect/checksum';
+import { replicaCount } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, KVChecksumWorkerHooks, KVConnectorWorker, WorkerKVCaches } from './contracts.js';
 import { readElem, writeElem, type KvDtype } from './dtype.js';
 import { attnLayerName, indexerLayerName, mambaLayerName, stageLayers, type ModelConfig } from './model/config.js';
@@ -251,7 +252,7 @@ export class Worker {
     const H = m.hiddenSize;
     const hd = m.headDim;
     const local = view.localHeads;
-    const R = m.numKvHeads >= this.tpSize ? 1 : this.tpSize / m.numKvHeads;
+    const R = replicaCount(view, this.tpSize);
     const shard = Math.floor(this.tpRank / R);
     const [kp, vp] = view.parts;
     const B = view.blockSize;
