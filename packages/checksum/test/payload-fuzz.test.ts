@@ -2,24 +2,17 @@
 // decode into a payload that meets every invariant (and re-encodes and decodes stably) or be
 // rejected with a PayloadError. Anything else thrown fails the test.
 //
-// The run is seeded; the seed is printed first. Replay a failure with KVC_FUZZ_SEED=<seed>.
+// The run is seeded (default fixed); the seed is printed first. Replay or vary it with KVC_TEST_SEED=<seed>.
 import { readFileSync } from 'node:fs';
 import { expect, it } from 'vitest';
 import { MAX_PAYLOAD_GROUPS, PayloadError, decodePayload, encodePayload } from '../src/payload.js';
 import type { ChecksumPayload } from '../src/types.js';
+import { testSeed } from './seed.js';
 
 const CASES = 120_000;
 const UINT64_MAX = (1n << 64n) - 1n;
 
-const seed = parseSeed(process.env.KVC_FUZZ_SEED);
-console.log(`payload fuzz seed: ${seed} (replay with KVC_FUZZ_SEED=${seed})`);
-
-function parseSeed(env: string | undefined): number {
-  if (env === undefined || env === '') return (Date.now() ^ (Math.random() * 2 ** 32)) >>> 0;
-  const n = Number(env);
-  if (!Number.isInteger(n) || n < 0 || n >= 2 ** 32) throw new Error(`KVC_FUZZ_SEED must be a uint32, got ${env}`);
-  return n;
-}
+const seed = testSeed('payload fuzz');
 
 /** mulberry32: a small seeded 32-bit PRNG. */
 function prng(s: number) {

@@ -22,8 +22,10 @@
  * - the connector's `kvChecksumCarrier(request)` takes no direction, so send entries are recorded
  *   only on `kv_producer` engines, or on `kv_both` engines for requests whose params say
  *   `do_remote_decode`; receive entries only on `kv_consumer` / `kv_both` engines;
- * - "no carrier at all" at start is decided by asking the connector about three probe requests
- *   (params `{do_remote_decode: true}`, `{do_remote_prefill: true}`, none): all null = no carrier.
+ * - "no carrier at all" at start is decided from the factory's declared carriers
+ *   (`KVConnectorFactory.kvChecksumCarriers`, passed as `carriers`: empty = no carrier); only
+ *   without a declaration (a third-party factory) by asking the connector about three probe
+ *   requests (params `{do_remote_decode: true}`, `{do_remote_prefill: true}`, none): all null = no carrier.
  * @module
  */
 import {
@@ -49,6 +51,7 @@ import type {
   FinishReason,
   KVCacheGroupConfig,
   KVChecksumCarrier,
+  KVChecksumCarrierKind,
   KVConnectorOutput,
   KVConnectorScheduler,
   KVRole,
@@ -83,6 +86,12 @@ export interface KVChecksumSchedulerOptions {
   groupConfigs: readonly KVCacheGroupConfig[];
   /** Default: a new one with an `info` logger and its own registry. */
   observability?: KVChecksumObservability;
+  /**
+   * The carriers the connector's factory declares (`KVConnectorFactory.kvChecksumCarriers(config)`);
+   * empty = the connector carries no KV checksums. Absent: unknown, decided by probing the
+   * connector's `kvChecksumCarrier` (third-party factories without a declaration).
+   */
+  carriers?: readonly KVChecksumCarrierKind[];
 }
 
 /** A producer request waiting for its workers' sums and its finish. */
@@ -168,7 +177,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     this.groupConfigs = o.groupConfigs;
     this.observability = o.observability ?? new KVChecksumObservability();
     this._enabled = o.config.enable_kv_checksum;
-    if (this._enabled && !this.connectorHasCarrier()) {
+    if (this._enabled && !this.connectorHasCarrier(o.carriers)) {
       if (o.config.kv_checksum_fail_closed) throw new KVChecksumCarrierError(o.config.kv_connector);
       const reason = `KV connector ${o.config.kv_connector} does not carry KV checksums; KV checksums are disabled`;
       this.observability.logger.warn({ connector: o.config.kv_connector }, reason);
@@ -187,7 +196,9 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     return { sends: this.sends.size, recvs: this.recvs.size };
   }
 
-  private connectorHasCarrier(): boolean {
+  /** From the factory's declaration when there is one; else (a third-party factory) from probe requests. */
+  private connectorHasCarrier(declared: readonly KVChecksumCarrierKind[] | undefined): boolean {
+    if (declared) return declared.length > 0;
     return PROBES.some((p) => {
       try {
         return this.connector.kvChecksumCarrier(p) !== null;

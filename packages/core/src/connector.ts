@@ -82,6 +82,9 @@ export interface KVCacheGroupConfig {
 /** How KV checksums travel for a request (SPEC 7). */
 export type KVChecksumCarrier = 'kv_transfer_params' | 'connector' | null;
 
+/** A carrier a connector can use (SPEC 7): {@link KVChecksumCarrier} without `null`. */
+export type KVChecksumCarrierKind = Exclude<KVChecksumCarrier, null>;
+
 /** Result of {@link KVConnectorScheduler.getNumNewMatchedTokens}. */
 export interface MatchedTokens {
   /** Tokens beyond `numComputedTokens` the connector can provide; null = not known yet (ask again next step). */
@@ -254,6 +257,19 @@ export interface KVConnectorFactory<S = any, W = any, H = any> {
   readonly name: string;
   createScheduler(config: KVTransferConfig, ctx: SchedulerContext): KVConnectorScheduler<S, W, H>;
   createWorker(config: KVTransferConfig, ctx: WorkerContext): KVConnectorWorker<S, W, H>;
+  /**
+   * The KV checksum carriers (SPEC 7) the connector built from `config` uses for some requests
+   * (its scheduler's `kvChecksumCarrier` returns only these, or null); `[]` = it carries no KV
+   * checksums. A function of the config because wrapping connectors (MultiConnector, the fault
+   * injector) answer for the children their config names. The engine passes the answer to the
+   * KV checksum scheduler (`KVChecksumSchedulerOptions.carriers`), which decides from it whether
+   * checksums can run at all.
+   *
+   * Optional for third-party factories: absent, or `undefined` returned (e.g. a wrapper whose
+   * child does not declare), the checksum scheduler falls back to asking `kvChecksumCarrier` about
+   * three probe requests.
+   */
+  kvChecksumCarriers?(config: KVTransferConfig): readonly KVChecksumCarrierKind[] | undefined;
 }
 
 /** What a connector's scheduler half knows about its engine. */

@@ -6,6 +6,7 @@
  */
 export type * from './connector.js';
 export { workerKey } from './connector.js';
+export { loadBlockIds } from './blocks.js';
 export type * from './checksum-hooks.js';
 export * from './config.js';
 export * from './registry.js';

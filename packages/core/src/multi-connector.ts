@@ -35,6 +35,7 @@ import type {
   HandshakeMetadataByWorker,
   FinishReason,
   KVChecksumCarrier,
+  KVChecksumCarrierKind,
   KVConnectorFactory,
   KVConnectorMetadata,
   KVConnectorOutput,
@@ -132,6 +133,17 @@ export class MultiConnectorFactory implements MultiConnectorFactoryType {
   /** @throws KVTransferConfigError for a bad `connectors` list; UnknownConnectorError for an unknown child. */
   createWorker(config: KVTransferConfig, ctx: WorkerContext): MultiConnectorWorker {
     return new MultiConnectorWorker(multiConnectorChildConfigs(config).map((c) => this.lookup.get(c.kv_connector).createWorker(c, ctx)));
+  }
+
+  /** The union of the children's declared carriers; undefined when a child declares none (unknown: probe). */
+  kvChecksumCarriers(config: KVTransferConfig): readonly KVChecksumCarrierKind[] | undefined {
+    const out = new Set<KVChecksumCarrierKind>();
+    for (const c of multiConnectorChildConfigs(config)) {
+      const d = this.lookup.get(c.kv_connector).kvChecksumCarriers?.(c);
+      if (!d) return undefined;
+      for (const k of d) out.add(k);
+    }
+    return [...out];
   }
 }
 

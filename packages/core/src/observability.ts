@@ -39,6 +39,26 @@ export interface LoadEvent {
   numTokens: number;
 }
 
+/**
+ * What the consumer engine did with one finished KV load, whatever decided it: the checksum verdict
+ * (SPEC 8), the transport's invalid blocks (the engine's `kv_load_failure_policy`), or neither
+ * (a load without checksums). Emitted by the engine once per finished load, after the checksum
+ * events of that load.
+ */
+export interface LoadOutcomeEvent {
+  requestId: string;
+  /** The checksum verdict; null when the load was not checksummed. */
+  verdict: Verdict | null;
+  /** What the engine does with the loaded KV. */
+  action: 'use' | 'fail' | 'recompute';
+  /**
+   * What decided `action`: `invalid-blocks` (the connector reported the load failed; the load
+   * failure policy applies), `checksum` (the verdict, under the checksum config), `unchecked`
+   * (no verdict: the KV is used).
+   */
+  reason: 'invalid-blocks' | 'checksum' | 'unchecked';
+}
+
 /** A payload the producer handed to a carrier (SPEC 7). */
 export interface PayloadSentEvent {
   requestId: string;
@@ -69,6 +89,8 @@ export interface KVChecksumEvents {
   'load-recomputed': [LoadEvent];
   /** Fail-closed + `fail`: the request ends with an error. */
   'load-failed': [LoadEvent];
+  /** A consumer engine finished a KV load and decided what to do with it (every load, checksummed or not). */
+  'load-outcome': [LoadOutcomeEvent];
   /** A producer handed a payload to its carrier. */
   'checksum-payload-sent': [PayloadSentEvent];
   /** A producer finished a checksummed request but sent no payload. */

@@ -30,6 +30,7 @@ import type {
   SchedulerOutput,
 } from './contracts.js';
 import type { Verdict } from '@kvconnect/checksum';
+import type { LoadOutcomeEvent } from '@kvconnect/core';
 import { KVCacheManager, type PrefixHit } from './kv-cache-manager.js';
 import type { Request } from './request.js';
 
@@ -62,6 +63,8 @@ export interface SchedulerOptions {
   onFinished?: (request: Request) => void;
   /** Warnings (load failures, aborted loads). */
   warn?: (msg: string, fields?: Record<string, unknown>) => void;
+  /** Called once per finished KV load with what was decided (the engine emits it as `load-outcome`). */
+  onLoadOutcome?: (e: LoadOutcomeEvent) => void;
 }
 
 /** One request's share of a step. */
@@ -299,12 +302,14 @@ export class Scheduler {
     r.load = null;
     const ck = this.checksum;
     let decision: LoadDecision = ck ? ck.onLoadFinished(r) : { action: 'use', verdict: null };
+    const checked = decision.verdict;
     if (load.invalid) {
       const policy = this.o.loadFailurePolicy ?? 'recompute';
       this.o.warn?.('KV load reported invalid blocks', { requestId: r.requestId, policy });
       const verdict: Verdict = decision.verdict ?? { verdict: 'unverified', mismatches: [], unverified: [], leftOut: [] };
       decision = { action: policy, verdict };
     }
+    this.o.onLoadOutcome?.({ requestId: r.requestId, verdict: checked, action: decision.action, reason: load.invalid ? 'invalid-blocks' : checked ? 'checksum' : 'unchecked' });
     r.status = 'WAITING';
     if (r.abortPending) {
       this.finish(r, 'abort');

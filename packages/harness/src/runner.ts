@@ -7,7 +7,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Verdict } from '@kvconnect/checksum';
-import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig } from '@kvconnect/core';
+import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig, type LoadOutcomeEvent } from '@kvconnect/core';
 import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type PDResult, type SamplingParams } from '@kvconnect/engine';
 
 /** What the P/D proxy needs of an engine (its `generate` and id). */
@@ -85,8 +85,6 @@ export interface TopologyContext {
   /** The inner connector's registered name. */
   innerConnector: string;
   faults: FaultSpec[];
-  /** Receives every consumer log line (JSON). */
-  onConsumerLog: (consumer: number, line: string) => void;
 }
 
 /** Builds the engines of a run (in process, or processes of an engine server). */
@@ -168,7 +166,7 @@ export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnec
   const consumers: Engine[] = [];
   const cObs: KVChecksumObservability[] = [];
   for (let k = 0; k < (s.consumer.dp ?? 1); k++) {
-    const obs = new KVChecksumObservability({ level: 'warn', destination: { write: (line: string) => ctx.onConsumerLog(k, line) } });
+    const obs = new KVChecksumObservability({ level: 'silent' });
     cObs.push(obs);
     consumers.push(
       new Engine({
@@ -331,62 +329,26 @@ async function metricSum(obs: KVChecksumObservability[], which: 'seconds' | 'byt
 async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[], references: number[][], runIndex: number, inner: string, topology: Topology, onDone?: RunScenarioOptions['onRequestDone']): Promise<RunOutcome> {
   const spec = s.runs[runIndex];
   const faults = spec.faults === false ? [] : s.faults;
-  const invalid = new Map<string, string>();
-  const topo = await topology({
-    scenario: s,
-    model,
-    run: spec,
-    runIndex,
-    innerConnector: inner,
-    faults,
-    onConsumerLog: (_k, line) => {
-      try {
-        const j = JSON.parse(line) as { msg?: string; requestId?: string; policy?: string };
-        if (j.msg === 'KV load reported invalid blocks' && j.requestId) invalid.set(j.requestId, j.policy ?? 'recompute');
-      } catch {
-        /* not JSON */
-      }
-    },
-  });
+  const topo = await topology({ scenario: s, model, run: spec, runIndex, innerConnector: inner, faults });
   const t0 = performance.now();
-  const verdicts = new Map<number, { verdict: Verdict; action: 'use' | 'recompute' | 'fail'; requestId: string }>();
+  // What each consumer engine decided per load (typed `load-outcome` events), by request index.
+  const outcomes = new Map<number, LoadOutcomeEvent>();
   for (const obs of topo.consumerObservability) {
-    for (const ev of ['load-verified', 'load-mismatch', 'load-unverified'] as const) {
-      obs.events.on(ev, (e) => {
-        const i = requestIndexOf(e.requestId);
-        if (i !== undefined) verdicts.set(i, { verdict: e.verdict, action: e.action, requestId: e.requestId });
-      });
-    }
+    obs.events.on('load-outcome', (e) => {
+      const i = requestIndexOf(e.requestId);
+      if (i !== undefined) outcomes.set(i, e);
+    });
   }
-  const indexOfBase = new Map<string, number>();
-  let current = -1;
-  const prefill: PDEndpoint = {
-    engineId: topo.prefill.engineId,
-    generate: (prompt, sampling, params, requestId) => {
-      const id = requestId ?? `x${current}`;
-      indexOfBase.set(id.replace(/-p$/, ''), current);
-      return topo.prefill.generate(prompt, sampling, params, `r${current}.${id}`);
-    },
-  };
-  const consumerRequestIds = new Map<number, string>();
-  const proxies = topo.decode.map(
-    (d) =>
-      new PDProxy({
-        prefill,
-        decode: {
-          engineId: d.engineId,
-          generate: (prompt, sampling, params, requestId) => {
-            const id = requestId ?? `x${current}`;
-            const i = indexOfBase.get(id.replace(/-d$/, '')) ?? current;
-            consumerRequestIds.set(i, `r${i}.${id}`);
-            return d.generate(reqs[i].consumerPrompt ?? prompt, sampling, params, `r${i}.${id}`);
-          },
-        },
-        mode: s.mode,
-      }),
-  );
+  // Request i goes through its own proxy whose endpoints name it `r<i>.<proxy id>` on both sides
+  // (faults/records.ts requestIndexOf reads the index back): no shared cursor.
+  const indexed = (ep: PDEndpoint, i: number, prompt?: readonly number[]): PDEndpoint => ({
+    engineId: ep.engineId,
+    generate: (p, sampling, params, requestId, call) => ep.generate(prompt ?? p, sampling, params, `r${i}.${requestId ?? 'x'}`, call),
+    abort: ep.abort ? (requestId) => ep.abort!(`r${i}.${requestId}`) : undefined,
+  });
+  const proxyFor = (k: number, q: PreparedRequest) => new PDProxy({ prefill: indexed(topo.prefill, q.index), decode: indexed(topo.decode[k], q.index, q.consumerPrompt), mode: s.mode });
   const results = new Map<number, { r: GenerateResult | 'timeout'; ms: number }>();
-  const dp = proxies.length;
+  const dp = topo.decode.length;
   let next = 0;
   const worker = async () => {
     while (next < reqs.length) {
@@ -397,8 +359,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       if (prefixP > 0) await topo.warm('producer', 0, q.prompt.slice(0, prefixP));
       if (prefixD > 0) await topo.warm('consumer', k, (q.consumerPrompt ?? q.prompt).slice(0, prefixD));
       const started = performance.now();
-      current = q.index;
-      const p = proxies[k].generate(q.prompt, q.sampling);
+      const p = proxyFor(k, q).generate(q.prompt, q.sampling);
       let timer: NodeJS.Timeout | undefined;
       const r = await Promise.race([p, new Promise<'timeout'>((res) => (timer = setTimeout(() => res('timeout'), s.timeoutMs)))]);
       clearTimeout(timer);
@@ -411,9 +372,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
     const res = results.get(i);
     if (!res) return null;
     const r = res.r;
-    const v = verdicts.get(i);
-    const dId = consumerRequestIds.get(i);
-    const inv = dId ? invalid.get(dId) : undefined;
+    const v = outcomes.get(i);
     const tokenIds = r === 'timeout' ? [] : r.tokenIds;
     return {
       index: i,
@@ -423,9 +382,9 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       finishReason: r === 'timeout' ? 'timeout' : r.finishReason,
       error: r === 'timeout' ? `no answer within ${s.timeoutMs} ms` : r.error,
       verdict: v?.verdict ?? null,
-      kind: v ? v.verdict.verdict : 'none',
-      action: inv ? (inv as 'fail' | 'recompute') : (v?.action ?? null),
-      invalidBlocks: inv !== undefined,
+      kind: v?.verdict ? v.verdict.verdict : 'none',
+      action: v?.action ?? null,
+      invalidBlocks: v?.reason === 'invalid-blocks',
       reference: references[i],
       equalsReference: sameIds(tokenIds, references[i]),
       injected: new Map(),

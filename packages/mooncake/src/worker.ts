@@ -35,7 +35,7 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { debuglog } from 'node:util';
-import type { KVConnectorWorker, KVRole, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import { loadBlockIds, type KVConnectorWorker, type KVRole, type SchedulerOutput, type TransferResults, type WorkerContext, type WorkerKVCaches } from '@kvconnect/core';
 import { checkBindHost, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { createAgent } from './agent.js';
@@ -747,29 +747,12 @@ export class MooncakeWorker implements KVConnectorWorker {
     if (st.failed !== null) {
       this.stats.loadsFailed++;
       log('load %s failed: %s', id, st.failed);
-      for (const b of this.loadedBlocks(st.spec)) this.invalid.add(b);
+      for (const b of loadBlockIds(this.caches?.groupConfigs ?? [], st.spec.blocks, st.spec.firstToken, st.spec.numTokens)) this.invalid.add(b);
     } else {
       this.stats.loadsFinished++;
       if (st.payload) this.payloads.set(id, st.payload);
     }
     this.finishedRecving.add(id);
-  }
-
-  /** The blocks a load writes (attention: those holding its tokens; state: the running-state block). */
-  private loadedBlocks(l: MooncakeLoadSpec): number[] {
-    const out: number[] = [];
-    const cfgs = this.caches?.groupConfigs ?? [];
-    l.blocks.forEach((ids, g) => {
-      const cfg = cfgs[g];
-      if (!cfg || cfg.kind === 'state') {
-        const last = ids[ids.length - 1];
-        if (last !== undefined && last >= 0) out.push(last);
-        return;
-      }
-      const B = cfg.blockSize;
-      for (let i = Math.floor(l.firstToken / B); i < Math.min(ids.length, Math.ceil(l.numTokens / B)); i++) if (ids[i] >= 0) out.push(ids[i]);
-    });
-    return out;
   }
 
   // ------------------------------------------------------------------------------------------

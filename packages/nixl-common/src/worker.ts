@@ -7,11 +7,12 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { KVConnectorWorker, KVTransferConfig, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import { loadBlockIds } from '@kvconnect/core';
 import { toMemoryRegion, type TransferAgent, type XferOp } from '@kvconnect/transfer';
 import { createAgent } from './agent.js';
 import { parseNixlConfig, type NixlConfig } from './config.js';
 import { acquireHub, type HubWorker, type NixlEngineHub } from './hub.js';
-import { loadedBlockIds, type Pair } from './mapping.js';
+import { type Pair } from './mapping.js';
 import { buildRankInfo, type RankInfo, type TransferMode } from './protocol.js';
 import { metricsRegistryOf, type LoadSpec, type NixlMeta } from './scheduler.js';
 
@@ -181,8 +182,8 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
     if (!this.active.has(load.requestId) || this.recvDone.has(load.requestId)) return;
     debug(this.key, 'load failed', load.requestId, reason, err instanceof Error ? err.message : err);
     this.hub.metrics.failedTransfers.inc({ mode: this.mode, reason });
-    const sizes = this.caches!.groupConfigs.map((g) => g.blockSize);
-    for (const b of loadedBlockIds(this.rank!.caches, sizes, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
+    const held = this.caches!.groupConfigs.map((g, gi) => (this.rank!.caches.some((c) => c.group === gi) ? g : null));
+    for (const b of loadBlockIds(held, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
     this.recvDone.add(load.requestId);
     this.hub.release(load.remoteHost, load.remotePort, [load.remoteRequestId]);
   }

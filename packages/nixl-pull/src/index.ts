@@ -98,6 +98,8 @@ export const nixlConnectorFactory: KVConnectorFactory = {
   name: NIXL_CONNECTOR,
   createScheduler: (config, ctx) => new NixlPullScheduler(config, ctx),
   createWorker: (config, ctx) => new NixlPullWorker(config, ctx),
+  // The consumer reads the producer's payload from `kv_transfer_params` (NixlPullScheduler.kvChecksumCarrier).
+  kvChecksumCarriers: () => ['kv_transfer_params'],
 };
 
 /** Registers `NixlConnector` in `registry` (once). Also exported for `kv_connector_module_path`. */

@@ -31,7 +31,7 @@
  * @module
  */
 import { KVConnectorRegistry } from '@kvconnect/core';
-import { DTYPE_BYTES, contiguousStrides, type AttentionCacheView, type StateCacheView, type StateTensor } from '@kvconnect/checksum';
+import { DTYPE_BYTES, contiguousStrides, replicaCount, type AttentionCacheView, type StateCacheView, type StateTensor } from '@kvconnect/checksum';
 import type {
   BlockIdsPerGroup,
   ConnectorRequest,
@@ -272,14 +272,6 @@ class InProcessScheduler implements KVConnectorScheduler<InProcessMeta, never, n
   }
 }
 
-/** R of an attention view at a TP size (SPEC 1, as the planner resolves it). */
-function replicas(v: AttentionCacheView, tpSize: number): number {
-  const r = v.replication ?? 1;
-  if (r === 'all') return tpSize;
-  if (typeof r === 'number') return r;
-  return r.totalKvHeads >= tpSize ? 1 : tpSize / r.totalKvHeads;
-}
-
 function stateStrides(s: StateTensor): number[] {
   return s.strides ? [...s.strides] : contiguousStrides(s.shape, DTYPE_BYTES[s.dtype]);
 }
@@ -400,7 +392,7 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
         if (!prod) throw new Error(`producer has no cache ${v.name}`);
         const ctxBase = { requestId: load.requestId, remoteRequestId: load.remoteRequestId, groupId: cfg.groupId, name: v.name, tpRank: mine.rank.tpRank, ppRank: mine.ppRank };
         if (v.kind === 'attention') {
-          const Rd = replicas(v, tpD);
+          const Rd = replicaCount(v, tpD);
           const Ld = v.localHeads;
           const shardD = Math.floor(mine.rank.tpRank / Rd);
           const Bd = v.blockSize;
@@ -410,7 +402,7 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
             const pv0 = any.view as AttentionCacheView;
             const Lp = pv0.localHeads;
             const shardP = Math.floor(gh / Lp);
-            const tpSrc = shardP * replicas(pv0, tpP);
+            const tpSrc = shardP * replicaCount(pv0, tpP);
             const p = prod.get(tpSrc);
             if (!p || p.view.kind !== 'attention') throw new Error(`no producer rank for ${v.name} head ${gh}`);
             const pv = p.view;
@@ -498,6 +490,8 @@ export function createInProcessConnectorFactory(o: InProcessConnectorOptions): I
     name: o.name ?? IN_PROCESS_CONNECTOR,
     createScheduler: (config, ctx) => new InProcessScheduler(bus, config, ctx),
     createWorker: (_config, ctx) => new InProcessWorker(bus, ctx),
+    // `connector` for requests with a transfer_id, else `kv_transfer_params` (InProcessScheduler.kvChecksumCarrier).
+    kvChecksumCarriers: () => ['connector', 'kv_transfer_params'],
   };
 }
 
