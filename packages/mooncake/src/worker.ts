@@ -22,7 +22,7 @@
  * Nothing here waits inside an engine step; every network wait is async with a deadline, and no
  * peer message can throw out of a handler.
  *
- * Side channel security (`channel.ts`, `docs/security-mooncake.md`): every DEALER connection
+ * Side channel security (`channel.ts`, `docs/security.md (Mooncake)`): every DEALER connection
  * starts with a hello / welcome handshake; the consumer sends its metadata only after the producer
  * proved the cluster secret (when one is set), and every message is proven and numbered. The
  * ROUTER binds to `side_channel_host` (loopback by default; another host needs a secret).
