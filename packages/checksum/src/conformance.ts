@@ -259,7 +259,7 @@ export function runVectors(vectors: J, backends: readonly ChecksumBackend[]): Ca
     const g = pick(got);
     const w = pick(want);
     if (g !== w) return `got ${g}, expected ${w}`;
-    const identity = typeof c.payload === 'object' && c.payload !== null && c.payload.version === 2 ? 'checked' : 'unchecked';
+    const identity = c.payload === null || c.payload === 'malformed' ? 'none' : c.payload.version === 2 ? 'checked' : 'unchecked';
     return got.identity === identity ? null : `identity ${got.identity}, expected ${identity}`;
   };
   for (const c of vectors.verification ?? []) add('verification', c.title, null, verificationCase(c, false));

@@ -180,10 +180,11 @@ export interface Verdict {
   wrongRequest: boolean;
   /**
    * SPEC 8.0: `checked` when a version-2 payload's digest was compared with the consumer's
-   * prompt (whatever the result); `unchecked` for a version-1 payload, or when no payload
-   * decoded (nothing tied the KV to the request's tokens).
+   * prompt (whatever the result); `unchecked` for a version-1 payload (checked as before, but
+   * nothing tied the KV to the request's tokens: say so in logs and metrics); `none` when no
+   * payload decoded (`no-payload`, `malformed-payload`).
    */
-  identity: 'checked' | 'unchecked';
+  identity: 'checked' | 'unchecked' | 'none';
 }
 
 /**

@@ -103,7 +103,7 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
   if (identity === 'checked' && !sameTokens(payload.numTokens, payload.tokenDigest, load.tokenIds ?? [])) {
     return wrongRequest(load, workers);
   }
-  if (workers.length < load.tpSize * load.ppSize) return { ...loadUnverified('workers-missing'), identity };
+  if (workers.length < load.tpSize * load.ppSize) return loadUnverified('workers-missing', identity);
 
   const ctx: LoadContext = {
     producerTokens: payload.numTokens,
@@ -146,26 +146,25 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
 /**
  * One line for logs: the verdict, `wrong request` (SPEC 8.0) when so, then each mismatched group
  * with its consumer block positions, each unverified reason (with its group, if any) and each
- * left-out group, in check order, and `identity unchecked` for a version-1 payload that was
- * checked. For example
+ * left-out group, in check order, and `identity unchecked` for a version-1 payload (SPEC 8.0).
+ * For example
  * `mismatch: group 0 blocks [2,3]; group 1 fingerprint; group 4 left out (state-local across TP sizes)`,
  * `mismatch: wrong request; group 0 blocks [0,1,2]`, `verified: identity unchecked` or `unverified: no-payload`.
  */
 export function verdictSummary(v: Verdict): string {
-  const loadLevel = v.unverified.some((u) => u.reason === 'no-payload' || u.reason === 'malformed-payload');
   const parts = [
     ...(v.wrongRequest ? ['wrong request'] : []),
     ...v.mismatches.map((m) => `group ${m.groupId} blocks [${m.positions.join(',')}]`),
     ...v.unverified.map((u) => (u.groupId === null ? u.reason : `group ${u.groupId} ${u.reason}`)),
     ...v.leftOut.map((g) => `group ${g} left out (state-local across TP sizes)`),
-    ...(v.identity === 'unchecked' && !loadLevel ? ['identity unchecked'] : []),
+    ...(v.identity === 'unchecked' ? ['identity unchecked'] : []),
   ];
   return parts.length === 0 ? v.verdict : `${v.verdict}: ${parts.join('; ')}`;
 }
 
-/** A verdict ended by a load-level reason (SPEC 8, "Load level"); identity unchecked. */
-function loadUnverified(reason: UnverifiedReason): Verdict {
-  return { verdict: 'unverified', mismatches: [], unverified: [{ groupId: null, reason }], leftOut: [], wrongRequest: false, identity: 'unchecked' };
+/** A verdict ended by a load-level reason (SPEC 8, "Load level"); `identity` none until a payload decoded. */
+function loadUnverified(reason: UnverifiedReason, identity: Verdict['identity'] = 'none'): Verdict {
+  return { verdict: 'unverified', mismatches: [], unverified: [{ groupId: null, reason }], leftOut: [], wrongRequest: false, identity };
 }
 
 /**

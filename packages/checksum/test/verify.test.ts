@@ -435,8 +435,8 @@ describe('verifyLoad: workers (SPEC 8, load level and step 4)', () => {
 
   it('load-level reasons come in order and end the check', () => {
     const missing = load(N, [g], [rank(0)], { tpSize: 2 });
-    expect(verifyLoad(null, missing)).toEqual(unverified([null, 'no-payload']));
-    expect(verifyLoad('malformed', missing)).toEqual(unverified([null, 'malformed-payload']));
+    expect(verifyLoad(null, missing)).toEqual({ ...unverified([null, 'no-payload']), identity: 'none' });
+    expect(verifyLoad('malformed', missing)).toEqual({ ...unverified([null, 'malformed-payload']), identity: 'none' });
   });
 
   it('a worker without a record for a scheduled group, or with other rows, is rows-differ', () => {
@@ -636,7 +636,7 @@ describe('verdictSummary', () => {
     expect(s).toBe(
       'mismatch: group 0 blocks [2,3]; group 1 fingerprint; group 4 left out (state-local across TP sizes)',
     );
-    expect(verdictSummary(unverified([null, 'no-payload']))).toBe('unverified: no-payload');
+    expect(verdictSummary({ ...unverified([null, 'no-payload']), identity: 'none' })).toBe('unverified: no-payload');
   });
 
   it('says when identity was unchecked (version 1) and when the KV is another request\'s (SPEC 8.0)', () => {
@@ -694,6 +694,7 @@ describe('verifyLoad: identity (SPEC 8.0)', () => {
     const l = withTokens(load(N, groups, [w], { tpSize: 2 }), prompt); // rank 1 missing
     expect(verifyLoad(v2(d), l)).toEqual(wrong([0, [1, 2]]));
     expect(verifyLoad(v2(digestOf(prompt.slice(0, N))), l)).toEqual({ ...unverified([null, 'workers-missing']), identity: 'checked' });
+    expect(verifyLoad(null, l)).toEqual({ ...unverified([null, 'no-payload']), identity: 'none' });
   });
 
   it('checks a version-1 payload as before, identity unchecked, whatever the prompt', () => {
