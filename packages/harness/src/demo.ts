@@ -414,7 +414,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
         const n = proxySeq(dec?.request_id);
         const fault = n !== undefined ? planned.get(n) : undefined;
         const verdict: Verdict | null = load
-          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [] }
+          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [], wrongRequest: load.wrong_request ?? false, identity: load.identity ?? 'none' }
           : null;
         const o: RequestOutcome = {
           index: i,
