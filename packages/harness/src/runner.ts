@@ -7,7 +7,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Verdict } from '@kvconnect/checksum';
-import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig } from '@kvconnect/core';
+import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig, type LoadError } from '@kvconnect/core';
 import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type PDResult, type SamplingParams } from '@kvconnect/engine';
 
 /** What the P/D proxy needs of an engine (its `generate` and id). */
@@ -225,6 +225,8 @@ export interface RequestOutcome {
   action: 'use' | 'recompute' | 'fail' | null;
   /** The transport reported invalid blocks for the load. */
   invalidBlocks: boolean;
+  /** Why the load failed in transit (kind `transfer-failed`), when it did. */
+  loadError?: LoadError;
   reference: number[];
   equalsReference: boolean;
   /** Consumer block positions whose loaded bytes the injector really changed, per group id. */
@@ -342,7 +344,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
     onConsumerLog: (_k, line) => {
       try {
         const j = JSON.parse(line) as { msg?: string; requestId?: string; policy?: string };
-        if (j.msg === 'KV load reported invalid blocks' && j.requestId) invalid.set(j.requestId, j.policy ?? 'recompute');
+        if (j.msg?.startsWith('KV load failed in transit') && j.requestId && j.policy) invalid.set(j.requestId, j.policy);
       } catch {
         /* not JSON */
       }
@@ -350,6 +352,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   });
   const t0 = performance.now();
   const verdicts = new Map<number, { verdict: Verdict; action: 'use' | 'recompute' | 'fail'; requestId: string }>();
+  const transferFailures = new Map<number, LoadError>();
   for (const obs of topo.consumerObservability) {
     for (const ev of ['load-verified', 'load-mismatch', 'load-unverified'] as const) {
       obs.events.on(ev, (e) => {
@@ -357,6 +360,10 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
         if (i !== undefined) verdicts.set(i, { verdict: e.verdict, action: e.action, requestId: e.requestId });
       });
     }
+    obs.events.on('load-transfer-failed', (e) => {
+      const i = requestIndexOf(e.requestId);
+      if (i !== undefined) transferFailures.set(i, e.loadError);
+    });
   }
   const indexOfBase = new Map<string, number>();
   let current = -1;
@@ -423,7 +430,8 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       finishReason: r === 'timeout' ? 'timeout' : r.finishReason,
       error: r === 'timeout' ? `no answer within ${s.timeoutMs} ms` : r.error,
       verdict: v?.verdict ?? null,
-      kind: v ? v.verdict.verdict : 'none',
+      kind: v ? v.verdict.verdict : transferFailures.has(i) ? 'transfer-failed' : 'none',
+      loadError: transferFailures.get(i),
       action: inv ? (inv as 'fail' | 'recompute') : (v?.action ?? null),
       invalidBlocks: inv !== undefined,
       reference: references[i],
@@ -537,7 +545,9 @@ export function describeOutcome(o: RequestOutcome): string {
   const parts = [`verdict ${o.kind}`];
   if (v && v.mismatches.length) parts.push(`mismatch ${fmtMismatches(v.mismatches)}`);
   if (v && v.unverified.length) parts.push(`reasons ${v.unverified.map((u) => (u.groupId === null ? u.reason : `g${u.groupId}:${u.reason}`)).join(',')}`);
-  if (o.invalidBlocks) parts.push('transport reported invalid blocks');
+  if (v?.wrongRequest) parts.push('wrong request (SPEC 8.0)');
+  if (o.loadError) parts.push(`load failed in transit (${o.loadError.reason}: ${o.loadError.message})`);
+  else if (o.invalidBlocks) parts.push('transport reported invalid blocks');
   parts.push(`action ${o.action ?? '-'}`, `finish ${o.finishReason}`, o.equalsReference ? 'output = reference' : o.tokenIds.length ? 'output differs' : 'no output');
   return parts.join(', ');
 }
@@ -551,6 +561,7 @@ function checkRequest(e: RequestExpectation, o: RequestOutcome): string[] {
     const want = e.mismatches.map((m) => ({ group: m.group, positions: [...m.positions].sort((a, b) => a - b) })).sort((a, b) => a.group - b.group);
     if (JSON.stringify(got.sort((a, b) => a.group - b.group)) !== JSON.stringify(want)) bad.push(`mismatches ${fmtMismatches(got)}, expected ${fmtMismatches(want)}`);
   }
+  if (e.wrongRequest !== undefined && (o.verdict?.wrongRequest ?? false) !== e.wrongRequest) bad.push(e.wrongRequest ? 'not reported as another request\'s KV (wrongRequest)' : 'reported as another request\'s KV (wrongRequest)');
   if (e.reasons && (verdicts === undefined || o.kind === 'unverified' || o.kind === 'mismatch')) {
     const got = o.verdict?.unverified ?? [];
     for (const r of e.reasons) {
@@ -573,6 +584,7 @@ function describeExpectation(e: RequestExpectation): string {
   const parts: string[] = [];
   if (e.verdict) parts.push(`verdict ${asList(e.verdict)!.join('|')}`);
   if (e.mismatches) parts.push(`mismatch ${fmtMismatches(e.mismatches)}`);
+  if (e.wrongRequest !== undefined) parts.push(e.wrongRequest ? 'wrong request' : 'not a wrong request');
   if (e.reasons) parts.push(`reasons ${e.reasons.map((r) => (typeof r === 'string' ? r : `${r.group === null ? 'load' : `g${r.group}`}:${r.reason}`)).join(',')}`);
   if (e.action) parts.push(`action ${asList(e.action)!.join('|')}`);
   if (e.finishReason) parts.push(`finish ${asList(e.finishReason)!.join('|')}`);
@@ -638,6 +650,7 @@ export function checkExpectations(s: Scenario, runs: RunOutcome[]): ExpectationR
       verified: all.filter((o) => o.kind === 'verified').length,
       mismatch: all.filter((o) => o.kind === 'mismatch').length,
       unverified: all.filter((o) => o.kind === 'unverified').length,
+      'transfer-failed': all.filter((o) => o.kind === 'transfer-failed').length,
       none: all.filter((o) => o.kind === 'none').length,
       recomputed: all.filter((o) => o.action === 'recompute').length,
       failed: all.filter((o) => o.action === 'fail').length,
