@@ -26,12 +26,6 @@ export type LoadDecision =
   /** The transfer failed (`loadError`): `kv_load_failure_policy`, fail-open or fail-closed. */
   | { action: 'fail' | 'recompute'; verdict: null; loadError: LoadError };
 
-/**
- * How one finished load came out: the SPEC 8 verdict, or `transfer-failed` when the transfer failed
- * before anything could be verified (a {@link LoadError}; never reported as a checksum mismatch).
- */
-export type LoadOutcome = Verdict['verdict'] | 'transfer-failed';
-
 /** Engine-facing hooks of the checksum scheduler (runs in the engine's scheduler; never blocks). */
 export interface KVChecksumSchedulerHooks {
   /** False when checksums are off (config, or no carrier under fail-open): the engine may skip the hooks. */
