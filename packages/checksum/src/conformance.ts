@@ -8,7 +8,7 @@
  */
 import type { ChecksumBackend } from './backend.js';
 import { BlockChecksummer } from './compute.js';
-import { decodePayload, encodePayload, PayloadError, tokenDigest } from './payload.js';
+import { decodePayload, encodePayload, PayloadError, payloadVersionOf, tokenDigest } from './payload.js';
 import { fingerprintOf, type RankContext } from './plan.js';
 import { parseReplicaKey, type ChecksumPayload, type ConsumerLoad, type GroupKind, type WorkerRecord } from './types.js';
 import { verifyLoad } from './verify.js';
@@ -144,11 +144,8 @@ export function payloadFromJson(p: J): ChecksumPayload {
   };
 }
 
-/** The wire version a payload object stands for (as `encodePayload` picks it). */
-const versionOf = (p: ChecksumPayload): number => p.version ?? (p.tokenDigest !== undefined ? 2 : 1);
-
 function payloadEquals(a: ChecksumPayload, b: ChecksumPayload): string | null {
-  if (versionOf(a) !== versionOf(b)) return `version ${versionOf(a)} != ${versionOf(b)}`;
+  if (payloadVersionOf(a) !== payloadVersionOf(b)) return `version ${payloadVersionOf(a)} != ${payloadVersionOf(b)}`;
   if (a.tokenDigest !== b.tokenDigest) return `tokenDigest ${a.tokenDigest} != ${b.tokenDigest}`;
   if (a.numTokens !== b.numTokens || a.producerTpSize !== b.producerTpSize) return 'header differs';
   if (a.groups.length !== b.groups.length) return `${a.groups.length} groups != ${b.groups.length}`;

@@ -142,12 +142,20 @@ export function tokenDigest(tokenIds: ArrayLike<number>, numTokens: number = tok
 // ---------------------------------------------------------------------------------------------
 
 /**
- * The version a payload is encoded as: `p.version`, else 2 when it has a `tokenDigest`, else 1.
+ * The wire version a payload object stands for: `p.version`, else 2 when it has a `tokenDigest`,
+ * else 1 (SPEC 6.1). Not validated (see `encodePayload`).
+ */
+export function payloadVersionOf(p: Pick<ChecksumPayload, 'version' | 'tokenDigest'>): number {
+  return p.version ?? (p.tokenDigest !== undefined ? 2 : 1);
+}
+
+/**
+ * The version a payload is encoded as ({@link payloadVersionOf}).
  * @throws TypeError for a version other than 1 and 2, a version 2 without a `tokenDigest` or a
  *   version 1 with one (the digest would be dropped silently).
  */
 function versionOf(p: ChecksumPayload): PayloadVersion {
-  const version = p.version ?? (p.tokenDigest !== undefined ? 2 : 1);
+  const version = payloadVersionOf(p);
   if (version !== 1 && version !== 2) throw new TypeError(`payload version ${String(version)} is not 1 or 2`);
   if (version === 2 && typeof p.tokenDigest !== 'bigint') throw new TypeError('a version-2 payload needs a bigint tokenDigest');
   if (version === 1 && p.tokenDigest !== undefined) throw new TypeError('a version-1 payload has no tokenDigest (SPEC 6)');
