@@ -44,7 +44,7 @@ describe('P/D through the engine', () => {
   it('with checksums on, a failed load is transfer-failed with its cause (fail-open: still the policy), never a mismatch', async () => {
     const ref = await single('dense-gqa').generate(PROMPT, S);
     const pd = makePD({ model: 'dense-gqa', policy: 'recompute' });
-    inProcessBus.failLoads = true;
+    pd.bus.failLoads = true;
     const r = await pd.proxy.generate(PROMPT, S);
     expect(r.tokenIds).toEqual(ref.tokenIds);
     expect(pd.consumer.stats.loadsRecomputed).toBe(1);
@@ -59,13 +59,13 @@ describe('P/D through the engine', () => {
       const ref = await single('dense-gqa').generate(prompt, S);
       const pd = makePD({ model: 'dense-gqa' }); // fail-open
       if (corrupt) {
-        inProcessBus.faultHook = (ctx, bytes) => {
+        pd.bus.faultHook = (ctx, bytes) => {
           if (ctx.groupId === 0 && ctx.token === 3 && ctx.head === 0 && ctx.part === 0) bytes[0] ^= 1;
         };
       }
       await pd.proxy.generate(prompt, S);
       expect(await counter(pd.obs, 'loads', { verdict: corrupt ? 'mismatch' : 'verified' })).toBe(1);
-      inProcessBus.faultHook = null;
+      pd.bus.faultHook = null;
       const kv = pd.consumer.scheduler.kv;
       const before = kv.stats.hitTokens;
       const innocent = await pd.consumer.generate(prompt, S); // same prompt, no remote load
@@ -117,7 +117,7 @@ describe('P/D through the engine', () => {
     const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
     const r = await other.consumer.generate(PROMPT, S, { ...p.kvTransferParams, do_remote_prefill: true });
     expect(r.finishReason).toBe('error');
-    expect(r.error).toMatch(/invalid blocks/);
+    expect(r.error).toMatch(/failed in transit \(transfer-error: producer producer-\d+ not on the bus\)/);
     expect(pd.bus.copies).toBe(0);
     expect(other.bus.copies).toBe(0);
     // Nobody read the producer request: it keeps its blocks until its lease expires.
