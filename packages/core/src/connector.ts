@@ -149,6 +149,8 @@ export interface KVConnectorOutput<W = unknown> {
   invalidBlockIds: Set<number>;
   /** Checksum payloads a connector carried (SPEC 7, `connector` carrier), by request id. */
   kvChecksums: Map<string, Uint8Array>;
+  /** Why loads failed, by request id ({@link TransferResults.loadErrors}). */
+  loadErrors?: Map<string, LoadError>;
   /** The KV checksum worker's report for this step (opaque here; see checksum-worker). */
   kvChecksumReport?: unknown;
   /** The connector's worker-to-scheduler metadata of this step ({@link TransferResults.workerMeta}). */
@@ -168,12 +170,30 @@ export interface WorkerKVCaches {
   readonly groupConfigs: readonly KVCacheGroupConfig[];
 }
 
+/**
+ * Why one load failed in transit, as a connector's worker saw it: the engine reports it (verdict
+ * `transfer-failed`, logs, metrics) and applies `kv_load_failure_policy`, never as a checksum
+ * mismatch.
+ */
+export interface LoadError {
+  /** A short stable code for metrics and logs (connector-defined, e.g. `timeout`, `unreachable`, `producer-error`, `lease-expired`). */
+  reason: string;
+  /** A human description of the cause (peer, status, error text). */
+  message: string;
+}
+
 /** Transfer results since the previous call ({@link KVConnectorWorker.getTransferResults}). */
 export interface TransferResults<W = unknown> {
   finishedSending: Set<string>;
   finishedRecving: Set<string>;
   invalidBlockIds: Set<number>;
   kvChecksums: Map<string, Uint8Array>;
+  /**
+   * Optional: why the loads reported failed in this result failed, by request id (the request is
+   * also in `finishedRecving` and its loaded blocks in `invalidBlockIds`). A failed load without an
+   * entry is reported with reason `invalid-blocks`.
+   */
+  loadErrors?: Map<string, LoadError>;
   /**
    * Connector-defined plain data for the scheduler half (e.g. leases a worker saw released, transfer
    * statistics); the engine passes it on in {@link KVConnectorOutput.kvConnectorWorkerMeta}.

@@ -227,7 +227,7 @@ function demoScenario(c: DemoContext, connector: ConnectorName, faults: FaultSpe
 function progressBar(c: DemoContext) {
   const showBar = c.o.progress ?? Boolean(process.stderr.isTTY);
   const bar = showBar ? new cliProgress.SingleBar({ format: 'P/D requests [{bar}] {value}/{total} | {verdicts}', hideCursor: true }, cliProgress.Presets.shades_classic) : null;
-  const counts = { verified: 0, mismatch: 0, unverified: 0, none: 0 };
+  const counts: Record<VerdictKind, number> = { verified: 0, mismatch: 0, unverified: 0, 'transfer-failed': 0, none: 0 };
   bar?.start(c.prompts.length, 0, { verdicts: '' });
   return {
     done(kind: VerdictKind) {
@@ -346,7 +346,7 @@ export function processSummaryLines(s: RunSummary, m: ProcessMetrics | null, fau
   const cs = (sec: number | null, b: number | null) => (sec === null ? 'n/a' : `${fmt(sec * 1000, 2)} ms${b === null ? '' : ` over ${bytesText(b)}`}`);
   return [
     `requests: ${s.requests} (${faulted} with a consumer-side fault injected)`,
-    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts['transfer-failed'] ? `, load failed in transit ${s.verdicts['transfer-failed']}` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
     `transfer time: ${transfer}`,
@@ -467,7 +467,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
           loadRecords.push(...report.loads);
         }
         const verdict: Verdict | null = load
-          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [] }
+          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [], wrongRequest: load.wrong_request ?? false, identity: load.identity ?? 'none' }
           : null;
         const o: RequestOutcome = {
           index: i,

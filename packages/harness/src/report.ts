@@ -9,7 +9,7 @@ import type { RunOutcome, ScenarioResult } from './runner.js';
 /** The numbers of one run. */
 export interface RunSummary {
   requests: number;
-  verdicts: { verified: number; mismatch: number; unverified: number; none: number };
+  verdicts: { verified: number; mismatch: number; unverified: number; 'transfer-failed': number; none: number };
   /** Unverified (and mismatch-side unverified) reasons, by SPEC 8 code. */
   unverifiedReasons: Record<string, number>;
   recomputed: number;
@@ -39,6 +39,7 @@ export function summarize(run: RunOutcome): RunSummary {
       verified: r.filter((o) => o.kind === 'verified').length,
       mismatch: r.filter((o) => o.kind === 'mismatch').length,
       unverified: r.filter((o) => o.kind === 'unverified').length,
+      'transfer-failed': r.filter((o) => o.kind === 'transfer-failed').length,
       none: r.filter((o) => o.kind === 'none').length,
     },
     unverifiedReasons: reasons,
@@ -66,7 +67,7 @@ export function summaryLines(s: RunSummary): string[] {
     .join(', ');
   return [
     `requests: ${s.requests} (${s.faulted} hit by a fault, ${s.injected} with changed KV bytes)`,
-    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts['transfer-failed'] ? `, load failed in transit ${s.verdicts['transfer-failed']}` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
     `transfer time: ${fmt(s.transferMs)} ms over ${bytes(s.loadBytes)} loaded; checksum time: producer ${fmt(s.checksumMs.send, 2)} ms over ${bytes(s.checksumBytes.send)}, consumer ${fmt(s.checksumMs.recv, 2)} ms over ${bytes(s.checksumBytes.recv)}`,

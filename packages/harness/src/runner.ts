@@ -7,7 +7,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Verdict } from '@kvconnect/checksum';
-import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig, type LoadOutcomeEvent } from '@kvconnect/core';
+import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig, type LoadError, type LoadOutcomeEvent } from '@kvconnect/core';
 import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type PDResult, type SamplingParams } from '@kvconnect/engine';
 
 /** What the P/D proxy needs of an engine (its `generate` and id). */
@@ -223,6 +223,8 @@ export interface RequestOutcome {
   action: 'use' | 'recompute' | 'fail' | null;
   /** The transport reported invalid blocks for the load. */
   invalidBlocks: boolean;
+  /** Why the load failed in transit (kind `transfer-failed`), when it did. */
+  loadError?: LoadError;
   reference: number[];
   equalsReference: boolean;
   /** Consumer block positions whose loaded bytes the injector really changed, per group id. */
@@ -333,10 +335,16 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   const t0 = performance.now();
   // What each consumer engine decided per load (typed `load-outcome` events), by request index.
   const outcomes = new Map<number, LoadOutcomeEvent>();
+  // Loads whose transfer failed, with the cause the connector gave (`load-transfer-failed`).
+  const transferFailures = new Map<number, LoadError>();
   for (const obs of topo.consumerObservability) {
     obs.events.on('load-outcome', (e) => {
       const i = requestIndexOf(e.requestId);
       if (i !== undefined) outcomes.set(i, e);
+    });
+    obs.events.on('load-transfer-failed', (e) => {
+      const i = requestIndexOf(e.requestId);
+      if (i !== undefined) transferFailures.set(i, e.loadError);
     });
   }
   // Request i goes through its own proxy whose endpoints name it `r<i>.<proxy id>` on both sides
@@ -382,7 +390,8 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       finishReason: r === 'timeout' ? 'timeout' : r.finishReason,
       error: r === 'timeout' ? `no answer within ${s.timeoutMs} ms` : r.error,
       verdict: v?.verdict ?? null,
-      kind: v?.verdict ? v.verdict.verdict : 'none',
+      kind: v?.verdict ? v.verdict.verdict : transferFailures.has(i) ? 'transfer-failed' : 'none',
+      loadError: transferFailures.get(i),
       action: v?.action ?? null,
       invalidBlocks: v?.reason === 'invalid-blocks',
       reference: references[i],
@@ -474,7 +483,9 @@ export function describeOutcome(o: RequestOutcome): string {
   const parts = [`verdict ${o.kind}`];
   if (v && v.mismatches.length) parts.push(`mismatch ${fmtMismatches(v.mismatches)}`);
   if (v && v.unverified.length) parts.push(`reasons ${v.unverified.map((u) => (u.groupId === null ? u.reason : `g${u.groupId}:${u.reason}`)).join(',')}`);
-  if (o.invalidBlocks) parts.push('transport reported invalid blocks');
+  if (v?.wrongRequest) parts.push('wrong request (SPEC 8.0)');
+  if (o.loadError) parts.push(`load failed in transit (${o.loadError.reason}: ${o.loadError.message})`);
+  else if (o.invalidBlocks) parts.push('transport reported invalid blocks');
   parts.push(`action ${o.action ?? '-'}`, `finish ${o.finishReason}`, o.equalsReference ? 'output = reference' : o.tokenIds.length ? 'output differs' : 'no output');
   return parts.join(', ');
 }
@@ -488,6 +499,7 @@ function checkRequest(e: RequestExpectation, o: RequestOutcome): string[] {
     const want = e.mismatches.map((m) => ({ group: m.group, positions: [...m.positions].sort((a, b) => a - b) })).sort((a, b) => a.group - b.group);
     if (JSON.stringify(got.sort((a, b) => a.group - b.group)) !== JSON.stringify(want)) bad.push(`mismatches ${fmtMismatches(got)}, expected ${fmtMismatches(want)}`);
   }
+  if (e.wrongRequest !== undefined && (o.verdict?.wrongRequest ?? false) !== e.wrongRequest) bad.push(e.wrongRequest ? 'not reported as another request\'s KV (wrongRequest)' : 'reported as another request\'s KV (wrongRequest)');
   if (e.reasons && (verdicts === undefined || o.kind === 'unverified' || o.kind === 'mismatch')) {
     const got = o.verdict?.unverified ?? [];
     for (const r of e.reasons) {
@@ -510,6 +522,7 @@ function describeExpectation(e: RequestExpectation): string {
   const parts: string[] = [];
   if (e.verdict) parts.push(`verdict ${asList(e.verdict)!.join('|')}`);
   if (e.mismatches) parts.push(`mismatch ${fmtMismatches(e.mismatches)}`);
+  if (e.wrongRequest !== undefined) parts.push(e.wrongRequest ? 'wrong request' : 'not a wrong request');
   if (e.reasons) parts.push(`reasons ${e.reasons.map((r) => (typeof r === 'string' ? r : `${r.group === null ? 'load' : `g${r.group}`}:${r.reason}`)).join(',')}`);
   if (e.action) parts.push(`action ${asList(e.action)!.join('|')}`);
   if (e.finishReason) parts.push(`finish ${asList(e.finishReason)!.join('|')}`);
@@ -575,6 +588,7 @@ export function checkExpectations(s: Scenario, runs: RunOutcome[]): ExpectationR
       verified: all.filter((o) => o.kind === 'verified').length,
       mismatch: all.filter((o) => o.kind === 'mismatch').length,
       unverified: all.filter((o) => o.kind === 'unverified').length,
+      'transfer-failed': all.filter((o) => o.kind === 'transfer-failed').length,
       none: all.filter((o) => o.kind === 'none').length,
       recomputed: all.filter((o) => o.action === 'recompute').length,
       failed: all.filter((o) => o.action === 'fail').length,

@@ -117,6 +117,8 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
       num_tokens: ev.numTokens,
       mismatches: ev.verdict.mismatches.map((m) => ({ groupId: m.groupId, positions: m.positions.slice() })),
       unverified: ev.verdict.unverified.map((u) => ({ groupId: u.groupId, reason: u.reason })),
+      wrong_request: ev.verdict.wrongRequest,
+      identity: ev.verdict.identity,
     };
   };
   const onSent = (ev: PayloadSentEvent) => {

@@ -254,6 +254,10 @@ export interface LoadInfo {
   mismatches: Array<{ groupId: number; positions: number[] }>;
   /** Unverified reasons (SPEC 8 codes). */
   unverified: Array<{ groupId: number | null; reason: string }>;
+  /** SPEC 8.0: the checksums belong to another request's tokens (payload version 2). */
+  wrong_request?: boolean;
+  /** SPEC 8.0: `unchecked` for a version-1 payload, `none` when no payload decoded. */
+  identity?: 'checked' | 'unchecked' | 'none';
 }
 
 /** Whether a producer handed a checksum payload to its carrier. */

@@ -41,6 +41,7 @@ import type {
   KVConnectorScheduler,
   KVConnectorWorker,
   KVTransferConfig,
+  LoadError,
   MatchedTokens,
   RequestFinishedResult,
   SchedulerContext,
@@ -299,6 +300,7 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
   private readonly leases = new Map<string, number>();
   private readonly done = new Set<string>();
   private readonly invalid = new Set<number>();
+  private readonly loadErrors = new Map<string, LoadError>();
   private readonly payloads = new Map<string, Uint8Array>();
   private readonly key: string;
 
@@ -328,8 +330,9 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
         try {
           if (this.bus.failLoads) throw new Error('load failed (failLoads)');
           this.copy(load);
-        } catch {
+        } catch (e) {
           for (const g of load.localBlocks) for (const b of g) this.invalid.add(b);
+          this.loadErrors.set(load.requestId, { reason: 'transfer-error', message: e instanceof Error ? e.message : String(e) });
         }
         if (load.transferId) {
           const p = this.bus.payloads.get(load.transferId);
@@ -342,7 +345,8 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
   }
 
   getTransferResults(): TransferResults<never> {
-    const res: TransferResults<never> = { finishedSending: new Set(), finishedRecving: new Set(this.done), invalidBlockIds: new Set(this.invalid), kvChecksums: new Map() };
+    const res: TransferResults<never> = { finishedSending: new Set(), finishedRecving: new Set(this.done), invalidBlockIds: new Set(this.invalid), kvChecksums: new Map(), loadErrors: new Map(this.loadErrors) };
+    this.loadErrors.clear();
     for (const id of this.done) {
       const p = this.payloads.get(id);
       if (p) res.kvChecksums.set(id, p);
