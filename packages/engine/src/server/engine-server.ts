@@ -337,7 +337,7 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
   }
 
   function health(res: ServerResponse): void {
-    const base = { engine_id: engine.engineId, model: engine.model.name, tp_size: engine.tpSize, pp_size: engine.ppSize, block_size: engine.blockSize };
+    const base = { engine_id: engine.engineId, model: engine.model.name, served_models: served(), tp_size: engine.tpSize, pp_size: engine.ppSize, block_size: engine.blockSize };
     if (setupError !== null) return sendJson(res, 503, { status: 'error', error: `engine setup failed: ${setupError}`, ...base });
     if (closing) return sendJson(res, 503, { status: 'shutting-down', ...base });
     const cfg = engine.transferConfig;
