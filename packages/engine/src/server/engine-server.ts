@@ -2,14 +2,21 @@
  * An HTTP server in front of one {@link Engine}: the OpenAI-style API a P/D proxy (or any client)
  * talks to, as vLLM's `vllm serve` offers it.
  *
- * - `POST /v1/completions`: see {@link parseCompletionRequest} for the body; answers a
- *   {@link CompletionResponse} with `kv_transfer_params` (producer side) and a `kvconnect` field
- *   ({@link KVConnectInfo}: engine and request ids, preemptions, the checksum verdict of a KV load,
- *   the checksum payload a producer sent). Status codes: 200; 400 bad input (the message lists
- *   every problem); 409 a `request_id` in use; 413 body too large; 415 not JSON; 500 the request
- *   ended with `error` (the body holds the partial completion and `error.message`) or the engine
- *   failed; 503 shutting down or engine setup failed; 504 the request ran past its timeout (it is
- *   aborted in the engine). A client that disconnects aborts its request.
+ * - `POST /v1/completions` and `POST /v1/chat/completions`: see {@link parseCompletionRequest}
+ *   for the body; answers the OpenAI response ({@link ResponseFormat}) with `kv_transfer_params`
+ *   (producer side; consumer side `{ kv_transfer_params_error }` when the connector could not use
+ *   the request's params, also copied to a top-level `kv_transfer_params_error` and logged as a
+ *   warning) and a `kvconnect` field ({@link KVConnectInfo}: engine and request ids, preemptions,
+ *   the checksum verdict of a KV load, the checksum payload a producer sent). With `stream: true`:
+ *   Server-Sent Events, the extra fields in the last choice chunk, errors after the first byte as
+ *   a `data: { error }` event. The request id is `request_id`, else `X-Request-Id`, else a fresh
+ *   one; it is echoed in `x-request-id`. Status codes: 200; 400 bad input (the message lists
+ *   every problem); 404 a `model` not served; 409 a request id in use; 413 body too large; 415
+ *   not JSON; 500 the request ended with `error` (the body holds the partial completion and
+ *   `error.message`) or the engine failed; 503 shutting down or engine setup failed; 504 the
+ *   request ran past its timeout (it is aborted in the engine). A client that disconnects aborts
+ *   its request.
+ * - `GET /v1/models`: the served model names; `GET /version`: `{ version }`;
  * - `GET /health`: `{ status: 'ok', engine_id, model, ... }` (503 while setup failed or closing);
  * - `GET /metrics`: the engine's Prometheus registry (KV checksum metrics) in text format;
  * - `POST /shutdown`: answers `{ status: 'shutting-down' }`, then closes gracefully (see

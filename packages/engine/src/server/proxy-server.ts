@@ -3,8 +3,13 @@
  * it routes each through a producer (prefill) and a consumer (decode) engine server with a
  * {@link PDProxy} over {@link EngineClient}s, round robin over several of each.
  *
- * - `POST /v1/completions`: the body of the engine API without `kv_transfer_params` and
- *   `request_id` (the proxy sets them). Answers the consumer's completion with a `kvconnect` field
+ * - `POST /v1/completions` and `POST /v1/chat/completions`: the body of the engine API without
+ *   `kv_transfer_params` and `request_id` (the proxy sets them; `X-Request-Id` names the request,
+ *   `<id>-p` / `<id>-d` on the engines, and is echoed). Chat prompts are rendered here
+ *   (`applyChatTemplate`) and sent to the engines as completions. `stream: true`: the consumer's
+ *   chunks are streamed on to the client as they come (the SSE response starts with the first
+ *   one, so failures before it keep their HTTP status; later ones are a `data: { error }` event).
+ *   `model` must be one the consumers serve (404). Answers the consumer's completion with a `kvconnect` field
  *   `{ mode, prefill: {...}, decode: {...} }`: each side's URL, engine id, request id and the
  *   engine's own `kvconnect` information (checksum verdict on the consumer, payload on the
  *   producer); `prefill.kv_transfer_params` are the params the producer returned. Status codes: 200;
@@ -21,6 +26,7 @@
  *   for a consumer not heard from in `consumerCheckIntervalMs` asks its `/health` first; a down
  *   consumer is asked again at most once per interval and used again once it answers. Round robin
  *   skips down consumers while another is up.
+ * - `GET /v1/models`: the consumers' served model names; `GET /version`: `{ version }`;
  * - `GET /health`: asks every engine's `/health` (200 when all answer, else 503).
  * - `POST /shutdown`: closes the proxy gracefully (the engines keep running).
  * @module
