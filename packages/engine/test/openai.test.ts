@@ -192,3 +192,37 @@ describe('the engine server directly', () => {
     await until(() => engine.scheduler.numUnfinished === 0);
   });
 });
+
+describe('request validation of the OpenAI fields', () => {
+  const postRaw = (url: string, body: unknown, headers: Record<string, string> = {}) =>
+    fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) }).then(async (r) => ({ status: r.status, headers: r.headers, body: (await r.json()) as any }));
+
+  it('chat messages, X-Request-Id, max_completion_tokens over max_tokens, request_id over X-Request-Id', async () => {
+    const server = await serve(single('dense-gqa'));
+    const chat = `${server.url}/v1/chat/completions`;
+    const cases: Array<[unknown, number, RegExp]> = [
+      [{ messages: [] }, 400, /messages: expected a non-empty array/],
+      [{ messages: [{ role: 'wizard', content: 'x' }] }, 400, /messages\[0\]\.role/],
+      [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }, 400, /only text parts/],
+      [{ messages: [{ role: 'user', content: 5 }] }, 400, /messages\[0\]\.content/],
+      [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function' }] }, 400, /tools: not supported/],
+      [{ messages: [{ role: 'user', content: 'x' }], logprobs: true }, 400, /logprobs/],
+    ];
+    for (const [body, status, msg] of cases) {
+      const r = await postRaw(chat, body);
+      expect({ body, status: r.status }).toEqual({ body, status });
+      expect(r.body.error.message).toMatch(msg);
+    }
+    expect((await postRaw(chat, { messages: [{ role: 'user', content: 'x' }] }, { 'x-request-id': 'bad id!' })).status).toBe(400);
+    // Text parts are concatenated; max_completion_tokens wins over max_tokens.
+    const ref = await single('dense-gqa').generate('<|user|>\nab\n<|assistant|>\n', { maxTokens: 3, ignoreEos: true });
+    const ok = await postRaw(chat, { messages: [{ role: 'user', content: [{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }] }], max_tokens: 9, max_completion_tokens: 3, ignore_eos: true }, { 'x-request-id': 'hdr-1' });
+    expect(ok.status).toBe(200);
+    expect(ok.headers.get('x-request-id')).toBe('hdr-1');
+    expect(ok.body.id).toBe('chatcmpl-hdr-1');
+    expect(ok.body.choices[0].message.content).toBe(ref.text);
+    const both = await postRaw(`${server.url}/v1/completions`, { prompt: 'x', max_tokens: 1, request_id: 'body-1' }, { 'x-request-id': 'hdr-2' });
+    expect(both.body.kvconnect.request_id).toBe('body-1');
+    expect(both.headers.get('x-request-id')).toBe('body-1');
+  });
+});
