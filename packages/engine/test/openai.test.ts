@@ -69,15 +69,18 @@ describe('the openai client through the proxy', () => {
   });
 
   it('completions, streamed with include_usage: several chunks whose text is the whole output, then a usage chunk', async () => {
-    const { client } = await stack();
+    const { client, pd } = await stack();
     const N = 120;
     const ref = await single('dense-gqa').generate(PROMPT, { maxTokens: N, ignoreEos: true });
     const stream = await client.completions.create({ model: 'dense-gqa', prompt: PROMPT, max_tokens: N, stream: true, stream_options: { include_usage: true }, ...EXTRA });
     const texts: string[] = [];
     const finishes: Array<string | null> = [];
     let usage: unknown = null;
+    let runningAtFirstText: boolean | null = null;
     for await (const chunk of stream) {
       if (chunk.usage) usage = chunk.usage;
+      // Streamed as generated: the first text arrives while the consumer still decodes.
+      if (runningAtFirstText === null && chunk.choices.some((ch) => ch.text.length > 0)) runningAtFirstText = pd.consumer.scheduler.numUnfinished === 1;
       for (const ch of chunk.choices) {
         texts.push(ch.text);
         finishes.push(ch.finish_reason);
@@ -85,6 +88,7 @@ describe('the openai client through the proxy', () => {
     }
     expect(texts.join('')).toBe(ref.text);
     expect(texts.filter((t) => t.length > 0).length).toBeGreaterThan(1);
+    expect(runningAtFirstText).toBe(true);
     expect(finishes.at(-1)).toBe('length');
     expect(finishes.slice(0, -1).every((f) => f === null)).toBe(true);
     expect(usage).toEqual({ prompt_tokens: PROMPT.length + 1, completion_tokens: N, total_tokens: PROMPT.length + 1 + N });
