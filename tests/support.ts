@@ -11,10 +11,14 @@ export async function until(cond: () => boolean, ms = 10_000): Promise<void> {
   }
 }
 
-/** Sum of a prom-client metric's values whose labels include `labels` (histogram buckets left out). */
+/**
+ * Sum of a prom-client metric's values whose labels include `labels` (histogram buckets left out).
+ * @throws Error when `registry` has no metric `name` (a renamed or unregistered metric must fail
+ *   the test, not read as 0).
+ */
 export async function metricValue(registry: Registry, name: string, labels: Record<string, string> = {}): Promise<number> {
   const m = registry.getSingleMetric(name);
-  if (!m) return 0;
+  if (!m) throw new Error(`no metric ${name} in the registry (registered: ${registry.getMetricsAsArray().map((x) => x.name).join(', ') || 'none'})`);
   const v = await m.get();
   return v.values
     .filter((x) => Object.entries(labels).every(([k, l]) => x.labels[k] === l) && !(x as { metricName?: string }).metricName?.endsWith('_bucket'))

@@ -24,6 +24,7 @@
 #include "mooncake_addon.h"
 #ifdef KVC_WITH_CUDA
 #include "addon_cuda.h"
+#include "addon_device.h"
 #endif
 
 namespace {
@@ -410,6 +411,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   if (env.IsExceptionPending()) return exports;
 #ifdef KVC_WITH_CUDA
   KvcRegisterCuda(env, exports);
+  if (env.IsExceptionPending()) return exports;
+  KvcRegisterDevice(env, exports);
 #endif
   return exports;
 }

@@ -24,6 +24,10 @@
  *    only from the sender's getTransferStatus once every task of the batch is COMPLETED;
  *  - notify name and msg are NUL-terminated strings (copied as C strings);
  *  - getNotifsFromEngine removes what it returns (malloc'd; free with freeNotifsMsgBuf).
+ * registerLocalMemory records each buffer's `location` and accepts only `*`, `cpu:N` and
+ * `cuda:N` (the forms of the real engine's buffer locations; anything else returns -1); with the
+ * environment variable FAKE_MOONCAKE_REGISTER_LOG set to a path, it appends one line per
+ * registration there: `<addr hex> <length> <location>` (tests read it back).
  * Test knob: metadata `P2PHANDSHAKE;fake_delay_us=N` delays every task of that engine by N
  * microseconds after its submit (a stalled transfer); destroying the target meanwhile makes the
  * task fail at its next poll (a "remote disconnect").
@@ -68,7 +72,19 @@ enum { WAITING = 0, PENDING = 1, INVALID = 2, CANCELED = 3, COMPLETED = 4, TIMEO
 struct Region {
   uintptr_t addr;
   size_t len;
+  std::string location;
 };
+
+/** `*`, `cpu:N` or `cuda:N` (N decimal digits). */
+bool GoodLocation(const char* loc) {
+  if (!loc) return false;
+  if (std::strcmp(loc, "*") == 0) return true;
+  const char* d = std::strncmp(loc, "cpu:", 4) == 0 ? loc + 4 : std::strncmp(loc, "cuda:", 5) == 0 ? loc + 5 : nullptr;
+  if (!d || !*d) return false;
+  for (; *d; ++d)
+    if (*d < '0' || *d > '9') return false;
+  return true;
+}
 
 struct Task {
   transfer_request req;
@@ -280,13 +296,19 @@ API int syncSegmentCache(void* engine) {
   return 0;
 }
 
-API int registerLocalMemory(void* engine, void* addr, size_t length, const char* /*location*/, int /*remote_accessible*/) {
+API int registerLocalMemory(void* engine, void* addr, size_t length, const char* location, int /*remote_accessible*/) {
   std::lock_guard<std::mutex> lk(g_mu);
   Engine* e = Eng(engine);
-  if (!e || !addr || length == 0) return -1;
+  if (!e || !addr || length == 0 || !GoodLocation(location)) return -1;
   for (const Region& r : e->regs)
     if (r.addr == (uintptr_t)addr) return -1;  // already registered
-  e->regs.push_back(Region{(uintptr_t)addr, length});
+  e->regs.push_back(Region{(uintptr_t)addr, length, location});
+  if (const char* log = std::getenv("FAKE_MOONCAKE_REGISTER_LOG")) {
+    if (FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "%llx %zu %s\n", (unsigned long long)(uintptr_t)addr, length, location);
+      std::fclose(f);
+    }
+  }
   return 0;
 }
 

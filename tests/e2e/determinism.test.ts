@@ -1,13 +1,20 @@
 /**
  * Determinism: greedy outputs of 50 prompts, submitted together (continuous batching, chunked
  * prefill), are identical token for token for a single instance, P/D with checksums off, and P/D
- * with checksums on (TP 2 producer, TP 1 consumer with another block size and layout).
+ * with checksums on (TP 2 producer, TP 1 consumer with another block size and layout); and for a
+ * single instance and P/D over Mooncake with every worker in a process of its own (the worker
+ * processes run `dist/`, brought up to date by `tsc --build` first).
  */
-import { afterEach, describe, expect, it } from 'vitest';
-import { inProcessBus } from '../../packages/engine/test/utils/in-process-connector.js';
+import { spawnSync } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { KVChecksumObservability } from '@kvconnect/core';
+import { Engine, PDProxy } from '@kvconnect/engine';
+import { MOONCAKE_CONNECTOR, bootstrapAddressOf } from '@kvconnect/mooncake';
 import { counter, makePD, prompts, single } from '../../packages/engine/test/utils/pd.js';
 
-afterEach(() => inProcessBus.reset());
 
 const N = 50;
 const SAMPLING = { maxTokens: 6, ignoreEos: true };
@@ -50,5 +57,51 @@ describe('determinism', () => {
     const c = await Promise.all(ps.map((p, i) => pd.proxy.generate(p, { ...sampling, seed: i })));
     for (let i = 0; i < ps.length; i++) expect(c[i].tokenIds).toEqual(a[i].tokenIds);
     await pd.shutdown();
+  });
+
+  describe('with worker processes', () => {
+    const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+    beforeAll(() => {
+      const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin/tsc');
+      const r = spawnSync(process.execPath, [tsc, '--build', join(ROOT, 'packages/engine'), join(ROOT, 'packages/mooncake')], { encoding: 'utf8', timeout: 170_000 });
+      if (r.status !== 0) throw new Error(`tsc --build failed:\n${`${r.stdout}${r.stderr}`.slice(-4000)}`);
+    }, 180_000);
+
+    it('greedy outputs of 12 prompts: single = P/D over Mooncake, producer TP2 and consumer TP1 in worker processes, checksums on', async () => {
+      const ps = prompts(12, 3);
+      const ref = single('dense-gqa', { maxNumBatchedTokens: 96 });
+      const a = await Promise.all(ps.map((p) => ref.generate(p, SAMPLING)));
+      const workers = { executor: 'processes', workerImports: [join(ROOT, 'packages/mooncake/dist/index.js')] } as const;
+      const extra = { bootstrap_port: 0, abort_timeout_ms: 10_000, transfer_timeout_ms: 15_000 };
+      const id = `det-mp-${process.pid}`;
+      const obs = new KVChecksumObservability({ level: 'silent' });
+      const producer = new Engine({ model: 'dense-gqa', tpSize: 2, maxNumBatchedTokens: 64, ...workers, engineId: `${id}-p`, observability: new KVChecksumObservability({ level: 'silent' }), kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_producer', enable_kv_checksum: true, kv_connector_extra_config: extra } });
+      let consumer: Engine | null = null;
+      try {
+        await producer.ready;
+        consumer = new Engine({
+          model: 'dense-gqa',
+          blockSize: 32,
+          cacheLayout: { layout: 'HND', kvLayout: 'kv-first' },
+          ...workers,
+          engineId: `${id}-d`,
+          observability: obs,
+          kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail', kv_connector_extra_config: { ...extra, remote_bootstrap_addr: await bootstrapAddressOf(`${id}-p`) } },
+        });
+        await consumer.ready;
+        expect(producer.workerPids.flat()).toHaveLength(2);
+        expect(consumer.workerPids.flat()).toHaveLength(1);
+        const proxy = new PDProxy({ prefill: producer, decode: consumer, mode: 'concurrent' });
+        const c = await Promise.all(ps.map((p) => proxy.generate(p, SAMPLING)));
+        for (let i = 0; i < ps.length; i++) {
+          expect(c[i].error).toBeUndefined();
+          expect(c[i].tokenIds).toEqual(a[i].tokenIds);
+        }
+        expect(await counter(obs, 'loads', { verdict: 'verified' })).toBe(ps.length);
+      } finally {
+        await consumer?.shutdown();
+        await producer.shutdown();
+      }
+    });
   });
 });

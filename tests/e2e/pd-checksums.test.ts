@@ -4,22 +4,21 @@
  * a consumer prefix hit verifies only the loaded blocks, and the Mooncake-style concurrent mode
  * carries the payload through the connector.
  */
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { KVChecksumObservability, type LoadEvent } from '@kvconnect/core';
 import type { AttentionCacheView } from '@kvconnect/checksum';
 import { partAddress } from '@kvconnect/engine';
-import { inProcessBus, type CopyContext } from '../../packages/engine/test/utils/in-process-connector.js';
+import type { CopyContext, InProcessBus } from '../../packages/engine/test/utils/in-process-connector.js';
 import { counter, makePD, single } from '../../packages/engine/test/utils/pd.js';
 
-afterEach(() => inProcessBus.reset());
 
 const PROMPT = 'The quick brown fox jumps over the lazy dog, twice.';
 const SAMPLING = { maxTokens: 8, ignoreEos: true };
 
 /** Flips bit 6 of byte 1 (bf16: an exponent bit) of the first piece matching `match`. */
-function flipOnce(match: (c: CopyContext) => boolean): { hits: number } {
+function flipOnce(bus: InProcessBus, match: (c: CopyContext) => boolean): { hits: number } {
   const state = { hits: 0 };
-  inProcessBus.faultHook = (c, bytes) => {
+  bus.faultHook = (c, bytes) => {
     if (state.hits === 0 && match(c)) {
       bytes[1] ^= 0x40;
       state.hits++;
@@ -38,7 +37,7 @@ describe('corrupted KV in transit', () => {
     const pd = makePD({ model: 'dense-gqa', failClosed: false, consumerObservability: obs });
     const events: LoadEvent[] = [];
     obs.events.on('load-mismatch', (e) => events.push(e));
-    const f = flipOnce(kOfToken(5));
+    const f = flipOnce(pd.bus, kOfToken(5));
     const r = await pd.proxy.generate(PROMPT, SAMPLING);
     expect(f.hits).toBe(1);
     expect(r.finishReason).toBe('length');
@@ -55,7 +54,7 @@ describe('corrupted KV in transit', () => {
 
   it('fail-closed + fail: the request ends with an error', async () => {
     const pd = makePD({ model: 'dense-gqa', failClosed: true, policy: 'fail', consumer: { blockSize: 8 } });
-    flipOnce(kOfToken(20, 3));
+    flipOnce(pd.bus, kOfToken(20, 3));
     const r = await pd.proxy.generate(PROMPT, SAMPLING);
     expect(r.finishReason).toBe('error');
     expect(r.error).toMatch(/mismatch/);
@@ -69,7 +68,7 @@ describe('corrupted KV in transit', () => {
   it('fail-closed + recompute: completes with output identical to a single instance', async () => {
     const ref = await single('dense-gqa').generate(PROMPT, SAMPLING);
     const pd = makePD({ model: 'dense-gqa', failClosed: true, policy: 'recompute', producer: { tpSize: 2 } });
-    flipOnce(kOfToken(33, 2));
+    flipOnce(pd.bus, kOfToken(33, 2));
     const r = await pd.proxy.generate(PROMPT, SAMPLING);
     expect(r.finishReason).toBe('length');
     expect(r.tokenIds).toEqual(ref.tokenIds);
@@ -88,7 +87,7 @@ describe('corrupted KV in transit', () => {
       // Mamba: a state row; MLA: the latent; sliding: a sliding-window layer's K.
       const match =
         model === 'hybrid-mamba2' ? (c: CopyContext) => c.state === 1 && c.row === 3 : model === 'mla' ? (c: CopyContext) => c.token === 7 && c.name === 'model.layers.2.self_attn.attn' : kOfToken(9, 1);
-      inProcessBus.faultHook = (() => {
+      pd.bus.faultHook = (() => {
         let done = false;
         return (c: CopyContext, b: Uint8Array) => {
           if (!done && match(c)) {
@@ -140,7 +139,7 @@ describe('prefix hits and carriers', () => {
     const pd = makePD({ model: 'dense-gqa' });
     await pd.consumer.generate(`${shared} Something else entirely.`, { maxTokens: 2 });
     const tokens = new Set<number>();
-    inProcessBus.faultHook = (c) => void tokens.add(c.token!);
+    pd.bus.faultHook = (c) => void tokens.add(c.token!);
     const events: LoadEvent[] = [];
     pd.obs.events.on('load-verified', (e) => events.push(e));
     const r = await pd.proxy.generate(prompt, SAMPLING);

@@ -3,12 +3,10 @@
  * verifies for every producer (TP x PP) -> consumer (TP x PP) topology, block size pair, layout
  * and model preset, and the consumer's output equals a single instance token for token.
  */
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { PRESETS, type ModelConfig, type PresetName } from '@kvconnect/engine';
-import { inProcessBus } from '../../packages/engine/test/utils/in-process-connector.js';
 import { counter, makePD, single, type SideOptions } from '../../packages/engine/test/utils/pd.js';
 
-afterEach(() => inProcessBus.reset());
 
 const PROMPT = 'Disaggregated serving moves the KV cache from prefill to decode.';
 const SAMPLING = { maxTokens: 6, ignoreEos: true };

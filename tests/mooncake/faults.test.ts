@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest';
 import type { LoadEvent } from '@kvconnect/core';
 import { Packr, Unpackr } from 'msgpackr';
-import { decodeTransferResponse, encodeTransferResponse } from '@kvconnect/mooncake';
+import { ConsumerSession, decodeEnvelope, decodeTransferResponse, encodeEnvelope, encodeTransferResponse } from '@kvconnect/mooncake';
 import { FlippingAgent, counter, makeMooncakePD, single, until, type MooncakePD } from './utils.js';
 
 const packr = new Packr({ useRecords: false, variableMapSize: true });
@@ -312,14 +312,26 @@ describe('producer robustness', () => {
     try {
       const pw = pd.producerWorkers()[0];
       dealer.connect(pw.sideChannelAddr!);
-      for (const junk of [new Uint8Array([0xff, 0x00, 0x13]), new Uint8Array(packr.pack(new Map([['tp_size', 'two']])))]) {
+      // Not an envelope, and a version-1 message (a bare map): refused with a reason.
+      for (const [junk, code] of [
+        [new Uint8Array([0xff, 0x00, 0x13]), 'bad-message'],
+        [new Uint8Array(packr.pack(new Map([['tp_size', 'two']]))), 'incompatible'],
+      ] as const) {
         await dealer.send(junk);
         const [reply] = await dealer.receive();
-        const r = decodeTransferResponse(reply);
-        expect(r.status).toBe(2);
-        expect(r.errMsg).toMatch(/mooncake side channel/);
+        const e = decodeEnvelope(reply);
+        expect(e).toMatchObject({ kind: 'refuse', code });
+        expect(e.message).toMatch(/mooncake side channel/);
       }
-      expect(pw.stats.metadataRejected).toBe(2);
+      // After the handshake, a malformed metadata body gets an error response.
+      const session = new ConsumerSession(null);
+      await dealer.send(encodeEnvelope(session.hello()));
+      session.welcome(decodeEnvelope((await dealer.receive())[0]));
+      await dealer.send(encodeEnvelope(session.seal(new Uint8Array(packr.pack(new Map([['tp_size', 'two']]))))));
+      const r = decodeTransferResponse(session.open(decodeEnvelope((await dealer.receive())[0])));
+      expect(r.status).toBe(2);
+      expect(r.errMsg).toMatch(/mooncake side channel: tp_size/);
+      expect(pw.stats.metadataRejected).toBe(3);
       const got = await pd.proxy.generate(PROMPT, S);
       expect(got.tokenIds).toEqual((await single('dense-gqa').generate(PROMPT, S)).tokenIds);
       expect(await counter(pd.obs, 'loads', { verdict: 'verified' })).toBe(1);

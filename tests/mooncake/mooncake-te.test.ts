@@ -11,6 +11,7 @@ import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createAgent, mooncakeUnavailableReason } from '@kvconnect/mooncake';
+import { ClusterSecretError, decodeMooncakeMetadata } from '@kvconnect/transfer';
 import { counter, makeMooncakePD, prompts, single, until } from './utils.js';
 
 const FAKE = fileURLToPath(new URL('../../native/build/test/libfake_transfer_engine.so', import.meta.url));
@@ -41,12 +42,32 @@ describe.skipIf(!!missing)(`MooncakeConnector P/D over the Mooncake Transfer Eng
     }
   });
 
+  it('the engine starts with the configured host (its segment name); a non-loopback host needs a cluster secret', async () => {
+    const a = await createAgent('mooncake', 'mc-te-bind', '127.0.0.3');
+    try {
+      expect(decodeMooncakeMetadata(await a.getLocalMetadata()).segment).toMatch(/^127\.0\.0\.3:\d+$/);
+    } finally {
+      await a.close();
+    }
+    await expect(createAgent('mooncake', 'mc-te-bind-2', '192.0.2.7')).rejects.toThrow(ClusterSecretError);
+    if (!useReal) {
+      // The fake starts no listener: check that the configured host reaches the engine's init.
+      const b = await createAgent('mooncake', 'mc-te-bind-3', '192.0.2.7', Buffer.from('a-cluster-secret-of-tests'));
+      try {
+        expect(decodeMooncakeMetadata(await b.getLocalMetadata()).segment).toMatch(/^192\.0\.2\.7:\d+$/);
+      } finally {
+        await b.close();
+      }
+    }
+  });
+
   for (const c of [
-    { name: 'dense-gqa TP1 -> TP1', model: 'dense-gqa' as const, producer: {}, consumer: {} },
-    { name: 'dense-gqa TP2 -> TP1', model: 'dense-gqa' as const, producer: { tpSize: 2 }, consumer: {} },
+    { name: 'dense-gqa TP1 -> TP1', model: 'dense-gqa' as const, producer: {}, consumer: {}, extra: {} },
+    { name: 'dense-gqa TP2 -> TP1', model: 'dense-gqa' as const, producer: { tpSize: 2 }, consumer: {}, extra: {} },
+    { name: 'dense-gqa TP2 -> TP1 with a cluster secret', model: 'dense-gqa' as const, producer: { tpSize: 2 }, consumer: {}, extra: { cluster_secret: 'mooncake-te-cluster-secret' } },
   ]) {
     it(`${c.name}: equals a single instance, every load verified`, async () => {
-      const pd = await makeMooncakePD({ model: c.model, producer: c.producer, consumer: c.consumer, failClosed: true, policy: 'fail', extra: { backend: 'mooncake' } });
+      const pd = await makeMooncakePD({ model: c.model, producer: c.producer, consumer: c.consumer, failClosed: true, policy: 'fail', extra: { backend: 'mooncake', ...c.extra } });
       try {
         expect(pd.producerWorkers().every((w) => w.transferAgent?.backend === 'mooncake')).toBe(true);
         expect(pd.consumerWorkers().every((w) => w.transferAgent?.backend === 'mooncake')).toBe(true);

@@ -7,7 +7,8 @@
  *
  * Here every producer step blocks the (shared) event loop for longer than the handshake timeout
  * while many requests run concurrently through the proxy with small block pools: every load must
- * still be read and verified, and every output must equal a single instance's.
+ * still be read and verified, and every output must equal a single instance's. The first
+ * handshake (INFO) with a producer that is busy from the start waits the transfer deadline too.
  */
 import { describe, expect, it } from 'vitest';
 import { NIXL_METRIC_NAMES } from '@kvconnect/nixl-common';
@@ -68,6 +69,34 @@ describe('busy producer (side-channel answers slower than the handshake timeout)
         expect(pd.consumer.stats.loadsRecomputed).toBe(0);
         await until(() => pd.producer.scheduler.delayedFree.size === 0);
         expect(pd.producer.scheduler.kv.pool.numFree).toBe(64);
+      } finally {
+        await pd.shutdown();
+      }
+    });
+
+    it(`${mode}: the first handshake waits the transfer deadline, not the handshake timeout`, async () => {
+      const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
+      const want: number[][] = [];
+      for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
+      const extra = { handshake_timeout_ms: HANDSHAKE_MS };
+      const pd = await makeNixlPD({
+        mode,
+        model: 'dense-gqa',
+        producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+        consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+        policy: 'recompute',
+        producerExtra: extra,
+        consumerExtra: extra,
+      });
+      try {
+        // Busy from the start: the INFO of the first loads is answered only between long steps.
+        const restore = slowSteps(pd.producer, STEP_BLOCK_MS);
+        const rs = await Promise.all(Array.from({ length: N }, (_, i) => pd.proxy.generate(prompt(i), sampling(i))));
+        restore();
+        rs.forEach((r, i) => expect(r.tokenIds).toEqual(want[i]));
+        expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers)).toBe(0);
+        expect(pd.consumer.stats.loadsUsed).toBe(N);
+        expect(pd.consumer.stats.loadsRecomputed).toBe(0);
       } finally {
         await pd.shutdown();
       }

@@ -3,7 +3,9 @@
  * separate Node processes (`bin/kvconnect-engine.js`, `bin/kvconnect-proxy.js`, started by the
  * engine's launcher); the connectors load with `imports` (self-registering modules), KV moves
  * between the processes through EmbeddedAgents over 127.0.0.1 TCP, and the consumer verifies the
- * KV checksums. The output equals a single in-process engine's, for TP1 -> TP1 and TP2 -> TP1.
+ * KV checksums. The output equals a single in-process engine's, for TP1 -> TP1 and TP2 -> TP1 with
+ * the workers in the engine processes, and for pull TP2 -> TP1 and push TP1 -> TP2 with the
+ * consumer's workers in worker processes (a producer with worker processes: skipped, see NIXL_HUB).
  *
  * The bins run `dist/`; `beforeAll` brings it up to date with `tsc --build`.
  */
@@ -44,37 +46,58 @@ async function metric(url: string, line: string): Promise<boolean> {
 }
 
 describe('NIXL across processes (producer, consumer, proxy)', () => {
-  const cases = [
-    ['pull', 'NixlConnector', PULL, 1],
-    ['pull', 'NixlConnector', PULL, 2],
-    ['push', 'NixlPushConnector', PUSH, 1],
-    ['push', 'NixlPushConnector', PUSH, 2],
-  ] as const;
-  for (const [mode, connector, module, tp] of cases) {
-    it(`${mode} TP${tp} -> TP1: the output equals a single instance and the load verifies`, async () => {
-      const base = { preset: 'dense-gqa' as const, numBlocks: 128, imports: [module] };
+  type Workers = 'inprocess' | 'processes';
+  // [mode, producer TP, producer PP, consumer TP, where the producer and the consumer run their workers]
+  const cases: Array<readonly ['pull' | 'push', number, number, number, Workers, Workers]> = [];
+  for (const mode of ['pull', 'push'] as const) {
+    cases.push([mode, 1, 1, 1, 'inprocess', 'inprocess'], [mode, 2, 1, 1, 'inprocess', 'inprocess']);
+    // The consumer's workers in processes of their own (pull: TP2 -> TP1, push: TP1 -> TP2).
+    cases.push(mode === 'pull' ? [mode, 2, 1, 1, 'inprocess', 'processes'] : [mode, 1, 1, 2, 'inprocess', 'processes']);
+    // The producer's too.
+    for (const [ptp, ppp, dtp] of [[1, 1, 1], [2, 1, 1], [1, 1, 2], [1, 2, 1]] as const) cases.push([mode, ptp, ppp, dtp, 'processes', 'processes']);
+  }
+  // A producer with worker processes does not work yet: NIXL's halves meet in a process-local hub
+  // (packages/nixl-common/src/hub.ts), so the producer's scheduler half finds no side channel (its
+  // workers started theirs in their own processes) and returns no kv_transfer_params; every
+  // request then prefills on the consumer. These cases run once NIXL uses the handshake hooks.
+  const NIXL_HUB = 'skipped: a NIXL producer needs its halves in one process (nixl-common/src/hub.ts), not yet on the handshake hooks';
+  for (const [mode, tp, pp, dtp, pex, dex] of cases) {
+    const connector = mode === 'pull' ? 'NixlConnector' : 'NixlPushConnector';
+    const name = `${mode} TP${tp}${pp > 1 ? ` PP${pp}` : ''} -> TP${dtp}, workers ${pex} -> ${dex}: the output equals a single instance and the load verifies`;
+    (pex === 'processes' ? it.skip : it)(pex === 'processes' ? `${name} (${NIXL_HUB})` : name, async () => {
+      const base = { preset: 'dense-gqa' as const, numBlocks: 128, imports: [mode === 'pull' ? PULL : PUSH] };
+      const id = `mp-${mode}-${tp}${pp}${dtp}-${pex[0]}${dex[0]}`;
       const [p, d] = await Promise.all([
-        launchEngineProcess({ config: { ...base, tpSize: tp, engineId: `mp-${mode}-p${tp}`, kvTransferConfig: { kv_connector: connector, kv_role: 'kv_producer', enable_kv_checksum: true } } }).then(track),
+        launchEngineProcess({ config: { ...base, executor: pex, tpSize: tp, ppSize: pp, engineId: `${id}-p`, kvTransferConfig: { kv_connector: connector, kv_role: 'kv_producer', enable_kv_checksum: true } } }).then(track),
         launchEngineProcess({
           config: {
             ...base,
-            engineId: `mp-${mode}-d${tp}`,
+            executor: dex,
+            tpSize: dtp,
+            engineId: `${id}-d`,
             kvTransferConfig: { kv_connector: connector, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail' },
           },
         }).then(track),
       ]);
       expect(p.ready).toMatchObject({ kvConnector: connector });
+      for (const [e, n, x] of [[p, tp * pp, pex], [d, dtp, dex]] as const) {
+        const h = (await (await fetch(`${e.url}/health`)).json()) as { executor: string; worker_pids: number[][] };
+        expect(h.executor).toBe(x);
+        expect(h.worker_pids.flat()).toHaveLength(x === 'processes' ? n : 0);
+      }
       const proxy = track(await launchProxyProcess({ config: { prefill: [p.url], decode: [d.url], mode: 'sequential' } }));
       const res = await fetch(`${proxy.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPT, max_tokens: MAX, ignore_eos: true }) });
       const body = (await res.json()) as { choices: Array<{ token_ids: number[] }>; kvconnect: { prefill: { kv_transfer_params?: Record<string, unknown> } } };
       expect(res.status).toBe(200);
-      const want = await new Engine({ preset: 'dense-gqa', engineId: `mp-ref-${mode}-${tp}` }).generate(PROMPT, { maxTokens: MAX, ignoreEos: true });
+      const want = await new Engine({ preset: 'dense-gqa', engineId: `${id}-ref` }).generate(PROMPT, { maxTokens: MAX, ignoreEos: true });
       expect(body.choices[0].token_ids).toEqual(want.tokenIds);
       const params = body.kvconnect.prefill.kv_transfer_params!;
-      expect(params).toMatchObject({ remote_engine_id: `mp-${mode}-p${tp}`, remote_tp_size: tp, remote_host: '127.0.0.1' });
+      expect(params).toMatchObject({ remote_engine_id: `${id}-p`, remote_tp_size: tp, remote_host: '127.0.0.1' });
       if (mode === 'pull') expect(typeof params.kv_checksums).toBe('string');
       else expect(params.kv_checksums).toBeUndefined();
       expect(await metric(d.url, 'kvconnect_kv_checksum_loads_total{verdict="verified"} 1')).toBe(true);
+      // The consumer's NIXL metrics (pull: its workers' READs) reach its /metrics, from worker processes too.
+      if (mode === 'pull') expect((await (await fetch(`${d.url}/metrics`)).text()).match(/^kvconnect_nixl_transfers_total\{mode="pull",op="READ"\} (\d+)$/m)?.[1]).toBe(String(Math.max(tp, dtp)));
     });
   }
 });

@@ -18,12 +18,21 @@
  * wins on a key both set) and keeps the blocks while any child sends; the worker reports a request
  * in `finishedSending` once every child that kept its blocks has. Transfer results merge;
  * connector-carried checksums: the first copy wins (child order).
+ *
+ * What crosses between the halves carries one slot per child, in child order: the step metadata
+ * ({@link MultiConnectorMetadata}), the worker-to-scheduler metadata
+ * ({@link MultiConnectorWorkerMeta}: child `i`'s `workerMeta` reaches child `i`'s
+ * `updateConnectorOutput` as its `kvConnectorWorkerMeta`) and the handshake metadata
+ * ({@link MultiConnectorHandshake}: child `i`'s `getHandshakeMetadata` reaches child `i`'s
+ * `setXferHandshakeMetadata`, keyed by worker, workers that gave null left out), as vLLM's
+ * `MultiConnector` does for `get_handshake_metadata` / `set_xfer_handshake_metadata`.
  * @module
  */
 import { KVTransferConfigError, parseKVTransferConfig, type ConfigProblem } from './config.js';
 import type {
   BlockIdsPerGroup,
   ConnectorRequest,
+  HandshakeMetadataByWorker,
   FinishReason,
   KVChecksumCarrier,
   KVConnectorFactory,
@@ -50,13 +59,29 @@ export interface ConnectorLookup {
   get(name: string): KVConnectorFactory;
 }
 
-/** Scheduler-to-worker metadata of a MultiConnector step. */
+/** Scheduler-to-worker metadata of a MultiConnector step (plain data). */
 export interface MultiConnectorMetadata {
   /** Each child's metadata, in child order. */
   children: KVConnectorMetadata[];
   /** Requests that finished this step with more than one child sending: how many must report `finishedSending`. */
   expectedSends: Record<string, number>;
 }
+
+/**
+ * Worker-to-scheduler metadata of a MultiConnector worker step (plain data): child `i`'s
+ * `workerMeta` (null when it gave none), in child order.
+ */
+export interface MultiConnectorWorkerMeta {
+  children: unknown[];
+}
+
+/** Handshake metadata of a MultiConnector worker (plain data): child `i`'s, null when it has none. */
+export interface MultiConnectorHandshake {
+  children: unknown[];
+}
+
+/** The MultiConnector's halves, typed over its metadata. */
+export type MultiConnectorFactoryType = KVConnectorFactory<MultiConnectorMetadata, MultiConnectorWorkerMeta, MultiConnectorHandshake>;
 
 const INHERITED = ['kv_role', 'enable_kv_checksum', 'kv_checksum_fail_closed', 'kv_load_failure_policy'] as const;
 
@@ -94,7 +119,7 @@ export function multiConnectorChildConfigs(config: KVTransferConfig): KVTransfer
 }
 
 /** The `MultiConnector` factory; children are created from `lookup` (the registry it is registered in). */
-export class MultiConnectorFactory implements KVConnectorFactory {
+export class MultiConnectorFactory implements MultiConnectorFactoryType {
   readonly name = MULTI_CONNECTOR_NAME;
 
   constructor(private readonly lookup: ConnectorLookup) {}
@@ -118,7 +143,7 @@ async function settleAll(calls: Array<() => Promise<void> | void>): Promise<void
 }
 
 /** The scheduler half of a MultiConnector. */
-export class MultiConnectorScheduler implements KVConnectorScheduler {
+export class MultiConnectorScheduler implements KVConnectorScheduler<MultiConnectorMetadata, MultiConnectorWorkerMeta, MultiConnectorHandshake> {
   /** request id -> index of the child loading it. */
   private readonly loadChild = new Map<string, number>();
   /** request id -> index of the child carrying its checksums when it is sent. */
@@ -175,8 +200,39 @@ export class MultiConnectorScheduler implements KVConnectorScheduler {
     return meta;
   }
 
-  updateConnectorOutput(outputs: readonly KVConnectorOutput[]): void {
-    for (const c of this.children) c.updateConnectorOutput(outputs);
+  /**
+   * Every child gets the step's outputs with its own slot of each output's
+   * {@link MultiConnectorWorkerMeta} as `kvConnectorWorkerMeta` (absent when the worker gave none
+   * for that child).
+   */
+  updateConnectorOutput(outputs: readonly KVConnectorOutput<MultiConnectorWorkerMeta>[]): void {
+    this.children.forEach((c, i) =>
+      c.updateConnectorOutput(
+        outputs.map((o) => {
+          const { kvConnectorWorkerMeta, ...rest } = o;
+          const mine = kvConnectorWorkerMeta?.children?.[i];
+          return mine === undefined || mine === null ? rest : { ...rest, kvConnectorWorkerMeta: mine };
+        }),
+      ),
+    );
+  }
+
+  /**
+   * Child `i` gets, per worker, slot `i` of that worker's {@link MultiConnectorHandshake}; workers
+   * whose slot is null are left out. Children without the hook are skipped; all are awaited.
+   */
+  async setXferHandshakeMetadata(metadata: HandshakeMetadataByWorker<MultiConnectorHandshake>): Promise<void> {
+    await settleAll(
+      this.children.map((c, i) => () => {
+        if (!c.setXferHandshakeMetadata) return;
+        const mine = new Map<string, unknown>();
+        for (const [worker, h] of metadata) {
+          const x = h?.children?.[i];
+          if (x !== undefined && x !== null) mine.set(worker, x);
+        }
+        return c.setXferHandshakeMetadata(mine);
+      }),
+    );
   }
 
   /**
@@ -232,7 +288,7 @@ export class MultiConnectorScheduler implements KVConnectorScheduler {
 }
 
 /** The worker half of a MultiConnector. */
-export class MultiConnectorWorker implements KVConnectorWorker {
+export class MultiConnectorWorker implements KVConnectorWorker<MultiConnectorMetadata, MultiConnectorWorkerMeta, MultiConnectorHandshake> {
   private expectedSends = new Map<string, number>();
   /** request id -> children that reported it in finishedSending so far. */
   private readonly sendsSeen = new Map<string, Set<number>>();
@@ -247,8 +303,14 @@ export class MultiConnectorWorker implements KVConnectorWorker {
     if (pending.length > 0) return Promise.all(pending).then(() => undefined);
   }
 
-  bindConnectorMetadata(meta: KVConnectorMetadata): void {
-    const m = meta as MultiConnectorMetadata | null | undefined;
+  /** Every child's handshake metadata in child order; null when no child has any. */
+  getHandshakeMetadata(): MultiConnectorHandshake | null {
+    const children = this.children.map((c) => c.getHandshakeMetadata?.() ?? null);
+    return children.some((h) => h !== null) ? { children } : null;
+  }
+
+  bindConnectorMetadata(meta: MultiConnectorMetadata | null): void {
+    const m = meta;
     this.childMeta = m?.children ?? [];
     for (const [id, n] of Object.entries(m?.expectedSends ?? {})) this.expectedSends.set(id, n);
     this.children.forEach((c, i) => c.bindConnectorMetadata(this.childMeta[i] ?? null));
@@ -270,11 +332,16 @@ export class MultiConnectorWorker implements KVConnectorWorker {
     for (const c of this.children) c.waitForSave?.();
   }
 
-  /** Merged results: unions; a request is finished sending once every sending child said so; first checksum copy wins. */
-  getTransferResults(): TransferResults {
-    const out: TransferResults = { finishedSending: new Set(), finishedRecving: new Set(), invalidBlockIds: new Set(), kvChecksums: new Map() };
+  /**
+   * Merged results: unions; a request is finished sending once every sending child said so; first
+   * checksum copy wins; `workerMeta` holds each child's (null for none), absent when no child gave any.
+   */
+  getTransferResults(): TransferResults<MultiConnectorWorkerMeta> {
+    const out: TransferResults<MultiConnectorWorkerMeta> = { finishedSending: new Set(), finishedRecving: new Set(), invalidBlockIds: new Set(), kvChecksums: new Map() };
+    const metas: unknown[] = [];
     this.children.forEach((c, i) => {
       const r = c.getTransferResults();
+      metas.push(r.workerMeta ?? null);
       for (const id of r.finishedRecving) out.finishedRecving.add(id);
       for (const b of r.invalidBlockIds) out.invalidBlockIds.add(b);
       for (const [id, bytes] of r.kvChecksums) if (!out.kvChecksums.has(id)) out.kvChecksums.set(id, bytes);
@@ -291,6 +358,7 @@ export class MultiConnectorWorker implements KVConnectorWorker {
         this.expectedSends.delete(id);
       }
     }
+    if (metas.some((m) => m !== null)) out.workerMeta = { children: metas };
     return out;
   }
 

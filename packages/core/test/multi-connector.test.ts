@@ -162,6 +162,64 @@ describe('MultiConnector worker', () => {
   });
 });
 
+describe('MultiConnector across processes: per-child handshake and worker metadata', () => {
+  /** A child that records what reaches its scheduler half and hands out its own worker data. */
+  class MetaScheduler extends ChildScheduler {
+    readonly handshakes: Array<Map<string, unknown>> = [];
+    readonly workerMetas: unknown[][] = [];
+    setXferHandshakeMetadata(m: ReadonlyMap<string, unknown>): void {
+      this.handshakes.push(new Map(m));
+    }
+    override updateConnectorOutput(...args: unknown[]): void {
+      const outputs = args[0] as readonly { kvConnectorWorkerMeta?: unknown }[];
+      this.workerMetas.push(outputs.map((o) => ('kvConnectorWorkerMeta' in o ? o.kvConnectorWorkerMeta : 'absent')));
+    }
+  }
+  class MetaWorker extends ChildWorker {
+    constructor(
+      readonly handshake: unknown,
+      public meta: unknown,
+    ) {
+      super();
+    }
+    getHandshakeMetadata(): unknown {
+      return this.handshake;
+    }
+    override getTransferResults(): TransferResults {
+      return this.meta === undefined ? empty() : { ...empty(), workerMeta: this.meta };
+    }
+  }
+
+  it('each child gets, per worker, only its own handshake metadata; workers that gave null are left out', async () => {
+    // Two workers (pp 0, tp 0 and 1); child a has handshake data on tp 0 only, child b on both.
+    const workers = [new MultiConnectorWorker([new MetaWorker({ a: 0 }, undefined), new MetaWorker({ b: 0 }, undefined)]), new MultiConnectorWorker([new MetaWorker(null, undefined), new MetaWorker({ b: 1 }, undefined)])];
+    const hs = workers.map((w) => w.getHandshakeMetadata());
+    expect(hs).toEqual([{ children: [{ a: 0 }, { b: 0 }] }, { children: [null, { b: 1 }] }]);
+    expect(new MultiConnectorWorker([new MetaWorker(null, undefined)]).getHandshakeMetadata()).toBeNull();
+    const a = new MetaScheduler('a', 0, null);
+    const b = new MetaScheduler('b', 0, null);
+    const c = new ChildScheduler('c', 0, null); // no hook: skipped
+    const m = new MultiConnectorScheduler([a, b, c]);
+    await m.setXferHandshakeMetadata(new Map([['0:0', hs[0]!], ['0:1', hs[1]!]]));
+    expect(a.handshakes).toEqual([new Map([['0:0', { a: 0 }]])]);
+    expect(b.handshakes).toEqual([new Map([['0:0', { b: 0 }], ['0:1', { b: 1 }]])]);
+  });
+
+  it("each child's workerMeta reaches only that child's updateConnectorOutput", () => {
+    const w = new MultiConnectorWorker([new MetaWorker(null, { leases: ['r1'] }), new MetaWorker(null, undefined)]);
+    const r = w.getTransferResults();
+    expect(r.workerMeta).toEqual({ children: [{ leases: ['r1'] }, null] });
+    expect(new MultiConnectorWorker([new MetaWorker(null, undefined)]).getTransferResults().workerMeta).toBeUndefined();
+    const a = new MetaScheduler('a', 0, null);
+    const b = new MetaScheduler('b', 0, null);
+    const m = new MultiConnectorScheduler([a, b]);
+    const out = (meta: unknown) => ({ ppRank: 0, tpRank: 0, finishedSending: new Set<string>(), finishedRecving: new Set<string>(), invalidBlockIds: new Set<number>(), kvChecksums: new Map(), ...(meta === undefined ? {} : { kvConnectorWorkerMeta: meta as never }) });
+    m.updateConnectorOutput([out(r.workerMeta), out(undefined), out({ children: [null, 7] })]);
+    expect(a.workerMetas).toEqual([[{ leases: ['r1'] }, 'absent', 'absent']]);
+    expect(b.workerMetas).toEqual([['absent', 'absent', 7]]);
+  });
+});
+
 describe('MultiConnector config and registry', () => {
   const base = { kv_role: 'kv_consumer', enable_kv_checksum: true };
 

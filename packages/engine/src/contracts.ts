@@ -6,6 +6,7 @@ export type {
   BlockIdsPerGroup,
   ConnectorRequest,
   FinishReason,
+  HandshakeMetadataByWorker,
   KVCacheGroupConfig,
   KVChecksumSchedulerHooks,
   KVChecksumWorkerHooks,

@@ -2,12 +2,25 @@
  * The engine: a request front end, the {@link Scheduler}, TP x PP {@link Worker}s running a small
  * real transformer, and the KV connector and KV checksum hooks at the points `@kvconnect/core`'s
  * contracts fix (see `scheduler.ts` for the scheduler half; {@link Engine.step} for the workers').
+ *
+ * Where the workers run is the executor's business (executor.ts): objects in this process
+ * (`executor: 'inprocess'`, the default) or one process per TP rank x PP stage (`'processes'`,
+ * multiprocess-executor.ts). Either way the connector's scheduler half runs here and its worker
+ * halves with their workers, and they exchange only plain data: the step's connector metadata, each
+ * worker's `KVConnectorOutput` (with `kvConnectorWorkerMeta`), and once, at start, the workers'
+ * handshake metadata (`getHandshakeMetadata` -> `setXferHandshakeMetadata`, awaited before the first
+ * step). A worker process that dies fails every pending request with its reason
+ * ({@link Engine.failure}).
  * @module
  */
 import {
+  AggregatorRegistry,
+  type MetricObjectWithValues,
+  type MetricValue,
+} from 'prom-client';
+import {
   KVChecksumObservability,
   KVChecksumScheduler,
-  KVChecksumWorker,
   defaultRegistry,
   parseKVTransferConfig,
   type KVChecksumMetrics,
@@ -16,13 +29,17 @@ import {
 import type { BackendName, ChecksumBackend } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, KVConnectorOutput, KVConnectorScheduler, KVTransferConfig, KVTransferParams, FinishReason, SchedulerOutput } from './contracts.js';
 import type { KvDtype } from './dtype.js';
-import { forward } from './executor.js';
+import type { KVDeviceMode } from '@kvconnect/transfer';
+import { InProcessExecutor, type Executor, type ExecutorKind } from './executor.js';
+import { roundTrip } from './ipc.js';
+import { MultiProcessExecutor } from './multiprocess-executor.js';
 import { attnLayerName, indexerLayerName, mambaLayerName, resolveModel, validateModel, type ModelConfig, type PresetName } from './model/config.js';
 import { buildWeights, type ModelWeights } from './model/weights.js';
 import { Request, type SamplingParams } from './request.js';
 import { Scheduler, type StepPlan } from './scheduler.js';
 import { ByteTokenizer } from './tokenizer.js';
-import { Worker, type CacheLayout } from './worker.js';
+import { Worker, type CacheLayout, type WorkerOptions } from './worker.js';
+import { WorkerRuntime } from './worker-runtime.js';
 
 /** Options of an {@link Engine}. */
 export interface EngineOptions {
@@ -44,6 +61,15 @@ export interface EngineOptions {
   kvDtype?: KvDtype;
   /** Mamba SSM state type (default float32). */
   ssmDtype?: KvDtype;
+  /**
+   * Where the KV cache lives (default `cpu`): `cuda` allocates it in GPU memory through the native
+   * addon (built with CUDA), `cuda-emulated` in the emulated device memory of @kvconnect/transfer
+   * (CI). The model computes on the host from a mirror; connectors and checksums see the device
+   * memory (worker.ts, device mode).
+   */
+  device?: KVDeviceMode;
+  /** CUDA device ordinal of the KV cache with `device` `cuda` (default 0). */
+  deviceId?: number;
   /** Token budget per step (default 256; smaller values chunk prefills). */
   maxNumBatchedTokens?: number;
   /** Most running requests (default 256). */
@@ -67,6 +93,21 @@ export interface EngineOptions {
   checksumBackend?: BackendName | 'auto' | ChecksumBackend;
   /** Events, metrics and logs of the KV checksums (default: a new one, log level `warn`). */
   observability?: KVChecksumObservability;
+  /**
+   * Where the workers run (default `inprocess`): objects in this process, or `processes`, one
+   * worker process per TP rank x PP stage (multiprocess-executor.ts). With `processes` the workers
+   * create their connector halves from the process-wide registry after importing
+   * {@link workerImports} (and `kv_connector_module_path`), so `registry` must be left out and
+   * `checksumBackend` must be a name.
+   */
+  executor?: ExecutorKind;
+  /** `processes`: modules each worker process imports first (connector packages that register on import). */
+  workerImports?: readonly string[];
+  /**
+   * In process: send every value that crosses between a connector's halves through the IPC
+   * serializer's round trip and reject data that is not plain, as worker processes would (default true).
+   */
+  checkPlainData?: boolean;
 }
 
 /** What {@link Engine.generate} resolves to. */
@@ -117,8 +158,10 @@ export class Engine {
   readonly tokenizer = new ByteTokenizer();
   /** KV cache groups: full attention, then sliding window, then state (only those the model has). */
   readonly groupConfigs: KVCacheGroupConfig[];
-  /** `workers[ppRank][tpRank]`. */
+  /** `workers[ppRank][tpRank]` (in-process executor; empty when the workers run in their own processes). */
   readonly workers: Worker[][];
+  /** Where the workers run. */
+  readonly executorKind: ExecutorKind;
   readonly transferConfig: KVTransferConfig | null;
   /** Resolves when setup finished; rejects with the setup error. */
   readonly ready: Promise<void>;
@@ -126,6 +169,8 @@ export class Engine {
   readonly observability: KVChecksumObservability | null;
   private readonly weights: ModelWeights;
   private readonly o: EngineOptions;
+  private readonly executor: Executor;
+  private _failure: Error | null = null;
   private _scheduler: Scheduler | null = null;
   private connector: KVConnectorScheduler | null = null;
   private checksumScheduler: KVChecksumScheduler | null = null;
@@ -151,28 +196,43 @@ export class Engine {
     this.groupConfigs = buildGroupConfigs(this.model, this.blockSize);
     this.weights = buildWeights(this.model);
     const numBlocks = o.numBlocks ?? 512;
-    this.workers = [];
+    const workerOptions: WorkerOptions[][] = [];
     for (let pp = 0; pp < this.ppSize; pp++) {
-      const stage: Worker[] = [];
+      const stage: WorkerOptions[] = [];
       for (let tp = 0; tp < this.tpSize; tp++) {
-        stage.push(
-          new Worker({
-            model: this.model,
-            tpRank: tp,
-            tpSize: this.tpSize,
-            ppRank: pp,
-            ppSize: this.ppSize,
-            numBlocks,
-            blockSize: this.blockSize,
-            cacheLayout: o.cacheLayout ?? { layout: 'NHD', kvLayout: 'kv-first' },
-            kvDtype: o.kvDtype ?? 'bfloat16',
-            ssmDtype: o.ssmDtype,
-            groupConfigs: this.groupConfigs,
-          }),
-        );
+        stage.push({
+          model: this.model,
+          tpRank: tp,
+          tpSize: this.tpSize,
+          ppRank: pp,
+          ppSize: this.ppSize,
+          numBlocks,
+          blockSize: this.blockSize,
+          cacheLayout: o.cacheLayout ?? { layout: 'NHD', kvLayout: 'kv-first' },
+          kvDtype: o.kvDtype ?? 'bfloat16',
+          ssmDtype: o.ssmDtype,
+          groupConfigs: this.groupConfigs,
+          device: o.device ?? 'cpu',
+          deviceId: o.deviceId,
+        });
       }
-      this.workers.push(stage);
+      workerOptions.push(stage);
     }
+    this.executorKind = o.executor ?? 'inprocess';
+    if (this.executorKind === 'processes') {
+      if (o.registry !== undefined && o.registry !== defaultRegistry) throw new RangeError("executor 'processes': worker processes create connector halves from the process-wide registry (workerImports, kv_connector_module_path); a custom registry cannot cross processes");
+      if (typeof o.checksumBackend === 'object') throw new RangeError("executor 'processes': checksumBackend must be a backend name (an object cannot cross processes)");
+      this.workers = [];
+      this.executor = new MultiProcessExecutor({ model: this.model, weights: this.weights, workers: workerOptions, imports: o.workerImports, checksumBackend: o.checksumBackend as BackendName | 'auto' | undefined });
+    } else if (this.executorKind === 'inprocess') {
+      this.workers = workerOptions.map((stage) => stage.map((wo) => new Worker(wo)));
+      const env = { registry: o.registry ?? defaultRegistry, metricsRegistry: this.observability?.registry, checksumBackend: o.checksumBackend };
+      const runtimes = this.workers.map((stage) => stage.map((w) => new WorkerRuntime(w, this.weights, env)));
+      this.executor = new InProcessExecutor(this.model, this.weights, runtimes, o.checkPlainData === false ? <T>(v: T) => v : roundTrip);
+    } else {
+      throw new RangeError(`unknown executor ${JSON.stringify(this.executorKind)} (known: inprocess, processes)`);
+    }
+    this.executor.onFailure((e) => this.onExecutorFailure(e));
     this.ready = this.setup(numBlocks);
     this.ready.catch(() => {});
   }
@@ -193,16 +253,9 @@ export class Engine {
           observability: this.observability!,
         });
       }
-      for (const w of this.workers.flat()) {
-        w.connector = registry.createWorker(cfg, { engineId: this.engineId, tpRank: w.tpRank, tpSize: this.tpSize, ppRank: w.ppRank, ppSize: this.ppSize, metricsRegistry: this.observability?.registry });
-        await w.connector.registerKvCaches(w.kvCaches());
-        if (this.checksumScheduler?.enabled) {
-          const ck = new KVChecksumWorker({ config: cfg, backend: this.o.checksumBackend ?? 'auto' });
-          ck.registerKvCaches(w.kvCaches());
-          w.checksum = ck;
-        }
-      }
     }
+    const handshake = await this.executor.start({ engineId: this.engineId, transferConfig: cfg, checksum: this.checksumScheduler?.enabled ?? false });
+    if (this.connector?.setXferHandshakeMetadata) await this.connector.setXferHandshakeMetadata(handshake);
     this._scheduler = new Scheduler({
       groupConfigs: this.groupConfigs,
       blockSize: this.blockSize,
@@ -227,6 +280,11 @@ export class Engine {
     return this._scheduler;
   }
 
+  /** The connector's scheduler half (after {@link ready}; null without a transfer config). */
+  get kvConnectorScheduler(): KVConnectorScheduler | null {
+    return this.connector;
+  }
+
   /** The KV checksum scheduler, when checksums are on. */
   get kvChecksumScheduler(): KVChecksumScheduler | null {
     return this.checksumScheduler;
@@ -237,9 +295,40 @@ export class Engine {
     return this.observability?.metrics ?? null;
   }
 
-  /** The checksum metrics in Prometheus text format ('' without a transfer config). */
+  /**
+   * The engine's Prometheus metrics in text format: the checksum and connector scheduler metrics
+   * of its registry and, with worker processes, every worker's registry (connector worker halves),
+   * aggregated with prom-client's `AggregatorRegistry` (same name and labels: summed). '' without
+   * a transfer config.
+   */
   async metricsText(): Promise<string> {
-    return this.observability ? this.observability.registry.metrics() : '';
+    const reg = this.observability?.registry;
+    if (!reg) return '';
+    const workers = this.executor.kind === 'processes' ? await this.executor.workerMetrics() : [];
+    if (workers.length === 0) return reg.metrics();
+    const own = await reg.getMetricsAsJSON();
+    return AggregatorRegistry.aggregate([own, ...workers] as MetricObjectWithValues<MetricValue<string>>[][]).metrics();
+  }
+
+  /**
+   * Why this engine cannot serve any more (a worker process died: `worker pp0/tp1 exited (signal
+   * SIGKILL)`), or null. Every pending request was rejected with it; new ones are too.
+   */
+  get failure(): Error | null {
+    return this._failure;
+  }
+
+  /** The worker processes' pids `[pp][tp]` (`processes` executor, after {@link ready}; else []). */
+  get workerPids(): number[][] {
+    return this.executor instanceof MultiProcessExecutor ? this.executor.pids : [];
+  }
+
+  private onExecutorFailure(e: Error): void {
+    if (this._failure) return;
+    this._failure = e;
+    this.observability?.logger.error({ engineId: this.engineId, err: e.message }, 'engine failed: a worker process is gone');
+    for (const p of this.pending.values()) p.reject(e);
+    this.pending.clear();
   }
 
   /** Engine-side counters: steps, preemptions, loads used / recomputed / failed, prefix cache. */
@@ -254,6 +343,7 @@ export class Engine {
    */
   async addRequest(prompt: string | readonly number[], sampling: SamplingParams = {}, kvTransferParams?: KVTransferParams, requestId?: string): Promise<string> {
     await this.ready;
+    if (this._failure) throw this._failure;
     const ids = typeof prompt === 'string' ? this.tokenizer.encode(prompt) : prompt;
     const id = requestId ?? `${this.engineId}-req-${this.nextId++}`;
     this.scheduler.addRequest(new Request(id, ids, sampling, kvTransferParams ? { ...kvTransferParams } : undefined, this.steps));
@@ -335,8 +425,9 @@ export class Engine {
     try {
       this.steps++;
       const sched = this.scheduler;
+      if (this._failure) throw this._failure;
       const plan = sched.schedule();
-      const out = this.runWorkers(plan);
+      const out = await this.runWorkers(plan);
       const sampled = new Map<string, number>();
       for (const s of plan.segments) {
         const logits = out.logits.get(s.request.requestId);
@@ -349,7 +440,7 @@ export class Engine {
     }
   }
 
-  private runWorkers(plan: StepPlan): { logits: Map<string, Float32Array>; outputs: KVConnectorOutput[] } {
+  private runWorkers(plan: StepPlan): Promise<{ logits: Map<string, Float32Array>; outputs: KVConnectorOutput[] }> {
     const view: SchedulerOutput = {
       stepId: plan.stepId,
       numScheduledTokens: plan.numScheduledTokens,
@@ -357,13 +448,7 @@ export class Engine {
       kvConnectorMetadata: plan.kvConnectorMetadata,
       kvChecksumMetadata: plan.kvChecksumMetadata,
     };
-    const all = this.workers.flat();
-    for (const w of all) {
-      w.connector?.bindConnectorMetadata(plan.kvConnectorMetadata);
-      w.checksum?.bindStepMeta(plan.kvChecksumMetadata);
-      w.connector?.startLoadKv(view);
-    }
-    const segs = plan.segments.map((s) => ({
+    const segments = plan.segments.map((s) => ({
       requestId: s.request.requestId,
       start: s.start,
       tokenIds: s.tokenIds,
@@ -371,35 +456,18 @@ export class Engine {
       cacheFilled: s.cacheFilled,
       needLogits: s.needLogits,
     }));
-    const logits = segs.length > 0 ? forward(this.model, this.weights, this.workers, segs) : new Map<string, Float32Array>();
-    const outputs: KVConnectorOutput[] = [];
-    for (const w of all) {
-      w.connector?.waitForSave?.();
-      w.checksum?.afterForward();
-      const res = w.connector?.getTransferResults() ?? { finishedSending: new Set<string>(), finishedRecving: new Set<string>(), invalidBlockIds: new Set<number>(), kvChecksums: new Map<string, Uint8Array>() };
-      w.checksum?.afterTransferResults(res);
-      w.connector?.clearConnectorMetadata();
-      outputs.push({
-        ppRank: w.ppRank,
-        tpRank: w.tpRank,
-        finishedSending: res.finishedSending,
-        finishedRecving: res.finishedRecving,
-        invalidBlockIds: res.invalidBlockIds,
-        kvChecksums: res.kvChecksums,
-        kvChecksumReport: w.checksum?.takeReport(),
-      });
-    }
-    return { logits, outputs };
+    return this.executor.execute({ schedulerOutput: view, segments });
   }
 
   /**
-   * Stops the loop and shuts the connector halves down. Pending requests stay unresolved.
+   * Stops the loop and shuts the connector halves down (and the worker processes). Pending
+   * requests stay unresolved.
    */
   async shutdown(): Promise<void> {
     this.closed = true;
     await this.ready.catch(() => {});
     await this.connector?.shutdown?.();
-    for (const w of this.workers.flat()) await w.connector?.shutdown?.();
+    await this.executor.shutdown();
   }
 }
 

@@ -11,6 +11,14 @@
  * share a group). Every head/channel is computed with the same float operations in the same order
  * whatever the rank, and outputs are gathered in global order by the executor: numerics do not
  * depend on TP, PP or block size.
+ *
+ * Device mode (`WorkerOptions.device`, the engine's `--device cuda | cuda-emulated`): the KV cache
+ * is device memory ({@link Worker.deviceRegions}, one allocation per region, through
+ * `DeviceMemory` of @kvconnect/transfer), and that is what the connector registers and the KV
+ * checksum worker sums. The model still computes on the host, from a host mirror of the cache
+ * ({@link Worker.regions}): before a layer reads positions it did not write itself (loaded KV,
+ * a loaded state), it copies their blocks device to host; right after it wrote new positions
+ * (before `saveKvLayer`), it copies their blocks host to device. The device is the KV's truth.
  * @module
  */
 import {
@@ -28,6 +36,8 @@ import {
   type StateTensor,
   type CacheView,
 } from '@kvconnect/checksum';
+import type { DeviceMemoryRegion } from '@kvconnect/checksum';
+import { EmulatedDeviceMemory, deviceMemoryOf, type DeviceMemory, type KVDeviceMode } from '@kvconnect/transfer';
 import type { KVCacheGroupConfig, KVChecksumWorkerHooks, KVConnectorWorker, WorkerKVCaches } from './contracts.js';
 import { readElem, writeElem, type KvDtype } from './dtype.js';
 import { attnLayerName, indexerLayerName, mambaLayerName, stageLayers, type ModelConfig } from './model/config.js';
@@ -73,7 +83,30 @@ export interface WorkerOptions {
   /** Dtype of Mamba SSM states (default float32, as vLLM's `mamba_ssm_cache_dtype`). */
   ssmDtype?: KvDtype;
   groupConfigs: readonly KVCacheGroupConfig[];
+  /**
+   * Where the KV cache lives (device mode; see the module note): `cpu` (default, host memory),
+   * `cuda` or `cuda-emulated`; the worker opens it with `deviceMemoryOf` of @kvconnect/transfer.
+   * A string, so that worker options cross into a worker process.
+   */
+  device?: KVDeviceMode;
+  /** CUDA device ordinal of the KV cache in device mode (default 0). */
+  deviceId?: number;
 }
+
+/**
+ * Allocates one device region per host region, on `device`, and copies the host bytes in (zeros
+ * at construction: so that device and host mirror start equal).
+ */
+export function allocateDeviceKv(dm: DeviceMemory, device: number, host: readonly Uint8Array[]): DeviceMemoryRegion[] {
+  return host.map((h) => {
+    const r = dm.alloc(device, h.byteLength);
+    dm.copy(device, 'h2d', r.address, h, h.byteLength);
+    return r;
+  });
+}
+
+/** Most requests whose mirrored positions a worker remembers per layer (older ones copy again). */
+const MIRROR_MEMORY = 4096;
 
 /** Byte address of one part of a cell: (block, local head, token in block). */
 export function partAddress(p: AttentionPart, blockSize: number, block: number, head: number, token: number): number {
@@ -109,7 +142,10 @@ export class Worker {
   readonly ppSize: number;
   /** Layers `[start, end)` of this worker's stage. */
   readonly layers: [number, number];
+  /** Host memory of the caches (device mode: the host mirror the model computes from). */
   readonly regions: Uint8Array[] = [];
+  /** Device mode: the device memory of each region (what connectors and checksums see); else null. */
+  readonly deviceRegions: DeviceMemoryRegion[] | null = null;
   /** Caches per group, in group order (views over {@link regions}). */
   readonly groups: GroupSpec[];
   /** The connector's worker half (set by the engine). */
@@ -124,6 +160,10 @@ export class Worker {
   private readonly state = new Map<number, StateCacheView>();
   private readonly groupOfLayer = new Map<number, number>();
   private readonly mambaShard: MambaShard | null = null;
+  private readonly dm: DeviceMemory | null;
+  private readonly deviceId: number;
+  /** Device mode: per layer, request -> positions `[0, n)` whose blocks the host mirror holds. */
+  private readonly mirrored = new Map<number, Map<string, number>>();
 
   constructor(o: WorkerOptions) {
     this.o = o;
@@ -196,6 +236,9 @@ export class Worker {
       }
     }
     this.groups = o.groupConfigs.map((gc, i) => ({ groupId: gc.groupId, caches: groupCaches[i] }));
+    this.dm = deviceMemoryOf(o.device ?? 'cpu');
+    this.deviceId = o.deviceId ?? 0;
+    if (this.dm) this.deviceRegions = allocateDeviceKv(this.dm, this.deviceId, this.regions);
   }
 
   private addRegion(bytes: number): number {
@@ -209,10 +252,116 @@ export class Worker {
       rank: { tpRank: this.tpRank, tpSize: this.tpSize },
       ppRank: this.ppRank,
       ppSize: this.ppSize,
-      regions: this.regions,
+      regions: (this.deviceRegions ?? this.regions) as WorkerKVCaches['regions'],
       groups: this.groups,
       groupConfigs: this.o.groupConfigs,
     };
+  }
+
+  /**
+   * The caches the KV checksum worker sums: {@link kvCaches} (device regions in device mode);
+   * with emulated device memory, host views of that same emulated device memory (the bytes the
+   * connector moved), so that any checksum backend can read them.
+   */
+  checksumKvCaches(): WorkerKVCaches {
+    const c = this.kvCaches();
+    const dm = this.dm;
+    if (!(dm instanceof EmulatedDeviceMemory) || !this.deviceRegions) return c;
+    return { ...c, regions: this.deviceRegions.map((r) => dm.hostView(r.address, r.bytes)) };
+  }
+
+  /** Frees the device memory of the caches (device mode); the worker is unusable afterwards. */
+  freeDevice(): void {
+    if (!this.dm || !this.deviceRegions) return;
+    for (const r of this.deviceRegions.splice(0)) this.dm.free(r);
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Device mode: the host mirror
+  // -------------------------------------------------------------------------------------------
+
+  /** Copies `[start, start + bytes)` of region `region` device -> host (`in`) or host -> device. */
+  private copyRun(region: number, start: number, bytes: number, toHost: boolean): void {
+    const h = this.regions[region].subarray(start, start + bytes);
+    const d = this.deviceRegions![region].address + BigInt(start);
+    if (toHost) this.dm!.copy(this.deviceId, 'd2h', h, d, bytes);
+    else this.dm!.copy(this.deviceId, 'h2d', d, h, bytes);
+  }
+
+  /** Copies block `block` of every cache layer `li` uses (one run per dense part, else per cell). */
+  private copyBlock(li: number, block: number, toHost: boolean): void {
+    for (const v of [this.attn.get(li), this.indexer.get(li)]) {
+      if (!v) continue;
+      const B = v.blockSize;
+      for (const p of v.parts) {
+        const lo = partAddress(p, B, block, 0, 0);
+        const hi = partAddress(p, B, block, v.localHeads - 1, B - 1) + p.bytes;
+        if (hi - lo === B * v.localHeads * p.bytes) this.copyRun(p.region, lo, hi - lo, toHost);
+        else for (let t = 0; t < B; t++) for (let h = 0; h < v.localHeads; h++) this.copyRun(p.region, partAddress(p, B, block, h, t), p.bytes, toHost);
+      }
+    }
+    const sv = this.state.get(li);
+    if (sv) {
+      for (const st of sv.states) {
+        const eb = DTYPE_BYTES[st.dtype];
+        const lo = st.offset + block * st.blockStride;
+        const n = st.shape.reduce((a, b) => a * b, 1);
+        const hi = stateAddress(st, block, st.shape.map((d) => d - 1)) + eb;
+        if (hi - lo === n * eb) this.copyRun(st.region, lo, hi - lo, toHost);
+        else {
+          const idx = new Array<number>(st.shape.length).fill(0);
+          for (let k = 0; k < n; k++) {
+            this.copyRun(st.region, stateAddress(st, block, idx), eb, toHost);
+            for (let d = idx.length - 1; d >= 0 && ++idx[d] === st.shape[d]; d--) idx[d] = 0;
+          }
+        }
+      }
+    }
+  }
+
+  /** Device mode, before layer `li` reads: device -> host for positions it did not write itself. */
+  private mirrorIn(li: number, segs: readonly ForwardSegment[]): void {
+    if (!this.dm) return;
+    const g = this.groupOfLayer.get(li)!;
+    const seen = this.mirrored.get(li);
+    const state = this.state.has(li);
+    const window = this.o.groupConfigs[g].kind === 'sliding-window' ? (this.m.slidingWindow ?? Infinity) : Infinity;
+    for (const seg of segs) {
+      const had = seen?.get(seg.requestId);
+      let lo = had !== undefined && had <= seg.start ? had : 0; // a restart (preemption) re-reads everything
+      const hi = seg.cacheFilled;
+      if (lo >= hi) continue;
+      const blocks = seg.blocks[g];
+      if (state) {
+        this.copyBlock(li, blocks[0], true);
+        continue;
+      }
+      if (Number.isFinite(window)) lo = Math.max(lo, seg.start - window + 1, 0);
+      const B = this.o.blockSize;
+      for (let b = Math.floor(lo / B); b <= Math.floor((hi - 1) / B); b++) if (blocks[b] !== undefined && blocks[b] >= 0) this.copyBlock(li, blocks[b], true);
+    }
+  }
+
+  /** Device mode, after layer `li` wrote: host -> device for the blocks of the new positions. */
+  private mirrorOut(li: number, segs: readonly ForwardSegment[]): void {
+    if (!this.dm) return;
+    const g = this.groupOfLayer.get(li)!;
+    let seen = this.mirrored.get(li);
+    if (!seen) this.mirrored.set(li, (seen = new Map()));
+    const B = this.o.blockSize;
+    for (const seg of segs) {
+      const end = seg.start + seg.tokenIds.length;
+      const from = Math.max(seg.start, seg.cacheFilled);
+      const blocks = seg.blocks[g];
+      if (this.state.has(li)) {
+        if (from < end || (seg.start === 0 && seg.cacheFilled === 0)) this.copyBlock(li, blocks[0], false);
+      } else if (from < end) {
+        for (let b = Math.floor(from / B); b <= Math.floor((end - 1) / B); b++) this.copyBlock(li, blocks[b], false);
+      }
+      seen.delete(seg.requestId);
+      seen.set(seg.requestId, end);
+      if (seen.size > MIRROR_MEMORY) seen.delete(seen.keys().next().value!);
+    }
   }
 
   /** The cache names layer `li` reads and writes (for `waitForLayerLoad` / `saveKvLayer`). */
@@ -243,6 +392,7 @@ export class Worker {
    * `out[i * numHeads * headDim + q * headDim ...]`.
    */
   attention(li: number, w: AttentionWeights, hn: Float32Array, segs: readonly ForwardSegment[], out: Float32Array): void {
+    this.mirrorIn(li, segs);
     const m = this.m;
     const view = this.attn.get(li)!;
     const g = this.groupOfLayer.get(li)!;
@@ -325,6 +475,7 @@ export class Worker {
       }
       t0 += n;
     }
+    this.mirrorOut(li, segs);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -337,6 +488,7 @@ export class Worker {
    * plus the indexer score as a logit bias. Output head `q` at `out[i * numHeads * vDim + q * vDim]`.
    */
   mla(li: number, w: MlaWeights, hn: Float32Array, segs: readonly ForwardSegment[], out: Float32Array): void {
+    this.mirrorIn(li, segs);
     const m = this.m;
     const c = m.mla!;
     const view = this.attn.get(li)!;
@@ -423,6 +575,7 @@ export class Worker {
       }
       t0 += n;
     }
+    this.mirrorOut(li, segs);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -437,6 +590,7 @@ export class Worker {
    * it. Writes channel `ch` of token `i` to `out[i * inner + ch]`.
    */
   mamba(li: number, w: Mamba2Weights, hn: Float32Array, segs: readonly ForwardSegment[], out: Float32Array): void {
+    this.mirrorIn(li, segs);
     const m = this.m;
     const mb = m.mamba!;
     const sh = this.mambaShard!;
@@ -523,6 +677,7 @@ export class Worker {
       }
       t0 += n;
     }
+    this.mirrorOut(li, segs);
   }
 }
 

@@ -11,13 +11,11 @@ import { afterEach, describe, expect, it } from 'vitest';
 import type { Engine } from '../src/engine.js';
 import { startEngineServer, type EngineServer, type EngineServerOptions } from '../src/server/engine-server.js';
 import { startProxyServer, type ProxyServer } from '../src/server/proxy-server.js';
-import { inProcessBus } from '@kvconnect/engine/testing';
 import { makePD, single, until } from './utils/pd.js';
 
 const cleanups: Array<() => Promise<unknown>> = [];
 afterEach(async () => {
   while (cleanups.length) await cleanups.pop()!().catch(() => {});
-  inProcessBus.reset();
 });
 
 async function serve(engine: Engine, o: EngineServerOptions = {}): Promise<EngineServer> {

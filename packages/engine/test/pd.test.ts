@@ -3,12 +3,10 @@
  * failures reported as invalid blocks (kv_load_failure_policy), abort during a remote load, and
  * the producer's delayed free (consumer read, or lease expiry).
  */
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { Engine } from '../src/engine.js';
-import { IN_PROCESS_CONNECTOR, inProcessBus, registerInProcessConnector } from '@kvconnect/engine/testing';
+import { IN_PROCESS_CONNECTOR, inProcessRegistry } from '@kvconnect/engine/testing';
 import { counter, makePD, single, until } from './utils/pd.js';
-
-afterEach(() => inProcessBus.reset());
 
 const PROMPT = 'Hello P/D world, how are you?';
 const S = { maxTokens: 5, ignoreEos: true };
@@ -30,7 +28,7 @@ describe('P/D through the engine', () => {
     it(`a failed load (invalid blocks) -> policy ${policy}`, async () => {
       const ref = await single('dense-gqa').generate(PROMPT, S);
       const pd = makePD({ model: 'dense-gqa', checksums: false, policy });
-      inProcessBus.failLoads = true;
+      pd.bus.failLoads = true;
       const r = await pd.proxy.generate(PROMPT, S);
       if (policy === 'recompute') {
         expect(r.tokenIds).toEqual(ref.tokenIds);
@@ -46,22 +44,23 @@ describe('P/D through the engine', () => {
   it('abort while waiting for remote KV frees the blocks after the load', async () => {
     const pd = makePD({ model: 'dense-gqa' });
     const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
-    inProcessBus.pause();
+    pd.bus.pause();
     const pending = pd.consumer.generate(PROMPT, S, { ...p.kvTransferParams, do_remote_prefill: true }, 'd1');
     await until(() => pd.consumer.scheduler.requests.get('d1')?.status === 'WAITING_FOR_REMOTE_KVS');
     expect(pd.consumer.abort('d1')).toBe(true);
     // The blocks stay allocated while the load is in flight.
     expect(pd.consumer.scheduler.kv.pool.numFree).toBeLessThan(pd.consumer.scheduler.kv.pool.numBlocks);
-    inProcessBus.resume();
+    pd.bus.resume();
     const r = await pending;
     expect(r.finishReason).toBe('abort');
     expect(pd.consumer.scheduler.kv.pool.numFree).toBe(pd.consumer.scheduler.kv.pool.numBlocks);
   });
 
   it('the producer keeps blocks until the lease expires when nobody reads them', async () => {
-    registerInProcessConnector();
+    const { registry } = inProcessRegistry();
     const producer = new Engine({
       model: 'dense-gqa',
+      registry,
       engineId: 'lonely-producer',
       kvTransferConfig: { kv_connector: IN_PROCESS_CONNECTOR, kv_role: 'kv_producer', kv_connector_extra_config: { lease_ms: 30 } },
     });
@@ -71,5 +70,20 @@ describe('P/D through the engine', () => {
     expect(producer.scheduler.kv.pool.numFree).toBeLessThan(producer.scheduler.kv.pool.numBlocks);
     await until(() => producer.scheduler.delayedFree.size === 0);
     expect(producer.scheduler.kv.pool.numFree).toBe(producer.scheduler.kv.pool.numBlocks);
+  });
+
+  it('engines on different buses do not see each other: the load fails and goes to the failure policy', async () => {
+    const pd = makePD({ model: 'dense-gqa', checksums: false, policy: 'recompute' });
+    const other = makePD({ model: 'dense-gqa', checksums: false, policy: 'fail' });
+    // The producer of one pair, the consumer of the other: the consumer's bus has no such producer.
+    const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
+    const r = await other.consumer.generate(PROMPT, S, { ...p.kvTransferParams, do_remote_prefill: true });
+    expect(r.finishReason).toBe('error');
+    expect(r.error).toMatch(/invalid blocks/);
+    expect(pd.bus.copies).toBe(0);
+    expect(other.bus.copies).toBe(0);
+    // Nobody read the producer request: it keeps its blocks until its lease expires.
+    expect(pd.producer.scheduler.delayedFree.size).toBe(1);
+    await Promise.all([pd.shutdown(), other.shutdown()]);
   });
 });

@@ -13,7 +13,6 @@ import { startEngineServer, type EngineServer } from '../src/server/engine-serve
 import { engineOptionsOf, parseEngineArgs, parseProxyArgs } from '../src/server/main.js';
 import { findStop, parseCompletionRequest } from '../src/server/protocol.js';
 import { startProxyServer, type ProxyServer } from '../src/server/proxy-server.js';
-import { inProcessBus } from '@kvconnect/engine/testing';
 import { makePD, single, until } from './utils/pd.js';
 
 const PROMPT = 'Hello P/D world, how are you?';
@@ -22,7 +21,6 @@ const S = { maxTokens: 6, ignoreEos: true };
 const cleanups: Array<() => Promise<unknown>> = [];
 afterEach(async () => {
   while (cleanups.length) await cleanups.pop()!().catch(() => {});
-  inProcessBus.reset();
 });
 
 async function serve(engine: Engine, o: Parameters<typeof startEngineServer>[1] = {}): Promise<EngineServer> {
@@ -187,7 +185,7 @@ describe('engine server', () => {
     const d = await serve(pd.consumer, { requestTimeoutMs: 300 });
     const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
     const params = { ...p.kvTransferParams, do_remote_prefill: true };
-    inProcessBus.pause();
+    pd.bus.pause();
     const u = `${d.url}/v1/completions`;
     const slow = post(u, { prompt: PROMPT, max_tokens: 4, kv_transfer_params: params, request_id: 'held' });
     await until(() => pd.consumer.scheduler.requests.get('held')?.status === 'WAITING_FOR_REMOTE_KVS');
@@ -198,18 +196,18 @@ describe('engine server', () => {
     expect(r.status).toBe(504);
     expect(r.body.error.message).toMatch(/ran past 300 ms and was aborted/);
     expect(pd.consumer.scheduler.requests.get('held')?.abortPending).toBe(true);
-    inProcessBus.resume();
+    pd.bus.resume();
     await until(() => !pd.consumer.scheduler.requests.has('held'));
 
     // Client disconnect: abort the fetch while the load is held.
-    inProcessBus.pause();
+    pd.bus.pause();
     const ac = new AbortController();
     const gone = fetch(u, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPT, max_tokens: 4, kv_transfer_params: params, request_id: 'gone' }), signal: ac.signal });
     await until(() => pd.consumer.scheduler.requests.get('gone')?.status === 'WAITING_FOR_REMOTE_KVS');
     ac.abort();
     await expect(gone).rejects.toThrow();
     await until(() => pd.consumer.scheduler.requests.get('gone')?.abortPending === true);
-    inProcessBus.resume();
+    pd.bus.resume();
     await until(() => !pd.consumer.scheduler.requests.has('gone'));
     expect(pd.consumer.scheduler.kv.pool.numFree).toBe(pd.consumer.scheduler.kv.pool.numBlocks);
   });
@@ -221,14 +219,14 @@ describe('engine server', () => {
     cleanups.push(() => pd.shutdown());
     const server = await serve(pd.consumer, { onShutdown: () => void shutdowns++ });
     const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
-    inProcessBus.pause();
+    pd.bus.pause();
     const running = post(`${server.url}/v1/completions`, { prompt: PROMPT, max_tokens: 5, ignore_eos: true, request_id: 'running', kv_transfer_params: { ...p.kvTransferParams, do_remote_prefill: true } });
     await until(() => pd.consumer.scheduler.requests.get('running')?.status === 'WAITING_FOR_REMOTE_KVS');
     let closed = false;
     const closing = server.close().then(() => (closed = true));
     await new Promise((r) => setTimeout(r, 50));
     expect(closed).toBe(false);
-    inProcessBus.resume();
+    pd.bus.resume();
     const r = await running;
     expect(r.status).toBe(200);
     expect(r.body.choices[0].token_ids).toHaveLength(5);
@@ -259,11 +257,11 @@ describe('engine server', () => {
     cleanups.push(() => pd.shutdown());
     const d = await serve(pd.consumer);
     const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
-    inProcessBus.pause();
+    pd.bus.pause();
     const t = await new EngineClient(d.url, { timeoutMs: 200 }).generate(PROMPT, S, { ...p.kvTransferParams, do_remote_prefill: true }).catch((x: unknown) => x);
     expect(t).toBeInstanceOf(EngineClientError);
     expect((t as EngineClientError).timedOut).toBe(true);
-    inProcessBus.resume();
+    pd.bus.resume();
   });
 });
 
@@ -300,7 +298,7 @@ describe('proxy server (P/D over HTTP, engines in this process)', () => {
     const p = await serve(pd.producer);
     const d = await serve(pd.consumer);
     const proxy = await proxyOver({ prefill: [p.url], decode: [d.url] });
-    inProcessBus.faultHook = (ctx, bytes) => {
+    pd.bus.faultHook = (ctx, bytes) => {
       if (ctx.groupId === 0 && ctx.token === 3 && ctx.head === 0 && ctx.part === 0) bytes[0] ^= 1;
     };
     const r = await post(`${proxy.url}/v1/completions`, { prompt: PROMPT, max_tokens: 4 });

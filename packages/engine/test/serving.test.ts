@@ -12,13 +12,11 @@ import type { Engine } from '../src/engine.js';
 import { EngineClient, EngineClientError } from '../src/server/engine-client.js';
 import { startEngineServer, type EngineServer } from '../src/server/engine-server.js';
 import { startProxyServer, type ProxyServer } from '../src/server/proxy-server.js';
-import { inProcessBus } from '@kvconnect/engine/testing';
 import { makePD, single, until } from './utils/pd.js';
 
 const cleanups: Array<() => Promise<unknown>> = [];
 afterEach(async () => {
   while (cleanups.length) await cleanups.pop()!().catch(() => {});
-  inProcessBus.reset();
 });
 
 async function serve(engine: Engine, o: Parameters<typeof startEngineServer>[1] = {}): Promise<EngineServer> {
@@ -249,7 +247,7 @@ describe('EngineClient over keep-alive connections', () => {
     cleanups.push(() => pd.shutdown());
     const d = await serve(pd.consumer);
     const pr = await pd.producer.generate('held load', { maxTokens: 1 }, { do_remote_decode: true });
-    inProcessBus.pause();
+    pd.bus.pause();
     const ac = new AbortController();
     const call = new EngineClient(d.url).generate('held load', { maxTokens: 2 }, { ...pr.kvTransferParams, do_remote_prefill: true }, 'held', { signal: ac.signal }).catch((x: unknown) => x);
     await until(() => pd.consumer.scheduler.requests.get('held')?.status === 'WAITING_FOR_REMOTE_KVS');
@@ -258,7 +256,7 @@ describe('EngineClient over keep-alive connections', () => {
     expect(e).toBeInstanceOf(EngineClientError);
     expect([e.aborted, e.timedOut, e.unreachable]).toEqual([true, false, false]);
     await until(() => pd.consumer.scheduler.requests.get('held')?.abortPending === true);
-    inProcessBus.resume();
+    pd.bus.resume();
     await until(() => idle(pd.consumer));
   });
 });

@@ -4,7 +4,7 @@
  * @module
  */
 import { Command, InvalidArgumentError } from 'commander';
-import { DEMO_CONNECTORS, readPrompts, runDemo } from './demo.js';
+import { DEMO_CONNECTORS, readPrompts, runDemo, type DemoOptions } from './demo.js';
 import { runFiles } from './run-files.js';
 
 function rate(v: string): number {
@@ -57,6 +57,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     .option('--no-checksums', 'turn KV checksums off (faults then go undetected)')
     .option('--fail-open', 'use loads that do not verify (default: fail-closed)')
     .option('--policy <policy>', 'what a fail-closed consumer does with a load that does not verify: recompute | fail', policyArg, 'recompute')
+    .option('--workers <kind>', 'multi-process: processes (one worker process per TP rank) | inprocess, for both engines (default: processes, except a NIXL producer (pull, push): in its engine process until NIXL no longer needs a process-local hub)')
     .option('--verbose', 'copy the engine and proxy processes\' stderr to this stderr')
     .option('--no-progress', 'no progress bar')
     .action(
@@ -73,6 +74,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
         failOpen?: boolean;
         policy: 'fail' | 'recompute';
         verbose?: boolean;
+        workers?: string;
         progress: boolean;
       }) => {
         if (!(o.connector in DEMO_CONNECTORS)) throw new InvalidArgumentError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}`);
@@ -89,6 +91,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
           failClosed: !o.failOpen,
           policy: o.policy,
           echoStderr: o.verbose === true,
+          workers: o.workers as DemoOptions['workers'],
           progress: o.progress && Boolean(process.stderr.isTTY),
           print,
         });

@@ -27,7 +27,7 @@ import { generatedPrompts } from './prompts.js';
 import { markdownReport, summarize, summaryLines, type RunSummary } from './report.js';
 import { checkExpectations, resolveConnector, runScenario, type RequestOutcome, type RunOutcome, type ScenarioResult, type Topology } from './runner.js';
 import { parseScenario, type ConnectorName, type Scenario, type VerdictKind } from './scenario.js';
-import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics } from './topology-multiprocess.js';
+import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics, type WorkersMode } from './topology-multiprocess.js';
 
 /** `--connector` values and the scenario connector each means. */
 export const DEMO_CONNECTORS: Readonly<Record<string, ConnectorName>> = Object.freeze({ pull: 'nixl-pull', push: 'nixl-push', mooncake: 'mooncake', inprocess: 'in-process' });
@@ -62,6 +62,13 @@ export interface DemoOptions {
   print?: (line: string) => void;
   /** Copy the engine and proxy processes' stderr to this process's stderr (multi-process; default false). */
   echoStderr?: boolean;
+  /**
+   * Multi-process: where both engines run their TP x PP workers: `processes` (one worker process
+   * each: the producer's TP2 is two worker processes) or `inprocess`. Default per side: processes
+   * where the connector supports them (Mooncake; a NIXL consumer), else in the engine's process
+   * (a NIXL producer; see `PROCESS_CONNECTORS` in topology-multiprocess.ts).
+   */
+  workers?: WorkersMode;
   /** A custom topology for the scenario runner (single-process path, whatever the connector). */
   topology?: Topology;
 }
@@ -93,8 +100,8 @@ export const DEMO_FAULTS: ReadonlyArray<Omit<FaultSpec, 'requests'>> = [
 
 /**
  * The fault kinds of the multi-process demo, one per faulted load: consumer-side faults only (the
- * producer's memory is in another process, so `stale` and producer-side payload faults cannot be
- * injected there).
+ * demo wraps only the consumer with the FaultInjectingConnector, so `stale` and producer-side
+ * payload faults are not injected there).
  */
 export const DEMO_PROCESS_FAULTS: ReadonlyArray<Omit<FaultSpec, 'requests'>> = [
   { kind: 'bit-flip', note: 'one bit of one loaded cell flipped' },
@@ -346,8 +353,12 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   const faults = hit.map((n) => ({ ...planned.get(n)!, requestIds: [`pd-${n}-`], seed: seed + n }) as FaultSpec);
   const scenario = demoScenario(c, connector, [], hit.length, false);
   const model = resolveModelSpec(c.model);
+  if (c.o.workers !== undefined && c.o.workers !== 'processes' && c.o.workers !== 'inprocess') throw new RangeError(`--workers must be processes or inprocess, got ${String(c.o.workers)}`);
+  const workers = c.o.workers === undefined ? spec.workers : { producer: c.o.workers, consumer: c.o.workers };
+  const where = (w: WorkersMode, tp: number) => (w === 'processes' ? `${tp} worker process${tp > 1 ? 'es' : ''}` : 'in the engine process');
   const setup = [
     `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
+    `workers: producer ${where(workers.producer, 2)}, consumer ${where(workers.consumer, 1)}`,
     `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
     `faulted proxy requests (numbered in arrival order at the proxy; the prompt rN each one landed on is listed after the run): ${hit.map((n) => `#${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
@@ -368,9 +379,10 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   try {
     const refP = Promise.all(prompts.map((p) => reference.generate(p, { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true })));
     refP.catch(() => {});
-    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
+    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
     if (interrupted) throw new Error(`interrupted (${interrupted})`);
     print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
+    const workerProcesses = await pd.workerPids();
     const references = (await refP).map((r) => r.tokenIds);
     const tRun = performance.now();
     const outcomes: RequestOutcome[] = new Array(prompts.length);
@@ -477,10 +489,10 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
       `| connector transfer time, ms / transfers / bytes | ${ms(metrics.transferSeconds)} / ${metrics.transfers ?? 'n/a'} / ${metrics.transferBytes ?? 'n/a'} |`,
       `| connector metrics found | ${metrics.connectorMetrics.join(', ') || 'none'} |`,
       '',
-      'Faults were injected by the consumer process, so the injector\'s ground truth (which blocks really changed) and per-load transfer times stay there: the Requests table shows the fault planned for each request, and no changed blocks or load time. Producer-side faults (`stale`, producer-side `payload`) need the producer\'s memory in the demo\'s process: run `--connector inprocess` for them.',
+      'Faults were injected by the consumer process, so the injector\'s ground truth (which blocks really changed) and per-load transfer times stay there: the Requests table shows the fault planned for each request, and no changed blocks or load time. Producer-side faults (`stale`, producer-side `payload`) are not injected here (only the consumer is wrapped): run `--connector inprocess` for them.',
       '',
     ].join('\n');
-    const { outDir, reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid } });
+    const { outDir, reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid }, workerProcesses });
     return { result, summary, outDir, reportPath, connector, topology: 'processes', metrics };
   } finally {
     bar?.stop();

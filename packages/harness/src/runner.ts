@@ -7,14 +7,15 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Verdict } from '@kvconnect/checksum';
-import { KVChecksumObservability, defaultRegistry, type KVTransferConfig } from '@kvconnect/core';
-import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type SamplingParams } from '@kvconnect/engine';
+import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig } from '@kvconnect/core';
+import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type PDResult, type SamplingParams } from '@kvconnect/engine';
 
 /** What the P/D proxy needs of an engine (its `generate` and id). */
 export type PDEndpoint = PDProxyOptions['prefill'];
-import { FAULT_CONNECTOR_MODULE, FAULT_INJECTING_CONNECTOR, clearFaultState, faultRecords, loadRecords, requestIndexOf, type InjectionRecord, type LoadRecord } from './fault-connector.js';
+import { FAULT_CONNECTOR_MODULE } from './fault-connector.js';
 import type { FaultSpec } from './faults.js';
-import { IN_PROCESS_CONNECTOR, inProcessBus } from './in-process-connector.js';
+import { FAULT_INJECTING_CONNECTOR, faultReportOf, registerFaultInjectingConnector, requestIndexOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
+import { IN_PROCESS_CONNECTOR, InProcessBus } from './in-process-connector.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts, promptText } from './prompts.js';
 import type { ConnectorName, FinishKind, RequestExpectation, RunSpec, Scenario, SideSpec, VerdictKind } from './scenario.js';
@@ -127,13 +128,37 @@ export function sideTransferConfig(o: {
   } satisfies Partial<KVTransferConfig> & Record<string, unknown>;
 }
 
+/**
+ * The connectors of one in-process run: a registry of its own holding the FaultInjectingConnector,
+ * the harness's in-process connector over a bus of the run, and the inner connector's factory
+ * (from the default registry, where its package registered it). With `wrap`, the engines get
+ * `wrap(FaultInjectingConnector's factory)` instead.
+ */
+function runRegistry(inner: string, wrap?: (f: KVConnectorFactory) => KVConnectorFactory): KVConnectorRegistry {
+  const registry = new KVConnectorRegistry();
+  registerFaultInjectingConnector(registry, { bus: new InProcessBus() });
+  if (!registry.has(inner)) registry.register(defaultRegistry.get(inner));
+  if (!wrap) return registry;
+  const outer = new KVConnectorRegistry();
+  outer.register(wrap(registry.get(FAULT_INJECTING_CONNECTOR)));
+  return outer;
+}
+
 /** The default topology: producer and consumers as engines of this process. */
-export const inProcessTopology: Topology = async (ctx) => {
+export const inProcessTopology: Topology = (ctx) => inProcessEngines(ctx);
+
+/**
+ * {@link inProcessTopology}, the engines' FaultInjectingConnector factory replaced by
+ * `wrap(factory)` when given (tests: halves that only see serialized copies of what crosses).
+ */
+export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnectorFactory) => KVConnectorFactory): Promise<TopologyInstance> {
   const s = ctx.scenario;
   const checks = ctx.run.checksums ?? s.checksums;
   const id = engineSeq++;
+  const registry = runRegistry(ctx.innerConnector, wrap);
   const pObs = new KVChecksumObservability({ level: 'silent' });
   const producer = new Engine({
+    registry,
     model: ctx.model,
     ...sideOptions(s.producer),
     engineId: `harness-p${id}`,
@@ -147,6 +172,7 @@ export const inProcessTopology: Topology = async (ctx) => {
     cObs.push(obs);
     consumers.push(
       new Engine({
+        registry,
         model: ctx.model,
         ...sideOptions(s.consumer),
         engineId: `harness-d${id}-${k}`,
@@ -180,10 +206,9 @@ export const inProcessTopology: Topology = async (ctx) => {
     async shutdown() {
       await producer.shutdown();
       for (const c of consumers) await c.shutdown();
-      for (const e of [producer, ...consumers]) inProcessBus.engines.delete(e.engineId);
     },
   };
-};
+}
 
 /** What happened to one request in one run. */
 export interface RequestOutcome {
@@ -415,10 +440,11 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   const checksumSeconds = { send: await metricSum(topo.producerObservability, 'seconds', 'send'), recv: await metricSum(topo.consumerObservability, 'seconds', 'recv') };
   const checksumBytes = { send: await metricSum(topo.producerObservability, 'bytesSummed', 'send'), recv: await metricSum(topo.consumerObservability, 'bytesSummed', 'recv') };
   await topo.shutdown();
-  const ids = [...topo.producerIds, ...topo.consumerIds];
-  const records = faultRecords(ids);
-  const loads = loadRecords(ids);
-  clearFaultState(ids);
+  // Ground truth: the fault reports the engines returned with each request (producer and consumer).
+  const ids = new Set([...topo.producerIds, ...topo.consumerIds]);
+  const reports = [...results.values()].flatMap(({ r }) => (r === 'timeout' ? [] : [faultReportOf(r.kvTransferParams), faultReportOf((r as Partial<PDResult>).prefill?.kvTransferParams)]));
+  const records = reports.flatMap((x) => (x && ids.has(x.engineId) ? x.injections : []));
+  const loads = reports.flatMap((x) => (x && ids.has(x.engineId) ? x.loads : []));
   const requests = reqs.map((q) => outcome(q.index)!);
   const consumerIds = new Set(topo.consumerIds);
   for (const o of requests) {

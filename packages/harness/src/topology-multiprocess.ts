@@ -8,9 +8,8 @@
  *
  * The consumer's `kv_transfer_config` names the `FaultInjectingConnector`, loaded by module path
  * from the harness's built `dist/fault-connector.js`, with the chosen connector as `inner`, so
- * consumer-side faults can be injected into real loads. Producer-side faults (`stale`,
- * producer-side `payload`) need the producer's memory in the demo's process and are not
- * available here.
+ * consumer-side faults can be injected into real loads. The producer is not wrapped, so
+ * producer-side faults (`stale`, producer-side `payload`) are not available here.
  *
  * Processes run the compiled `dist/` of the packages (`npm run build` first).
  * @module
@@ -21,17 +20,29 @@ import * as net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { launchEngineProcess, launchProxyProcess, type EngineProcessConfig, type LaunchedEngine, type LaunchedProcess, type LaunchedProxy, type ModelConfig } from '@kvconnect/engine';
-import { FAULT_INJECTING_CONNECTOR } from './fault-connector.js';
+import { CLUSTER_SECRET_ENV, generateClusterSecret } from '@kvconnect/transfer';
+import { FAULT_INJECTING_CONNECTOR } from './faults/config.js';
 import type { FaultSpec } from './faults.js';
 
 /** The connectors a multi-process topology can run. */
 export type ProcessConnector = 'nixl-pull' | 'nixl-push' | 'mooncake';
 
-/** Package, registered name and proxy mode of each {@link ProcessConnector}. */
-export const PROCESS_CONNECTORS: Readonly<Record<ProcessConnector, { pkg: string; name: string; mode: 'sequential' | 'concurrent' }>> = Object.freeze({
-  'nixl-pull': { pkg: '@kvconnect/nixl-pull', name: 'NixlConnector', mode: 'sequential' },
-  'nixl-push': { pkg: '@kvconnect/nixl-push', name: 'NixlPushConnector', mode: 'sequential' },
-  mooncake: { pkg: '@kvconnect/mooncake', name: 'MooncakeConnector', mode: 'concurrent' },
+/** Where an engine process runs its TP x PP workers (the engine's `executor`). */
+export type WorkersMode = 'processes' | 'inprocess';
+
+/**
+ * Package, registered name and proxy mode of each {@link ProcessConnector}, and where each side's
+ * engine runs its workers by default: one process per worker where the connector's halves talk
+ * only through the connector contract (Mooncake: bootstrap server and ZeroMQ, producer workers
+ * registered by the handshake hooks; a NIXL consumer); in the engine's process for a NIXL
+ * producer, whose halves still meet in a process-local hub (packages/nixl-common/src/hub.ts: with
+ * worker processes its scheduler half finds no side channel and returns no `kv_transfer_params`,
+ * so every request would prefill on the consumer).
+ */
+export const PROCESS_CONNECTORS: Readonly<Record<ProcessConnector, { pkg: string; name: string; mode: 'sequential' | 'concurrent'; workers: { producer: WorkersMode; consumer: WorkersMode } }>> = Object.freeze({
+  'nixl-pull': { pkg: '@kvconnect/nixl-pull', name: 'NixlConnector', mode: 'sequential', workers: { producer: 'inprocess', consumer: 'processes' } },
+  'nixl-push': { pkg: '@kvconnect/nixl-push', name: 'NixlPushConnector', mode: 'sequential', workers: { producer: 'inprocess', consumer: 'processes' } },
+  mooncake: { pkg: '@kvconnect/mooncake', name: 'MooncakeConnector', mode: 'concurrent', workers: { producer: 'processes', consumer: 'processes' } },
 });
 
 /**
@@ -94,17 +105,27 @@ export interface PDProcessOptions {
   policy?: 'fail' | 'recompute';
   /** Consumer-side faults (FaultInjectingConnector around the connector); empty: the wrapper only measures. */
   faults?: FaultSpec[];
+  /** Where both engines run their workers (default per side: the connector's {@link PROCESS_CONNECTORS} `workers`). */
+  workers?: WorkersMode;
   /** Engine id prefix (default `demo`). */
   idPrefix?: string;
   /** Copy the children's stderr to this process's stderr (default false). */
   echoStderr?: boolean;
   readyTimeoutMs?: number;
+  /**
+   * The cluster secret both engines get in `KVCONNECT_CLUSTER_SECRET` (default: a fresh one from
+   * `generateClusterSecret`, so their side channels and agents authenticate each other; see
+   * `docs/security.md`).
+   */
+  clusterSecret?: string;
 }
 
 /** Running producer, consumer and proxy processes. */
 export interface PDProcesses {
   readonly connector: ProcessConnector;
   readonly mode: 'sequential' | 'concurrent';
+  /** Where each engine runs its workers. */
+  readonly workers: { producer: WorkersMode; consumer: WorkersMode };
   readonly producer: LaunchedEngine;
   readonly consumer: LaunchedEngine;
   readonly proxy: LaunchedProxy;
@@ -114,6 +135,8 @@ export interface PDProcesses {
   readonly consumerTransferConfig: Record<string, unknown>;
   /** Every engine's `GET /metrics`, parsed. */
   metrics(): Promise<ProcessMetrics>;
+  /** The pids of each engine's worker processes (`GET /health` `worker_pids`; empty with in-process workers). */
+  workerPids(): Promise<{ producer: number[]; consumer: number[] }>;
   /** Stops the proxy, then both engines (SIGTERM, then SIGKILL). Idempotent. */
   shutdown(): Promise<void>;
 }
@@ -129,9 +152,10 @@ async function freePort(): Promise<number> {
   return port;
 }
 
-function engineConfig(model: ModelConfig, s: ProcessSide, defaults: Required<ProcessSide>): EngineProcessConfig {
+function engineConfig(model: ModelConfig, s: ProcessSide, defaults: Required<ProcessSide>, workers: WorkersMode): EngineProcessConfig {
   return {
     model,
+    executor: workers,
     tpSize: s.tp ?? defaults.tp,
     blockSize: s.blockSize ?? defaults.blockSize,
     cacheLayout: { layout: s.layout ?? defaults.layout, kvLayout: 'kv-first' },
@@ -153,6 +177,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
   const module = connectorModulePath(o.connector);
   if (!existsSync(FAULT_CONNECTOR_DIST)) throw new Error(`${FAULT_CONNECTOR_DIST} is missing: build @kvconnect/harness first (npm run build)`);
   const checksums = o.checksums ?? true;
+  const workers = o.workers === undefined ? spec.workers : { producer: o.workers, consumer: o.workers };
   const prefix = o.idPrefix ?? 'demo';
   const extra: Record<string, unknown> = {};
   let consumerExtra: Record<string, unknown> = {};
@@ -172,6 +197,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     kv_connector_extra_config: { inner: { kv_connector: spec.name, kv_connector_extra_config: consumerExtra }, faults: o.faults ?? [] },
   };
   const launch = { echoStderr: o.echoStderr, readyTimeoutMs: o.readyTimeoutMs };
+  const engineEnv = { ...process.env, [CLUSTER_SECRET_ENV]: o.clusterSecret ?? generateClusterSecret() };
   const started: LaunchedProcess[] = [];
   const stopAll = async () => {
     await Promise.all(started.splice(0).reverse().map((c) => c.stop().catch(() => undefined)));
@@ -180,11 +206,13 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     const [p, d] = await Promise.allSettled([
       launchEngineProcess({
         ...launch,
-        config: { ...engineConfig(o.model, o.producer ?? {}, { tp: 2, blockSize: 16, layout: 'NHD', maxBatchedTokens: 128, numBlocks: 512 }), engineId: `${prefix}-producer`, imports: [module], kvTransferConfig: producerTransfer },
+        env: engineEnv,
+        config: { ...engineConfig(o.model, o.producer ?? {}, { tp: 2, blockSize: 16, layout: 'NHD', maxBatchedTokens: 128, numBlocks: 512 }, workers.producer), engineId: `${prefix}-producer`, imports: [module], kvTransferConfig: producerTransfer },
       }),
       launchEngineProcess({
         ...launch,
-        config: { ...engineConfig(o.model, o.consumer ?? {}, { tp: 1, blockSize: 32, layout: 'HND', maxBatchedTokens: 256, numBlocks: 256 }), engineId: `${prefix}-consumer`, imports: [module], kvTransferConfig: consumerTransfer },
+        env: engineEnv,
+        config: { ...engineConfig(o.model, o.consumer ?? {}, { tp: 1, blockSize: 32, layout: 'HND', maxBatchedTokens: 256, numBlocks: 256 }, workers.consumer), engineId: `${prefix}-consumer`, imports: [module], kvTransferConfig: consumerTransfer },
       }),
     ]);
     for (const r of [p, d]) if (r.status === 'fulfilled') started.push(r.value);
@@ -198,6 +226,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     return {
       connector: o.connector,
       mode: proxy.mode,
+      workers,
       producer,
       consumer,
       proxy,
@@ -206,6 +235,11 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
       metrics: async () => {
         const [pt, ct] = await Promise.all([scrape(producer.url), scrape(consumer.url)]);
         return processMetrics(pt, ct);
+      },
+      workerPids: async () => {
+        const pids = async (url: string) => ((await (await fetch(`${url}/health`, { signal: AbortSignal.timeout(5000) })).json()) as { worker_pids?: number[][] }).worker_pids?.flat() ?? [];
+        const [p, c] = await Promise.all([pids(producer.url), pids(consumer.url)]);
+        return { producer: p, consumer: c };
       },
       shutdown: () => {
         down ??= (async () => {

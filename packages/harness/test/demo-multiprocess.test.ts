@@ -14,7 +14,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { parsePrometheus, processMetrics, runDemo } from '../src/index.js';
+import { SideChannelClient, decodeLeaseBody } from '@kvconnect/nixl-common';
+import { HARNESS_PRESETS, parsePrometheus, processMetrics, runDemo, startPDProcesses } from '../src/index.js';
 
 const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
 const BIN = join(ROOT, 'packages/harness/bin/kvconnect.js');
@@ -28,7 +29,7 @@ const PROMPTS = [
 
 beforeAll(() => {
   const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin/tsc');
-  const pkgs = ['engine', 'nixl-pull', 'nixl-push', 'harness'].map((p) => join(ROOT, 'packages', p));
+  const pkgs = ['engine', 'nixl-pull', 'nixl-push', 'mooncake', 'harness'].map((p) => join(ROOT, 'packages', p));
   const r = spawnSync(process.execPath, [tsc, '--build', ...pkgs], { encoding: 'utf8', timeout: 170_000 });
   if (r.status !== 0) throw new Error(`tsc --build failed:\n${`${r.stdout}${r.stderr}`.slice(-4000)}`);
 }, 180_000);
@@ -50,6 +51,7 @@ async function gone(pids: number[]): Promise<boolean> {
 interface SummaryJson {
   topology: string;
   processes: { proxy: number; producer: number; consumer: number };
+  workerProcesses: { producer: number[]; consumer: number[] };
   requests: Array<{ index: number; faults: string[]; verdict: string; action: string | null; identical: boolean; error?: string }>;
   checks: Array<{ ok: boolean; line: string }>;
 }
@@ -67,6 +69,7 @@ describe('kvconnect demo, multi-process topology', () => {
     const lines = r.stdout.split('\n');
     expect(lines.some((l) => l.startsWith('processes on 127.0.0.1: proxy (sequential)'))).toBe(true);
     expect(lines.some((l) => l.startsWith('connector NixlConnector'))).toBe(true);
+    expect(lines).toContain('workers: producer in the engine process, consumer 1 worker process');
     expect(lines).toContain('outputs identical to a single instance: 4/4');
     expect(lines.some((l) => /^checksum time: producer \d/.test(l))).toBe(true);
     const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
@@ -86,8 +89,9 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(md).toContain('## Summary');
     expect(md).toContain('## Process metrics');
     expect(md).toContain('| outputs identical to a single instance | 4/4 |');
+    expect(s.workerProcesses).toMatchObject({ producer: [], consumer: [expect.any(Number)] });
     // Every child process went away with the demo.
-    expect(await gone(Object.values(s.processes))).toBe(true);
+    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.consumer])).toBe(true);
   }, 60_000);
 
   it('--connector push (exported runDemo): faults detected and recomputed, outputs = single instance, report written', async () => {
@@ -115,6 +119,43 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(existsSync(r.reportPath)).toBe(true);
     const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
     expect(await gone(Object.values(s.processes))).toBe(true);
+  }, 60_000);
+
+  it('the engines share the cluster secret passed in KVCONNECT_CLUSTER_SECRET: loads verify, their side channel refuses a peer without it', async () => {
+    const secret = 'demo-test-cluster-secret-0123456789abcdef';
+    const pd = await startPDProcesses({ connector: 'nixl-pull', model: HARNESS_PRESETS['GQA-S'], idPrefix: `secret-${process.pid}`, clusterSecret: secret });
+    try {
+      const res = await fetch(`${pd.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPTS[1], max_tokens: 4, ignore_eos: true }) });
+      const body = (await res.json()) as { kvconnect: { prefill: { kv_transfer_params?: { remote_host: string; remote_port: number } } } };
+      expect(res.status).toBe(200);
+      expect((await pd.metrics()).loads).toMatchObject({ verified: 1 });
+      const { remote_host: host, remote_port: port } = body.kvconnect.prefill.kv_transfer_params!;
+      const lease = { type: 'lease', requestIds: ['x'], pinMs: 0 } as const;
+      const outsider = new SideChannelClient(host, port, { timeoutMs: 5000 });
+      await expect(outsider.request(lease, decodeLeaseBody)).rejects.toMatchObject({ code: 'unauthenticated' });
+      outsider.close();
+      const member = new SideChannelClient(host, port, { timeoutMs: 5000, clusterSecret: Buffer.from(secret) });
+      expect((await member.request(lease, decodeLeaseBody)).get('x')).toBe(0);
+      member.close();
+    } finally {
+      await pd.shutdown();
+    }
+  }, 60_000);
+
+  it('--connector mooncake (exported runDemo): worker processes by default (producer TP2 = 2), faults detected and recomputed, outputs = single instance', async () => {
+    const out = join(dir, 'mooncake');
+    const printed: string[] = [];
+    const r = await runDemo({ connector: 'mooncake', prompts: PROMPTS, faultRate: 0.5, maxTokens: 8, out, progress: false, print: (l) => printed.push(l) });
+    expect(printed).toContain('workers: producer 2 worker processes, consumer 1 worker process');
+    expect(r.result.expectations.filter((x) => !x.ok)).toEqual([]);
+    expect(r.summary.identical).toBe(4);
+    expect(r.summary.recomputed).toBe(2);
+    expect(r.metrics?.loads).toMatchObject({ verified: 2 });
+    const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
+    expect(s.workerProcesses.producer).toHaveLength(2);
+    expect(s.workerProcesses.consumer).toHaveLength(1);
+    // Engines, proxy and every worker process went away with the demo.
+    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.producer, ...s.workerProcesses.consumer])).toBe(true);
   }, 60_000);
 
   it('metrics: Prometheus text of the engines reduces to checksum and transfer numbers (n/a when absent)', () => {

@@ -3,6 +3,7 @@
  * @module
  */
 import { KVTransferConfigError, type ConfigProblem } from '@kvconnect/core';
+import { resolveClusterSecret } from '@kvconnect/transfer';
 
 /** The transfer backends `MooncakeConnector` can move bytes with. */
 export type MooncakeBackend = 'embedded' | 'mooncake';
@@ -35,6 +36,25 @@ export interface MooncakeOptions {
   bootstrapTimeoutMs: number;
   /** [`max_message_bytes`] Largest side-channel message (default 64 MiB). */
   maxMessageBytes: number;
+  /**
+   * [`cluster_secret`, else the environment variable `KVCONNECT_CLUSTER_SECRET`] The cluster
+   * secret (`@kvconnect/transfer`'s `resolveClusterSecret`), or null: every bootstrap and
+   * side-channel exchange is then proven (`docs/security-mooncake.md`); without one every
+   * listener must be on loopback.
+   */
+  clusterSecret: Buffer | null;
+  /** [`max_waiters`] Producer: most consumer requests waiting for their prefill, over all peers (default 65 536). */
+  maxWaiters: number;
+  /** [`max_waiters_per_peer`] Producer: the same per consumer worker connection (default 16 384). */
+  maxWaitersPerPeer: number;
+  /** [`max_pending_bytes`] Producer: most bytes of metadata messages whose requests are not all answered, over all peers (default 256 MiB). */
+  maxPendingBytes: number;
+  /** [`max_pending_bytes_per_peer`] Producer: the same per consumer worker connection (default 64 MiB). */
+  maxPendingBytesPerPeer: number;
+  /** [`max_sessions`] Producer: most side-channel sessions (consumer worker connections) kept (default 4096; the least recently used goes). */
+  maxSessions: number;
+  /** [`session_idle_ms`] Producer: a session unused this long is forgotten (default 600 000). */
+  sessionIdleMs: number;
 }
 
 const KEYS = [
@@ -48,14 +68,23 @@ const KEYS = [
   'transfer_timeout_ms',
   'bootstrap_timeout_ms',
   'max_message_bytes',
+  'cluster_secret',
+  'max_waiters',
+  'max_waiters_per_peer',
+  'max_pending_bytes',
+  'max_pending_bytes_per_peer',
+  'max_sessions',
+  'session_idle_ms',
 ] as const;
 
 /**
  * Validates `MooncakeConnector`'s extra config. Unknown keys are rejected (a typo would otherwise
  * be silently ignored).
- * @throws KVTransferConfigError listing every problem (paths under `kv_connector_extra_config`).
+ * @param env where `KVCONNECT_CLUSTER_SECRET` is read (default `process.env`).
+ * @throws KVTransferConfigError listing every problem (paths under `kv_connector_extra_config`;
+ *   a bad cluster secret is one).
  */
-export function parseMooncakeOptions(extra: Record<string, unknown>): MooncakeOptions {
+export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): MooncakeOptions {
   const problems: ConfigProblem[] = [];
   const path = (k: string) => `kv_connector_extra_config.${k}`;
   for (const k of Object.keys(extra)) if (!(KEYS as readonly string[]).includes(k)) problems.push({ path: path(k), message: `unknown key (known: ${KEYS.join(', ')})` });
@@ -91,7 +120,19 @@ export function parseMooncakeOptions(extra: Record<string, unknown>): MooncakeOp
     transferTimeoutMs: int('transfer_timeout_ms', abortTimeoutMs + 60_000, 1, 86_400_000),
     bootstrapTimeoutMs: int('bootstrap_timeout_ms', 30_000, 1, 86_400_000),
     maxMessageBytes: int('max_message_bytes', 64 * 1024 * 1024, 1024, 1024 * 1024 * 1024),
+    clusterSecret: null,
+    maxWaiters: int('max_waiters', 65_536, 1, 1 << 24),
+    maxWaitersPerPeer: int('max_waiters_per_peer', 16_384, 1, 1 << 24),
+    maxPendingBytes: int('max_pending_bytes', 256 * 1024 * 1024, 1024, 2 ** 40),
+    maxPendingBytesPerPeer: int('max_pending_bytes_per_peer', 64 * 1024 * 1024, 1024, 2 ** 40),
+    maxSessions: int('max_sessions', 4096, 1, 1 << 20),
+    sessionIdleMs: int('session_idle_ms', 600_000, 1, 86_400_000),
   };
+  try {
+    o.clusterSecret = resolveClusterSecret(extra.cluster_secret, env);
+  } catch (e) {
+    problems.push({ path: path('cluster_secret'), message: e instanceof Error ? e.message : String(e) });
+  }
   if (problems.length) throw new KVTransferConfigError(problems);
   return o;
 }

@@ -20,5 +20,6 @@ export { MooncakeUnavailableError, createAgent, mooncakeUnavailableReason } from
 export * from './protocol.js';
 export { LayoutMismatchError, describeLayout, partOffset, planWrites, replicasOf, stateStrides, type ConsumerSide, type ProducerSide, type WritePlan } from './layout.js';
 export * from './bootstrap.js';
+export { ConsumerSession, ProducerSessions, SIDE_CHANNEL_AUTH_WINDOW_MS, SideChannelAuthError, helloProof, messageProof, welcomeProof, type ProducerSessionOptions } from './channel.js';
 
 registerMooncakeConnector();

@@ -16,10 +16,27 @@
  *
  * Decoding is strict: the message size is checked before parsing, every field is type and range
  * checked with limits ({@link LIMITS}), and every defect is a {@link MooncakeProtocolError}; the
- * decoders never throw anything else. Unknown fields are ignored, so newer and older peers keep
- * working (an older producer sends no `kv_checksums`: the consumer's loads are then unverified).
+ * decoders never throw anything else. Unknown fields of the two messages are ignored (an older
+ * producer sends no `kv_checksums`: the consumer's loads are then unverified).
+ *
+ * Since protocol version 2 both messages travel inside an {@link SideEnvelope} that carries
+ * {@link MOONCAKE_PROTOCOL_VERSION} and {@link MOONCAKE_COMPAT_HASH}; a peer with another
+ * version or hash is refused with a {@link MooncakeIncompatibleError} before anything else is
+ * read. The handshake and its proofs are in `channel.ts`; `docs/security-mooncake.md` describes
+ * the model.
+ *
+ * Version history (bump {@link MOONCAKE_PROTOCOL_VERSION} and add a line to
+ * `packages/mooncake/PROTOCOL-CHANGELOG.md` for every change of the bytes on the wire):
+ * - 1: bare `TransferMetadata` / `TransferResponse` maps (vLLM's layout), no version field.
+ * - 2: the envelope (`v`, `compat`, `kind`), a HELLO / WELCOME handshake per connection, and
+ *   HMAC proofs over every message when a cluster secret is set.
+ *
+ * The strict decoder helpers below (`uint`, `str`, `arr`, `bin`, `strMap`) duplicate those of
+ * `packages/nixl-common/src/codec.ts`; TODO: share one copy (left here while nixl-common is being
+ * edited elsewhere).
  * @module
  */
+import { createHash } from 'node:crypto';
 import { isDtype, type Dtype } from '@kvconnect/checksum';
 import { Packr, Unpackr } from 'msgpackr';
 
@@ -365,6 +382,20 @@ function decodeCache(v: unknown, path: string, numRegions: number): WireCache {
   return fail(`${path}.kind`, `expected "attention" or "state", got ${JSON.stringify(kind)}`);
 }
 
+/** A request's block ids per group (the same checks as `arr` / `blockId`, with paths built only on failure). */
+function decodeBlocks(v: unknown, p: () => string): number[][] {
+  const groups = Array.isArray(v) && v.length <= LIMITS.groups ? (v as unknown[]) : arr(v, `${p()}[1]`, LIMITS.groups);
+  for (let gi = 0; gi < groups.length; gi++) {
+    const g = groups[gi];
+    if (!Array.isArray(g) || g.length > LIMITS.blocksPerGroup) arr(g, `${p()}[1][${gi}]`, LIMITS.blocksPerGroup);
+    for (let bi = 0; bi < (g as unknown[]).length; bi++) {
+      const b = (g as unknown[])[bi];
+      if (typeof b !== 'number' || !Number.isSafeInteger(b) || b < -0x8000_0000 || b > 0xffff_ffff) blockId(b, `${p()}[1][${gi}][${bi}]`);
+    }
+  }
+  return groups as number[][];
+}
+
 /**
  * Decodes a consumer's {@link TransferMetadata} (untrusted bytes).
  * @throws MooncakeProtocolError for any defect (never anything else).
@@ -387,14 +418,16 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
     const reqMap = strMap(field(m, 'requests', true), 'requests', LIMITS.requests);
     const requests = new Map<string, WireLoad>();
     for (const [id, v] of reqMap) {
-      const p = `requests[${JSON.stringify(id)}]`;
-      const a = arr(v, p, 4);
-      if (a.length !== 4) fail(p, 'expected [transfer_id, blocks, first_token, num_tokens]');
-      const blocks = arr(a[1], `${p}[1]`, LIMITS.groups).map((g, gi) => arr(g, `${p}[1][${gi}]`, LIMITS.blocksPerGroup).map((b, bi) => blockId(b, `${p}[1][${gi}][${bi}]`)));
-      const firstToken = uint(a[2], `${p}[2]`);
-      const numTokens = uint(a[3], `${p}[3]`);
-      if (numTokens <= firstToken) fail(p, `num_tokens ${numTokens} must exceed first_token ${firstToken}`);
-      requests.set(id, { transferId: str(a[0], `${p}[0]`), blocks, firstToken, numTokens });
+      // Paths are built only on failure: this loop runs up to LIMITS.requests times per message.
+      const p = () => `requests[${JSON.stringify(id)}]`;
+      if (!Array.isArray(v) || v.length !== 4) fail(p(), Array.isArray(v) ? 'expected [transfer_id, blocks, first_token, num_tokens]' : `expected an array, got ${describe(v)}`);
+      const a = v as unknown[];
+      const blocks = decodeBlocks(a[1], p);
+      const firstToken = typeof a[2] === 'number' && Number.isSafeInteger(a[2]) && a[2] >= 0 ? a[2] : uint(a[2], `${p()}[2]`);
+      const numTokens = typeof a[3] === 'number' && Number.isSafeInteger(a[3]) && a[3] >= 0 ? a[3] : uint(a[3], `${p()}[3]`);
+      if (numTokens <= firstToken) fail(p(), `num_tokens ${numTokens} must exceed first_token ${firstToken}`);
+      const transferId = typeof a[0] === 'string' && a[0].length > 0 && a[0].length <= LIMITS.idLength ? a[0] : str(a[0], `${p()}[0]`);
+      requests.set(id, { transferId, blocks, firstToken, numTokens });
     }
     return {
       agentMetadata: bin(field(m, 'agent_metadata', true), 'agent_metadata', LIMITS.agentMetadataBytes),
@@ -440,5 +473,146 @@ export function decodeTransferResponse(bytes: Uint8Array, maxBytes: number = LIM
   } catch (e) {
     if (e instanceof MooncakeProtocolError) throw e;
     throw new MooncakeProtocolError('(message)', e instanceof Error ? e.message : String(e));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The envelope (protocol version 2)
+
+/** Side-channel protocol version (see the version history in the module comment). */
+export const MOONCAKE_PROTOCOL_VERSION = 2;
+
+/** The envelope's message kinds: the handshake, the two messages, and a refusal. */
+export type EnvelopeKind = 'hello' | 'welcome' | 'md' | 'resp' | 'refuse';
+const KINDS: readonly EnvelopeKind[] = ['hello', 'welcome', 'md', 'resp', 'refuse'];
+
+/** Why a peer refused a message (the `code` of a `refuse` envelope). */
+export type RefuseCode = 'incompatible' | 'unauthenticated' | 'no-session' | 'bad-message';
+const REFUSE_CODES: readonly RefuseCode[] = ['incompatible', 'unauthenticated', 'no-session', 'bad-message'];
+
+/**
+ * The compatibility hash: the first 16 hex digits of SHA-256 over the protocol version and the
+ * field lists of every message. Two builds that put other fields on the wire get other hashes
+ * even when someone forgot to bump the version.
+ */
+export const MOONCAKE_COMPAT_HASH: string = createHash('sha256')
+  .update(
+    JSON.stringify({
+      protocol: 'kvconnect-mooncake-side-channel',
+      version: MOONCAKE_PROTOCOL_VERSION,
+      envelope: ['v', 'compat', 'kind', 'cn', 'sn', 'ts', 'seq', 'body', 'proof', 'code', 'message'],
+      kinds: KINDS,
+      metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'caches', 'requests'],
+      response: ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums'],
+    }),
+  )
+  .digest('hex')
+  .slice(0, 16);
+
+/**
+ * One side-channel message (a MessagePack map with string keys):
+ * - `hello` (consumer -> producer, first on a connection): `cn` (16 random bytes), `ts` (ms since
+ *   the epoch), `proof` when a cluster secret is set;
+ * - `welcome` (producer -> consumer): `cn` echoed, `sn` (16 random bytes), `proof`;
+ * - `md` / `resp`: `seq` (1, 2, ... per direction and connection), `body` (the encoded
+ *   {@link TransferMetadata} / {@link TransferResponse}), `proof`;
+ * - `refuse`: `code` ({@link RefuseCode}), `message`.
+ * Every envelope carries `v` ({@link MOONCAKE_PROTOCOL_VERSION}) and `compat`
+ * ({@link MOONCAKE_COMPAT_HASH}).
+ */
+export interface SideEnvelope {
+  kind: EnvelopeKind;
+  /** The sender's protocol version (set by {@link encodeEnvelope} unless given). */
+  version?: number;
+  /** The sender's compatibility hash (set by {@link encodeEnvelope} unless given). */
+  compat?: string;
+  cn?: Uint8Array;
+  sn?: Uint8Array;
+  ts?: number;
+  seq?: number;
+  body?: Uint8Array;
+  proof?: Uint8Array;
+  code?: RefuseCode;
+  message?: string;
+}
+
+/** A peer speaks another protocol version or has another compatibility hash. */
+export class MooncakeIncompatibleError extends MooncakeProtocolError {
+  constructor(
+    /** The peer's version (1 for a message without an envelope). */
+    readonly peerVersion: number,
+    /** The peer's compatibility hash (empty when it sent none). */
+    readonly peerCompat: string,
+  ) {
+    super('(envelope)', `the peer speaks side-channel protocol version ${peerVersion} (compatibility hash ${peerCompat || 'none'}); this side speaks version ${MOONCAKE_PROTOCOL_VERSION} (${MOONCAKE_COMPAT_HASH})`);
+    this.name = 'MooncakeIncompatibleError';
+  }
+}
+
+/** Encodes an envelope with this side's version and compatibility hash (unless the envelope names others: tests). */
+export function encodeEnvelope(e: SideEnvelope): Uint8Array {
+  const o = new Map<string, unknown>([
+    ['v', e.version ?? MOONCAKE_PROTOCOL_VERSION],
+    ['compat', e.compat ?? MOONCAKE_COMPAT_HASH],
+    ['kind', e.kind],
+  ]);
+  for (const k of ['cn', 'sn', 'ts', 'seq', 'body', 'proof', 'code', 'message'] as const) if (e[k] !== undefined) o.set(k, e[k]);
+  return pack(o);
+}
+
+/** Bytes of a nonce (`cn`, `sn`). */
+const NONCE_LEN = 16;
+/** Bytes of a proof. */
+const PROOF_LEN = 32;
+
+/**
+ * Decodes an envelope (untrusted bytes). The version and the compatibility hash are checked
+ * first; `body` is a view into `bytes` (not a copy).
+ * @throws MooncakeIncompatibleError for another version or hash (a map without `v` is version 1);
+ *   MooncakeProtocolError for any other defect (never anything else).
+ */
+export function decodeEnvelope(bytes: Uint8Array, maxBytes: number = LIMITS.messageBytes): SideEnvelope {
+  try {
+    const m = parse(bytes, maxBytes);
+    const v = m.get('v');
+    const compat = m.get('compat');
+    if (v === undefined) throw new MooncakeIncompatibleError(1, '');
+    const version = uint(v, 'v', 0xffff);
+    const peerCompat = str(compat, 'compat', 64);
+    if (version !== MOONCAKE_PROTOCOL_VERSION || peerCompat !== MOONCAKE_COMPAT_HASH) throw new MooncakeIncompatibleError(version, peerCompat);
+    const kind = str(field(m, 'kind', true), 'kind', 16) as EnvelopeKind;
+    if (!KINDS.includes(kind)) fail('kind', `unknown kind ${JSON.stringify(kind)}`);
+    const e: SideEnvelope = { kind, version, compat: peerCompat };
+    const fixed = (k: 'cn' | 'sn' | 'proof', len: number) => {
+      const x = m.get(k);
+      if (x === undefined) return;
+      if (!(x instanceof Uint8Array) || x.byteLength !== len) fail(k, `expected a bin of ${len} bytes, got ${describe(x)}`);
+      e[k] = new Uint8Array(x as Uint8Array);
+    };
+    fixed('cn', NONCE_LEN);
+    fixed('sn', NONCE_LEN);
+    fixed('proof', PROOF_LEN);
+    if (m.get('ts') !== undefined) e.ts = uint(m.get('ts'), 'ts');
+    if (m.get('seq') !== undefined) e.seq = uint(m.get('seq'), 'seq');
+    const body = m.get('body');
+    if (body !== undefined) {
+      if (!(body instanceof Uint8Array)) fail('body', `expected a bin, got ${describe(body)}`);
+      e.body = body as Uint8Array;
+    }
+    const code = m.get('code');
+    if (code !== undefined) {
+      const c = str(code, 'code', 32) as RefuseCode;
+      e.code = REFUSE_CODES.includes(c) ? c : 'bad-message';
+    }
+    if (m.get('message') !== undefined) e.message = str(m.get('message'), 'message', LIMITS.errorMessage, true);
+    const need = (k: keyof SideEnvelope) => {
+      if (e[k] === undefined) fail(String(k), `required in a ${kind} message`);
+    };
+    const required: Record<EnvelopeKind, Array<keyof SideEnvelope>> = { hello: ['cn', 'ts'], welcome: ['cn', 'sn'], md: ['seq', 'body'], resp: ['seq', 'body'], refuse: ['code'] };
+    for (const k of required[kind]) need(k);
+    return e;
+  } catch (err) {
+    if (err instanceof MooncakeProtocolError) throw err;
+    throw new MooncakeProtocolError('(message)', err instanceof Error ? err.message : String(err));
   }
 }

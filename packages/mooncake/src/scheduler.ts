@@ -19,13 +19,16 @@
  * `@kvconnect/core`'s `UnusableParams`) and counted; the request prefills locally.
  *
  * The owner of the producer's bootstrap server is this half (one per engine); it listens from
- * construction, and the engine's workers register with it.
+ * construction, and the engine's workers register with it: through the handshake hooks
+ * ({@link MooncakeScheduler.setXferHandshakeMetadata}; workers in their own processes), or with
+ * `bootstrap_addr` over HTTP.
  * @module
  */
 import type {
   BlockIdsPerGroup,
   ConnectorRequest,
   FinishReason,
+  HandshakeMetadataByWorker,
   KVChecksumCarrier,
   KVConnectorScheduler,
   KVTransferConfig,
@@ -34,7 +37,8 @@ import type {
   SchedulerContext,
 } from '@kvconnect/core';
 import { UnusableParams, hasRemoteKeys } from '@kvconnect/core';
-import { BootstrapServer } from './bootstrap.js';
+import { checkBindHost } from '@kvconnect/transfer';
+import { BootstrapServer, parseRegistration } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
 
 /** A producer request whose blocks the workers may now write to consumers. */
@@ -110,11 +114,24 @@ export class MooncakeScheduler implements KVConnectorScheduler {
   ) {
     this.unusable = new UnusableParams(config.kv_connector, ctx.metricsRegistry);
     if (config.kv_role !== 'kv_consumer' && opts.bootstrapAddr === undefined) {
-      const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort });
+      checkBindHost(opts.bootstrapHost, opts.clusterSecret, 'Mooncake bootstrap server'); // a config error, thrown here rather than from the listen
+      const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort, secret: opts.clusterSecret });
       this.server = p;
       localServers.set(ctx.engineId, p);
       p.then((s) => localAddrs.set(ctx.engineId, s.address)).catch(() => localServers.delete(ctx.engineId));
     }
+  }
+
+  /**
+   * Registers the engine's workers (their {@link WorkerRegistration}s from `getHandshakeMetadata`,
+   * checked by `parseRegistration`) with this half's bootstrap server; the way workers in their own
+   * processes reach it. Without a server (consumer, or `bootstrap_addr`): nothing to do.
+   * @throws BootstrapError for a malformed registration.
+   */
+  async setXferHandshakeMetadata(metadata: HandshakeMetadataByWorker<unknown>): Promise<void> {
+    if (!this.server) return;
+    const s = await this.server;
+    for (const r of metadata.values()) s.register(parseRegistration(r));
   }
 
   /** The bootstrap server this half started (producer without `bootstrap_addr`), or null. */

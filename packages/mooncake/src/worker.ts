@@ -21,20 +21,35 @@
  *
  * Nothing here waits inside an engine step; every network wait is async with a deadline, and no
  * peer message can throw out of a handler.
+ *
+ * Side channel security (`channel.ts`, `docs/security-mooncake.md`): every DEALER connection
+ * starts with a hello / welcome handshake; the consumer sends its metadata only after the producer
+ * proved the cluster secret (when one is set), and every message is proven and numbered. The
+ * ROUTER binds to `side_channel_host` (loopback by default; another host needs a secret).
+ * Bounds on the producer: requests waiting for their prefill are capped per consumer connection
+ * (`max_waiters_per_peer`) and in total (`max_waiters`) and expire after `abort_timeout_ms`; a
+ * request over a cap is answered with an error at once. The bytes of metadata messages not yet
+ * answered are capped the same way (`max_pending_bytes[_per_peer]`), checked before the message
+ * is decoded.
  * @module
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { debuglog } from 'node:util';
 import type { KVConnectorWorker, KVRole, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
-import type { TransferAgent } from '@kvconnect/transfer';
+import { checkBindHost, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { createAgent } from './agent.js';
-import { queryEngine, registerWorker, type EngineWorkers } from './bootstrap.js';
+import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
+import { queryEngine, registerWorker, registrationBody, type EngineWorkers } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
 import { describeLayout, planWrites } from './layout.js';
 import {
+  decodeEnvelope,
   decodeTransferMetadata,
   decodeTransferResponse,
+  encodeEnvelope,
+  MooncakeIncompatibleError,
+  type SideEnvelope,
   encodeTransferMetadata,
   encodeTransferResponse,
   XferStatusCode,
@@ -62,6 +77,12 @@ export interface MooncakeWorkerStats {
   metadataRejected: number;
   /** Producer: requests that arrived before their prefill finished (and waited). */
   waitedForPrefill: number;
+  /** Producer: requests answered with an error at once because a waiter cap was reached. */
+  waitersRefused: number;
+  /** Producer: metadata messages refused because a pending-bytes cap was reached. */
+  messagesRefusedBusy: number;
+  /** Side-channel messages refused (handshake, proof, version, session; both roles). */
+  authRejected: number;
   /** Producer: WRITE transfers posted, bytes written, descriptors, error responses. */
   writes: number;
   bytesWritten: number;
@@ -100,6 +121,16 @@ interface Waiter {
   resolve(s: SendState | string): void;
 }
 
+/** A consumer's DEALER to one producer worker and its session. */
+interface Dealer {
+  sock: zmq.Dealer;
+  sender: Sender;
+  session: ConsumerSession;
+  /** Settles once the welcome is checked. */
+  ready: Promise<void>;
+  settle(err?: Error): void;
+}
+
 /** A serial send queue over one socket (zeromq allows one pending send per socket). */
 class Sender {
   private q: Promise<void> = Promise.resolve();
@@ -119,6 +150,9 @@ export class MooncakeWorker implements KVConnectorWorker {
     metadataReceived: 0,
     metadataRejected: 0,
     waitedForPrefill: 0,
+    waitersRefused: 0,
+    messagesRefusedBusy: 0,
+    authRejected: 0,
     writes: 0,
     bytesWritten: 0,
     descriptors: 0,
@@ -140,6 +174,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   private routerSender: Sender | null = null;
   /** `tcp://host:port` of this worker's ROUTER (producer). */
   sideChannelAddr: string | null = null;
+  private handshake: Record<string, string | number> | null = null;
   private meta: MooncakeConnectorMetadata | null = null;
   private closed = false;
   // producer
@@ -147,12 +182,20 @@ export class MooncakeWorker implements KVConnectorWorker {
   private readonly waiters = new Map<string, Set<Waiter>>();
   private readonly finishedTransfers = new Map<string, string>();
   private finishedSending = new Set<string>();
+  private sessions: ProducerSessions | null = null;
+  /** Waiters and pending metadata bytes, in total and per peer (a consumer connection). */
+  private waiterTotal = 0;
+  private readonly peerWaiters = new Map<string, number>();
+  private pendingBytes = 0;
+  private readonly peerPendingBytes = new Map<string, number>();
+  /** This worker's owner token at the bootstrap server. */
+  private readonly owner = randomUUID();
   // consumer
   private readonly loads = new Map<string, LoadState>();
   private finishedRecving = new Set<string>();
   private invalid = new Set<number>();
   private payloads = new Map<string, Uint8Array>();
-  private readonly dealers = new Map<string, { sock: zmq.Dealer; sender: Sender }>();
+  private readonly dealers = new Map<string, Dealer>();
   private readonly producers = new Map<string, Promise<EngineWorkers>>();
 
   constructor(
@@ -174,7 +217,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
     this.caches = caches;
     const name = `${this.ctx.engineId.slice(0, 200)}/pp${this.ctx.ppRank}/tp${this.ctx.tpRank}/${randomUUID().slice(0, 8)}`;
-    let agent = await createAgent(this.opts.backend, name, this.opts.host);
+    let agent = await createAgent(this.opts.backend, name, this.opts.host, this.opts.clusterSecret);
     if (this.hooks.wrapAgent) agent = this.hooks.wrapAgent(agent, this.ctx);
     this.agent = agent;
     const reg = await agent.registerMemory(caches.regions.map((bytes) => ({ bytes })));
@@ -185,17 +228,31 @@ export class MooncakeWorker implements KVConnectorWorker {
   }
 
   private async startRouter(): Promise<void> {
-    const router = new zmq.Router({ linger: 0, maxMessageSize: this.opts.maxMessageBytes });
-    await router.bind(`tcp://${this.opts.host}:*`);
+    const host = checkBindHost(this.opts.host, this.opts.clusterSecret, 'Mooncake side channel');
+    this.sessions = new ProducerSessions(this.opts.clusterSecret, { maxSessions: this.opts.maxSessions, idleMs: this.opts.sessionIdleMs });
+    const router = new zmq.Router({ linger: 0, maxMessageSize: this.opts.maxMessageBytes, receiveHighWaterMark: 64 });
+    await router.bind(`tcp://${host.includes(':') ? `[${host}]` : host}:*`);
     this.router = router;
     this.routerSender = new Sender(router);
     this.sideChannelAddr = router.lastEndpoint;
     void this.routerLoop(router);
-    const reg = { engineId: this.ctx.engineId, tpRank: this.ctx.tpRank, ppRank: this.ctx.ppRank, tpSize: this.ctx.tpSize, ppSize: this.ctx.ppSize, addr: this.sideChannelAddr! };
-    const local = this.opts.bootstrapAddr === undefined ? localBootstrap(this.ctx.engineId) : undefined;
+    const reg = { engineId: this.ctx.engineId, tpRank: this.ctx.tpRank, ppRank: this.ctx.ppRank, tpSize: this.ctx.tpSize, ppSize: this.ctx.ppSize, addr: this.sideChannelAddr!, owner: this.owner };
+    if (this.opts.bootstrapAddr !== undefined) {
+      await registerWorker(this.opts.bootstrapAddr, reg, { timeoutMs: this.opts.bootstrapTimeoutMs, secret: this.opts.clusterSecret });
+      return;
+    }
+    // The engine's own bootstrap server (its scheduler half's): registered through the handshake
+    // hooks (getHandshakeMetadata -> MooncakeScheduler.setXferHandshakeMetadata), which work when
+    // this worker runs in its own process; directly too when that server is in this process (hosts
+    // or wrapping connectors that do not pass the handshake on).
+    this.handshake = registrationBody(reg);
+    const local = localBootstrap(this.ctx.engineId);
     if (local) (await local).register(reg);
-    else if (this.opts.bootstrapAddr !== undefined) await registerWorker(this.opts.bootstrapAddr, reg, { timeoutMs: this.opts.bootstrapTimeoutMs });
-    else throw new Error(`MooncakeConnector worker ${this.key} of ${this.ctx.engineId}: no bootstrap server (set kv_connector_extra_config.bootstrap_addr)`);
+  }
+
+  /** Producer without `bootstrap_addr`: this worker's registration body for its engine's bootstrap server. */
+  getHandshakeMetadata(): Record<string, string | number> | null {
+    return this.handshake;
   }
 
   bindConnectorMetadata(meta: unknown): void {
@@ -279,11 +336,24 @@ export class MooncakeWorker implements KVConnectorWorker {
     this.finishedSending.add(st.spec.requestId);
   }
 
-  private waitForSend(transferId: string): Promise<SendState | string> {
+  private waitForSend(transferId: string, peer: string): Promise<SendState | string> {
     const st = this.sends.get(transferId);
     if (st) return Promise.resolve(st);
     const done = this.finishedTransfers.get(transferId);
     if (done) return Promise.resolve(`transfer ${transferId} is over: ${done}`);
+    const mine = this.peerWaiters.get(peer) ?? 0;
+    if (this.waiterTotal >= this.opts.maxWaiters || mine >= this.opts.maxWaitersPerPeer) {
+      this.stats.waitersRefused++;
+      return Promise.resolve(`transfer ${transferId} refused: the producer already has ${this.waiterTotal} requests waiting for their prefill (${mine} of this consumer; caps ${this.opts.maxWaiters} / ${this.opts.maxWaitersPerPeer} per consumer)`);
+    }
+    this.waiterTotal++;
+    this.peerWaiters.set(peer, mine + 1);
+    const release = () => {
+      this.waiterTotal--;
+      const n = (this.peerWaiters.get(peer) ?? 1) - 1;
+      if (n > 0) this.peerWaiters.set(peer, n);
+      else this.peerWaiters.delete(peer);
+    };
     this.stats.waitedForPrefill++;
     return new Promise((resolve) => {
       let set = this.waiters.get(transferId);
@@ -291,12 +361,14 @@ export class MooncakeWorker implements KVConnectorWorker {
       const w: Waiter = {
         resolve: (x) => {
           clearTimeout(timer);
+          release();
           resolve(x);
         },
       };
       const timer = setTimeout(() => {
         set!.delete(w);
         if (set!.size === 0 && this.waiters.get(transferId) === set) this.waiters.delete(transferId);
+        release();
         resolve(`timed out after ${this.opts.abortTimeoutMs} ms waiting for the prefill of transfer ${transferId}`);
       }, this.opts.abortTimeoutMs);
       set.add(w);
@@ -311,22 +383,85 @@ export class MooncakeWorker implements KVConnectorWorker {
           this.stats.metadataRejected++;
           continue;
         }
-        void this.onMetadata(identity, msg).catch((e) => log('metadata handler failed: %s', e));
+        void this.onRouterMessage(identity, msg).catch((e) => log('metadata handler failed: %s', e));
       }
     } catch (e) {
       if (!this.closed) log('router loop ended: %s', e);
     }
   }
 
-  private reply(identity: Buffer, r: TransferResponse): void {
+  private sendEnvelope(identity: Buffer, e: SideEnvelope): void {
+    if (!this.routerSender || this.closed) return;
+    this.routerSender.send([identity, encodeEnvelope(e)]).catch((err) => log('reply failed: %s', err));
+  }
+
+  /** Answers in the session the message came in (even when that session was dropped since). */
+  private reply(identity: Buffer, session: ProducerSession, r: TransferResponse): void {
     if (!this.routerSender || this.closed) return;
     if (r.status === XferStatusCode.ERROR || r.errReqs.length > 0) this.stats.errorsSent++;
     let bytes = encodeTransferResponse(r);
     if (this.hooks.onResponse) bytes = this.hooks.onResponse(bytes, this.ctx);
-    this.routerSender.send([identity, bytes]).catch((e) => log('reply failed: %s', e));
+    this.sendEnvelope(identity, this.sessions!.seal(session, bytes)!);
   }
 
-  private async onMetadata(identity: Buffer, msg: Buffer): Promise<void> {
+  /** A ROUTER message: the envelope, the handshake and the proofs, then {@link onMetadata}. */
+  private async onRouterMessage(identity: Buffer, msg: Buffer): Promise<void> {
+    let e: SideEnvelope;
+    try {
+      e = decodeEnvelope(msg, this.opts.maxMessageBytes);
+    } catch (err) {
+      this.stats.metadataRejected++;
+      this.stats.authRejected++;
+      this.lastError = err instanceof Error ? err.message : String(err);
+      return this.sendEnvelope(identity, { kind: 'refuse', code: err instanceof MooncakeIncompatibleError ? 'incompatible' : 'bad-message', message: this.lastError });
+    }
+    const peer = identity.toString('hex');
+    if (e.kind === 'hello') {
+      const w = this.sessions!.hello(peer, e);
+      if (w.kind === 'refuse') {
+        this.stats.authRejected++;
+        this.lastError = w.message ?? 'hello refused';
+      }
+      return this.sendEnvelope(identity, w);
+    }
+    if (e.kind !== 'md') {
+      this.stats.authRejected++;
+      return this.sendEnvelope(identity, { kind: 'refuse', code: 'bad-message', message: `a producer expects hello or md, not ${e.kind}` });
+    }
+    const opened = this.sessions!.open(peer, e);
+    if ('refuse' in opened) {
+      this.stats.metadataRejected++;
+      this.stats.authRejected++;
+      this.lastError = opened.refuse.message ?? 'refused';
+      return this.sendEnvelope(identity, opened.refuse);
+    }
+    const cost = opened.body.byteLength;
+    const mine = this.peerPendingBytes.get(peer) ?? 0;
+    if (this.pendingBytes + cost > this.opts.maxPendingBytes || mine + cost > this.opts.maxPendingBytesPerPeer) {
+      this.stats.metadataReceived++;
+      this.stats.messagesRefusedBusy++;
+      this.lastError = `metadata message of ${cost} bytes refused: ${this.pendingBytes} bytes of metadata pending (${mine} of this consumer; caps ${this.opts.maxPendingBytes} / ${this.opts.maxPendingBytesPerPeer} per consumer)`;
+      let ids: string[] = [];
+      try {
+        ids = [...decodeTransferMetadata(opened.body, this.opts.maxMessageBytes).requests.keys()];
+      } catch {
+        /* answered without ids */
+      }
+      return this.reply(identity, opened.session, { status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: this.lastError, kvChecksums: new Map() });
+    }
+    this.pendingBytes += cost;
+    this.peerPendingBytes.set(peer, mine + cost);
+    try {
+      await this.onMetadata((r) => this.reply(identity, opened.session, r), opened.body, peer);
+    } finally {
+      this.pendingBytes -= cost;
+      const n = (this.peerPendingBytes.get(peer) ?? cost) - cost;
+      if (n > 0) this.peerPendingBytes.set(peer, n);
+      else this.peerPendingBytes.delete(peer);
+    }
+  }
+
+  private async onMetadata(answer: (r: TransferResponse) => void, msg: Uint8Array, peer: string): Promise<void> {
     this.stats.metadataReceived++;
     let md: TransferMetadata;
     try {
@@ -334,13 +469,13 @@ export class MooncakeWorker implements KVConnectorWorker {
     } catch (e) {
       this.stats.metadataRejected++;
       this.lastError = e instanceof Error ? e.message : String(e);
-      this.reply(identity, { status: XferStatusCode.ERROR, okReqs: [], errReqs: [], errMsg: this.lastError, kvChecksums: new Map() });
+      answer({ status: XferStatusCode.ERROR, okReqs: [], errReqs: [], errMsg: this.lastError, kvChecksums: new Map() });
       return;
     }
     const ids = [...md.requests.keys()];
     const allErr = (m: string) => {
       this.lastError = m;
-      this.reply(identity, { status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: m, kvChecksums: new Map() });
+      answer({ status: XferStatusCode.ERROR, okReqs: [], errReqs: ids, errMsg: m, kvChecksums: new Map() });
     };
     if (md.backend !== this.agent!.backend) return allErr(`the consumer uses transfer backend ${md.backend}, this producer ${this.agent!.backend}`);
     let agentName: string;
@@ -350,25 +485,33 @@ export class MooncakeWorker implements KVConnectorWorker {
       return allErr(`cannot load the consumer's agent metadata: ${e instanceof Error ? e.message : String(e)}`);
     }
     if (ids.length === 0) {
-      this.reply(identity, { status: XferStatusCode.FINISH, okReqs: [], errReqs: [], kvChecksums: new Map() });
+      answer({ status: XferStatusCode.FINISH, okReqs: [], errReqs: [], kvChecksums: new Map() });
       return;
+    }
+    // Requests that would wait for their prefill: refused together, in one answer, over a cap.
+    let parking = 0;
+    for (const l of md.requests.values()) if (!this.sends.has(l.transferId) && !this.finishedTransfers.has(l.transferId)) parking++;
+    const mine = this.peerWaiters.get(peer) ?? 0;
+    if (parking > 0 && (this.waiterTotal + parking > this.opts.maxWaiters || mine + parking > this.opts.maxWaitersPerPeer)) {
+      this.stats.waitersRefused += parking;
+      return allErr(`${parking} requests refused: they would wait for their prefill and the producer already has ${this.waiterTotal} waiting (${mine} of this consumer; caps ${this.opts.maxWaiters} / ${this.opts.maxWaitersPerPeer} per consumer)`);
     }
     let left = ids.length;
     await Promise.all(
       ids.map(async (id) => {
-        const r = await this.serve(md, agentName, md.requests.get(id)!);
+        const r = await this.serve(md, agentName, md.requests.get(id)!, peer);
         left--;
         const status = !r.ok ? XferStatusCode.ERROR : left === 0 ? XferStatusCode.FINISH : XferStatusCode.CONTINUE;
         const kvChecksums = new Map<string, Uint8Array>();
         if (r.ok && r.payload) kvChecksums.set(id, r.payload);
-        this.reply(identity, { status, okReqs: r.ok ? [id] : [], errReqs: r.ok ? [] : [id], errMsg: r.ok ? undefined : r.error, kvChecksums });
+        answer({ status, okReqs: r.ok ? [id] : [], errReqs: r.ok ? [] : [id], errMsg: r.ok ? undefined : r.error, kvChecksums });
       }),
     );
   }
 
   /** Writes one request's blocks for one consumer worker. */
-  private async serve(md: TransferMetadata, agentName: string, load: WireLoad): Promise<{ ok: true; payload?: Uint8Array } | { ok: false; error: string }> {
-    const got = await this.waitForSend(load.transferId);
+  private async serve(md: TransferMetadata, agentName: string, load: WireLoad, peer: string): Promise<{ ok: true; payload?: Uint8Array } | { ok: false; error: string }> {
+    const got = await this.waitForSend(load.transferId, peer);
     if (typeof got === 'string') {
       this.lastError = got;
       return { ok: false, error: got };
@@ -430,28 +573,77 @@ export class MooncakeWorker implements KVConnectorWorker {
     const k = `${engineId}\u0000${bootstrapAddr}`;
     let p = this.producers.get(k);
     if (!p) {
-      p = queryEngine(bootstrapAddr, engineId, { deadlineMs: this.opts.bootstrapTimeoutMs });
+      p = queryEngine(bootstrapAddr, engineId, { deadlineMs: this.opts.bootstrapTimeoutMs, secret: this.opts.clusterSecret });
       this.producers.set(k, p);
       p.catch(() => this.producers.delete(k));
     }
     return p;
   }
 
-  private dealer(addr: string): { sock: zmq.Dealer; sender: Sender } {
+  /**
+   * The DEALER to `addr`, created with a fixed random routing id (a reconnect keeps its session)
+   * and a hello; its `ready` settles once the producer's welcome is checked.
+   */
+  private dealer(addr: string): Dealer {
     let d = this.dealers.get(addr);
     if (!d) {
-      const sock = new zmq.Dealer({ linger: 0, maxMessageSize: this.opts.maxMessageBytes });
+      const sock = new zmq.Dealer({ linger: 0, maxMessageSize: this.opts.maxMessageBytes, routingId: randomBytes(16).toString('hex') });
       sock.connect(addr);
-      d = { sock, sender: new Sender(sock) };
-      this.dealers.set(addr, d);
-      void this.dealerLoop(addr, sock);
+      let settle!: (err?: Error) => void;
+      const ready = new Promise<void>((resolve, reject) => {
+        settle = (err) => (err ? reject(err) : resolve());
+      });
+      ready.catch(() => {});
+      const session = new ConsumerSession(this.opts.clusterSecret);
+      const dd: Dealer = { sock, sender: new Sender(sock), session, ready, settle };
+      d = dd;
+      this.dealers.set(addr, dd);
+      void this.dealerLoop(addr, dd);
+      dd.sender.send(encodeEnvelope(session.hello())).catch((e) => this.dropDealer(addr, dd, `cannot send to ${addr}: ${e instanceof Error ? e.message : String(e)}`));
     }
     return d;
   }
 
-  private async dealerLoop(addr: string, sock: zmq.Dealer): Promise<void> {
+  /** Forgets a DEALER whose session failed (the next load says hello again) and fails the loads waiting on it. */
+  private dropDealer(addr: string, d: Dealer, why: string): void {
+    this.stats.authRejected++;
+    this.lastError = why;
+    d.settle(new SideChannelAuthError('unauthenticated', why));
+    if (this.dealers.get(addr) === d) this.dealers.delete(addr);
+    d.sock.close();
+    this.failAddr(addr, why, false);
+  }
+
+  private async dealerLoop(addr: string, d: Dealer): Promise<void> {
     try {
-      for await (const frames of sock) this.onResponse(addr, frames);
+      for await (const frames of d.sock) {
+        let e: SideEnvelope;
+        try {
+          if (frames.length !== 1) throw new Error(`expected one frame, got ${frames.length}`);
+          e = decodeEnvelope(frames[0], this.opts.maxMessageBytes);
+        } catch (err) {
+          this.stats.responsesReceived++;
+          this.stats.responsesMalformed++;
+          const m = `malformed message from ${addr}: ${err instanceof Error ? err.message : String(err)}`;
+          if (err instanceof MooncakeIncompatibleError || !d.session.ready) this.dropDealer(addr, d, m);
+          else this.failAddr(addr, m, false);
+          continue;
+        }
+        try {
+          if (e.kind === 'welcome') {
+            d.session.welcome(e);
+            d.settle();
+          } else if (e.kind === 'resp') {
+            this.onResponse(addr, [d.session.open(e)]);
+          } else if (e.kind === 'refuse') {
+            this.dropDealer(addr, d, `producer ${addr} refused (${e.code}): ${e.message ?? ''}`);
+          } else {
+            throw new SideChannelAuthError('bad-message', `a consumer expects welcome, resp or refuse, not ${e.kind}`);
+          }
+        } catch (err) {
+          this.dropDealer(addr, d, `producer ${addr}: ${err instanceof Error ? err.message : String(err)}`);
+        }
+      }
     } catch (e) {
       if (!this.closed) log('dealer loop for %s ended: %s', addr, e);
     }
@@ -480,9 +672,11 @@ export class MooncakeWorker implements KVConnectorWorker {
       });
       for (const s of live) this.loads.get(s.requestId)!.waiting = new Set(addrs);
       for (const a of addrs) {
-        this.dealer(a)
-          .sender.send(bytes)
-          .catch((e) => this.failAddr(a, `cannot send to ${a}: ${e instanceof Error ? e.message : String(e)}`, true));
+        const d = this.dealer(a);
+        d.ready
+          .then(() => d.sender.send(encodeEnvelope(d.session.seal(bytes))))
+          // An auth failure: the producer never got the metadata (dropDealer already failed the loads).
+          .catch((e) => this.failAddr(a, `cannot send to ${a}: ${e instanceof Error ? e.message : String(e)}`, !(e instanceof SideChannelAuthError)));
       }
     } catch (e) {
       const m = e instanceof Error ? e.message : String(e);
@@ -493,7 +687,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     }
   }
 
-  private onResponse(addr: string, frames: Buffer[]): void {
+  private onResponse(addr: string, frames: Uint8Array[]): void {
     this.stats.responsesReceived++;
     let r: TransferResponse;
     try {
@@ -579,6 +773,17 @@ export class MooncakeWorker implements KVConnectorWorker {
   }
 
   // ------------------------------------------------------------------------------------------
+
+  /** What the producer's caps bound (diagnostics, flood tests): waiters (total, the most of one peer), pending metadata bytes, sessions. */
+  resourceCounts(): { waiters: number; maxPeerWaiters: number; pendingBytes: number; maxPeerPendingBytes: number; sessions: number } {
+    return {
+      waiters: this.waiterTotal,
+      maxPeerWaiters: Math.max(0, ...this.peerWaiters.values()),
+      pendingBytes: this.pendingBytes,
+      maxPeerPendingBytes: Math.max(0, ...this.peerPendingBytes.values()),
+      sessions: this.sessions?.size ?? 0,
+    };
+  }
 
   /** Pending producer sends and consumer loads (diagnostics, leak tests). */
   pendingCounts(): { sends: number; waiters: number; loads: number } {

@@ -4,6 +4,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { KVTransferConfigError, defaultRegistry, parseKVTransferConfig } from '@kvconnect/core';
+import { ClusterSecretError } from '@kvconnect/transfer';
 import { MOONCAKE_CONNECTOR, MooncakeUnavailableError, createAgent, mooncakeConnectorFactory, mooncakeUnavailableReason, parseMooncakeOptions } from '../src/index.js';
 
 const cfg = (extra: Record<string, unknown>) => parseKVTransferConfig({ kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', kv_connector_extra_config: extra });
@@ -16,7 +17,7 @@ describe('MooncakeConnector registration and config', () => {
   });
 
   it('defaults', () => {
-    expect(parseMooncakeOptions({})).toEqual({
+    expect(parseMooncakeOptions({}, {})).toEqual({
       backend: 'embedded',
       bootstrapHost: '127.0.0.1',
       bootstrapPort: 8998,
@@ -27,7 +28,37 @@ describe('MooncakeConnector registration and config', () => {
       transferTimeoutMs: 540_000,
       bootstrapTimeoutMs: 30_000,
       maxMessageBytes: 64 * 1024 * 1024,
+      clusterSecret: null,
+      maxWaiters: 65_536,
+      maxWaitersPerPeer: 16_384,
+      maxPendingBytes: 256 * 1024 * 1024,
+      maxPendingBytesPerPeer: 64 * 1024 * 1024,
+      maxSessions: 4096,
+      sessionIdleMs: 600_000,
     });
+  });
+
+  it('a non-loopback bootstrap_host without a cluster secret: createScheduler refuses (ClusterSecretError)', () => {
+    const prod = parseKVTransferConfig({ kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_producer', kv_connector_extra_config: { bootstrap_host: '0.0.0.0', bootstrap_port: 0 } });
+    const saved = process.env.KVCONNECT_CLUSTER_SECRET;
+    delete process.env.KVCONNECT_CLUSTER_SECRET;
+    try {
+      expect(() => mooncakeConnectorFactory.createScheduler(prod, ctx)).toThrow(ClusterSecretError);
+    } finally {
+      if (saved !== undefined) process.env.KVCONNECT_CLUSTER_SECRET = saved;
+    }
+  });
+
+  it('the cluster secret: the config key, else KVCONNECT_CLUSTER_SECRET; a short one is a config problem', () => {
+    expect(parseMooncakeOptions({ cluster_secret: 'config-secret-0123' }, { KVCONNECT_CLUSTER_SECRET: 'env-secret-0123456' }).clusterSecret?.toString()).toBe('config-secret-0123');
+    expect(parseMooncakeOptions({}, { KVCONNECT_CLUSTER_SECRET: 'env-secret-0123456' }).clusterSecret?.toString()).toBe('env-secret-0123456');
+    try {
+      parseMooncakeOptions({ cluster_secret: 'short' }, {});
+      expect.unreachable();
+    } catch (e) {
+      expect(e).toBeInstanceOf(KVTransferConfigError);
+      expect((e as KVTransferConfigError).problems.map((p) => p.path)).toEqual(['kv_connector_extra_config.cluster_secret']);
+    }
   });
 
   it('rejects unknown keys and bad values, listing every problem', () => {

@@ -10,7 +10,8 @@ import { pagedAttentionBytes, pagedAttentionCache } from '@kvconnect/checksum';
 import type { WorkerKVCaches } from '@kvconnect/core';
 import { BootstrapServer } from '../src/bootstrap.js';
 import { parseMooncakeOptions } from '../src/config.js';
-import { XferStatusCode, decodeTransferMetadata, encodeTransferResponse, type TransferMetadata, type TransferResponse } from '../src/protocol.js';
+import { ProducerSessions } from '../src/channel.js';
+import { XferStatusCode, decodeEnvelope, decodeTransferMetadata, encodeEnvelope, encodeTransferResponse, type TransferMetadata, type TransferResponse } from '../src/protocol.js';
 import type { MooncakeLoadSpec } from '../src/scheduler.js';
 import { MooncakeWorker } from '../src/worker.js';
 
@@ -32,9 +33,10 @@ function caches(): WorkerKVCaches {
   };
 }
 
-/** A scripted producer worker: records metadata, answers when told. */
+/** A scripted producer worker (side-channel protocol 2, no cluster secret): records metadata, answers when told. */
 class FakeProducer {
   readonly got: Array<{ identity: Buffer; md: TransferMetadata }> = [];
+  readonly sessions = new ProducerSessions(null, { maxSessions: 16, idleMs: 60_000 });
   private constructor(
     readonly sock: zmq.Router,
     readonly addr: string,
@@ -45,7 +47,14 @@ class FakeProducer {
     const p = new FakeProducer(sock, sock.lastEndpoint!);
     void (async () => {
       try {
-        for await (const [identity, msg] of sock) p.got.push({ identity, md: decodeTransferMetadata(msg) });
+        for await (const [identity, msg] of sock) {
+          const e = decodeEnvelope(msg);
+          if (e.kind === 'hello') await sock.send([identity, encodeEnvelope(p.sessions.hello(identity.toString('hex'), e))]);
+          else {
+            const o = p.sessions.open(identity.toString('hex'), e);
+            if ('body' in o) p.got.push({ identity, md: decodeTransferMetadata(o.body) });
+          }
+        }
       } catch {
         /* closed */
       }
@@ -53,9 +62,11 @@ class FakeProducer {
     cleanup.push(() => sock.close());
     return p;
   }
+  /** Sends a response (bytes: a raw body) in the session of the first consumer. */
   async answer(r: Partial<TransferResponse> | Uint8Array): Promise<void> {
     const bytes = r instanceof Uint8Array ? r : encodeTransferResponse({ status: XferStatusCode.FINISH, okReqs: [], errReqs: [], kvChecksums: new Map(), ...r });
-    await this.sock.send([this.got[0].identity, bytes]);
+    const id = this.got[0].identity;
+    await this.sock.send([id, encodeEnvelope(this.sessions.seal(id.toString('hex'), bytes)!)]);
   }
 }
 

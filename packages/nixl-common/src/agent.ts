@@ -15,13 +15,13 @@ export class AgentUnavailableError extends Error {
 
 /**
  * Creates the agent of `backend` named `name`: the embedded agent listens on `host` (any free
- * port); the NIXL agent loads `nixlLibrary` (default: the transfer package's search, e.g.
+ * port; a non-loopback host needs `clusterSecret`, which its connections then prove); the NIXL agent loads `nixlLibrary` (default: the transfer package's search, e.g.
  * `NIXL_LIBRARY` / `NIXL_PREFIX`) with the UCX backend and `nixlBackendParams`.
  * @throws AgentUnavailableError for an unknown backend; the agent's error when it cannot start
  *   (e.g. `NIXL not available: ...`).
  */
-export const createAgent: AgentFactory = async ({ backend, name, host, nixlLibrary, nixlBackendParams }) => {
-  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host });
+export const createAgent: AgentFactory = async ({ backend, name, host, nixlLibrary, nixlBackendParams, clusterSecret }) => {
+  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host, clusterSecret: clusterSecret ?? null });
   if (backend === 'nixl') return transfer.NixlAgent.create({ name, library: nixlLibrary, backendParams: nixlBackendParams }) as Promise<TransferAgent>;
   throw new AgentUnavailableError(`unknown transfer backend ${JSON.stringify(backend)}`);
 };

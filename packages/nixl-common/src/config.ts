@@ -3,22 +3,31 @@
  * @module
  */
 import { KVTransferConfigError, type ConfigProblem, type KVTransferConfig } from '@kvconnect/core';
-import type { TransferAgent } from '@kvconnect/transfer';
+import { resolveClusterSecret, type TransferAgent } from '@kvconnect/transfer';
 import type { Registry } from 'prom-client';
 import { isRegistry } from './metrics.js';
 
 /** Creates a worker's transfer agent (test hook and custom backends). */
-export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string> }) => Promise<TransferAgent>;
+export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string>; clusterSecret?: Uint8Array | null }) => Promise<TransferAgent>;
 
 /** The validated options. */
 export interface NixlConfig {
   /** Transfer agent: `embedded` (TCP, default) or `nixl` (libnixl through the native addon). */
   backend: 'embedded' | 'nixl';
-  /** Side channel (producer): listen address and port (0 = any free port). */
+  /**
+   * Side channel (producer): listen address (default `127.0.0.1`) and port (0 = any free port). A
+   * non-loopback address needs {@link clusterSecret} (`checkBindHost`, `docs/security.md`).
+   */
   sideChannelHost: string;
   sideChannelPort: number;
-  /** Address the embedded agent listens on (default the side channel host). */
+  /** Address the embedded agent listens on (default the side channel host; non-loopback needs {@link clusterSecret}). */
   agentHost: string;
+  /**
+   * The cluster secret (`cluster_secret`, else env `KVCONNECT_CLUSTER_SECRET`; `resolveClusterSecret`
+   * in @kvconnect/transfer), or null: side-channel connections and embedded-agent connections prove
+   * knowledge of it (`docs/security.md`).
+   */
+  clusterSecret: Buffer | null;
   /** Producer lease, ms (default 30 000). */
   leaseMs: number;
   /** Consumer heartbeat period, ms (default 5 000; 0 = none). */
@@ -27,7 +36,7 @@ export interface NixlConfig {
   transferTimeoutMs: number;
   /** Consumer (push): how long to wait for the producer's completion notifs, ms (default 60 000). */
   pushTimeoutMs: number;
-  /** Side-channel request deadline, ms (default 5 000). */
+  /** Side-channel request deadline, ms (default 5 000); the first handshake with a producer waits {@link transferTimeoutMs}. */
   handshakeTimeoutMs: number;
   /** Consumer (pull): check the lease with the producer before reading (default true; false is a test hook). */
   leaseCheck: boolean;
@@ -46,6 +55,7 @@ const KEYS = [
   'side_channel_host',
   'side_channel_port',
   'agent_host',
+  'cluster_secret',
   'lease_ms',
   'heartbeat_ms',
   'transfer_timeout_ms',
@@ -94,6 +104,12 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
   if (typeof leaseCheck !== 'boolean') problems.push({ path: p('lease_check'), message: 'expected a boolean' });
   const factory = x.agent_factory ?? null;
   if (factory !== null && typeof factory !== 'function') problems.push({ path: p('agent_factory'), message: 'expected a function' });
+  let clusterSecret: Buffer | null = null;
+  try {
+    clusterSecret = resolveClusterSecret(x.cluster_secret);
+  } catch (e) {
+    problems.push({ path: p('cluster_secret'), message: e instanceof Error ? e.message : String(e) });
+  }
   const registry = x.metrics_registry ?? null;
   if (registry !== null && !isRegistry(registry)) problems.push({ path: p('metrics_registry'), message: 'expected a prom-client Registry' });
   const out: NixlConfig = {
@@ -101,6 +117,7 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
     sideChannelHost: host,
     sideChannelPort: int('side_channel_port', 0, 0, 65535),
     agentHost: text('agent_host', host),
+    clusterSecret,
     leaseMs: int('lease_ms', 30_000, 1, 24 * 3600 * 1000),
     heartbeatMs: int('heartbeat_ms', 5_000, 0, 3600 * 1000),
     transferTimeoutMs: int('transfer_timeout_ms', 30_000, 1, 3600 * 1000),

@@ -11,6 +11,7 @@
  * @module
  */
 import type { KVCacheGroupConfig, KVRole } from '@kvconnect/core';
+import { checkBindHost } from '@kvconnect/transfer';
 import type { NixlConfig } from './config.js';
 import { LeaseTable } from './lease.js';
 import { nixlMetrics, type NixlMetrics } from './metrics.js';
@@ -29,7 +30,7 @@ import {
   type SideRequest,
   type TransferMode,
 } from './protocol.js';
-import { SideChannelClient, SideChannelError, SideChannelServer, type HandlerResult } from './side-channel.js';
+import { SideChannelClient, SideChannelError, SideChannelServer, type HandlerResult, type SideChannelServerStats } from './side-channel.js';
 
 /** What a hub asks of a worker half (push dispatch). */
 export interface HubWorker {
@@ -83,7 +84,11 @@ export class NixlEngineHub {
   private server: SideChannelServer | null = null;
   private listening: Promise<{ host: string; port: number }> | null = null;
   private readonly clients = new Map<string, SideChannelClient>();
+  /** Side-channel requests waiting for an answer, across this engine's clients (at most 16 384). */
+  private readonly waiterBudget = { used: 0, max: 16_384 };
   private readonly infos = new Map<string, Promise<EngineInfo>>();
+  /** The settled value of each entry of {@link infos} (what {@link invalidatePeer} compares). */
+  private readonly settled = new Map<string, EngineInfo>();
   private info: EngineInfo | null = null;
   private users = 0;
 
@@ -141,13 +146,26 @@ export class NixlEngineHub {
     return this.info;
   }
 
-  /** Starts the side-channel server (once). @returns its address. */
+  /**
+   * Starts the side-channel server (once) on the configured host (loopback by default), with the
+   * cluster secret when one is configured. @returns its address.
+   * @throws ClusterSecretError (rejected) for a non-loopback host without a secret (`checkBindHost`).
+   */
   ensureListening(): Promise<{ host: string; port: number }> {
     if (!this.listening) {
-      this.server = new SideChannelServer((req) => this.handle(req));
-      this.listening = this.server.listen(this.config.sideChannelHost, this.config.sideChannelPort);
+      const secret = this.config.clusterSecret;
+      this.listening = (async () => {
+        const host = checkBindHost(this.config.sideChannelHost, secret, 'NIXL side channel');
+        this.server = new SideChannelServer((req) => this.handle(req), { clusterSecret: secret });
+        return this.server.listen(host, this.config.sideChannelPort);
+      })();
     }
     return this.listening;
+  }
+
+  /** The side-channel server's counters (buffered bytes, pending requests, dropped peers), or null before it listens. */
+  sideChannelStats(): SideChannelServerStats | null {
+    return this.server?.stats() ?? null;
   }
 
   /** The side channel's address once it listens. */
@@ -159,39 +177,61 @@ export class NixlEngineHub {
   client(host: string, port: number): SideChannelClient {
     const k = `${host}:${port}`;
     let c = this.clients.get(k);
-    if (!c) this.clients.set(k, (c = new SideChannelClient(host, port, { timeoutMs: this.config.handshakeTimeoutMs })));
+    if (!c) this.clients.set(k, (c = new SideChannelClient(host, port, { timeoutMs: this.config.handshakeTimeoutMs, clusterSecret: this.config.clusterSecret, waiterBudget: this.waiterBudget })));
     return c;
   }
 
   /**
-   * The producer's info at `host:port` (handshake, cached). Both sides check compatibility:
-   * the producer refuses a different version, mode or model, and so does this side.
+   * The producer's info at `host:port` (handshake, cached until {@link invalidatePeer}). Both
+   * sides check compatibility: the producer refuses a different version, mode or model, and so
+   * does this side. `timeoutMs`: how long the handshake may wait for the answer (default the
+   * handshake timeout; a load passes its transfer deadline, as a busy producer answers between
+   * engine steps).
    * @throws HandshakeError
    */
-  peerInfo(host: string, port: number, engineId?: string): Promise<EngineInfo> {
+  peerInfo(host: string, port: number, engineId?: string, timeoutMs?: number): Promise<EngineInfo> {
     const k = `${host}:${port}`;
     let p = this.infos.get(k);
     if (p) {
       return p.then((info) => {
         if (engineId === undefined || info.engineId === engineId) return info;
-        this.infos.delete(k);
-        return this.peerInfo(host, port, engineId);
+        this.invalidatePeer(host, port, info);
+        return this.peerInfo(host, port, engineId, timeoutMs);
       });
     }
-    p = this.handshake(host, port);
+    p = this.handshake(host, port, timeoutMs);
     this.infos.set(k, p);
-    p.catch(() => this.infos.delete(k));
+    p.then(
+      (info) => {
+        if (this.infos.get(k) === p) this.settled.set(k, info);
+      },
+      () => {
+        if (this.infos.get(k) === p) this.infos.delete(k);
+      },
+    );
     return p.then((info) => {
       if (engineId !== undefined && info.engineId !== engineId) throw new HandshakeError('engine-id', `side channel ${k} serves engine ${info.engineId}, not ${engineId}`);
       return info;
     });
   }
 
-  private async handshake(host: string, port: number): Promise<EngineInfo> {
+  /**
+   * Forgets the cached handshake with `host:port` when it is still `stale` (the info a failed
+   * load used; a newer handshake is kept): the next load handshakes again, e.g. with a producer
+   * restarted on the same port (new agents, new regions).
+   */
+  invalidatePeer(host: string, port: number, stale: EngineInfo): void {
+    const k = `${host}:${port}`;
+    if (this.settled.get(k) !== stale) return;
+    this.settled.delete(k);
+    this.infos.delete(k);
+  }
+
+  private async handshake(host: string, port: number, timeoutMs?: number): Promise<EngineInfo> {
     const mine = this.compatHash();
     let info: EngineInfo;
     try {
-      info = await this.client(host, port).request({ type: 'info', version: NIXL_PROTOCOL_VERSION, mode: this.mode, compatHash: mine }, decodeEngineInfo);
+      info = await this.client(host, port).request({ type: 'info', version: NIXL_PROTOCOL_VERSION, mode: this.mode, compatHash: mine }, decodeEngineInfo, timeoutMs);
     } catch (e) {
       const code = e instanceof SideChannelError ? e.code : 'transport';
       this.metrics.handshakes.inc({ mode: this.mode, result: code });

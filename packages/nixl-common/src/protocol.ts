@@ -12,12 +12,32 @@
  * | `LEASE` (2) | `[seq, 2, [requestId...], pinMs]`: heartbeat (pinMs 0: extend by the lease) or pin before a READ | `[[requestId, expiryMs or 0 = gone]...]` |
  * | `RELEASE` (3) | `[seq, 3, [requestId...]]`: the consumer will not read these | `[]` |
  * | `PUSH_REG` (4) | `[seq, 4, PushRegistration]`: push mode, a consumer rank registers its blocks | `[]` |
+ * | `AUTH` (5) | `[0, 5, version, clientNonce]`: first frame with a cluster secret (below) | `[serverNonce, serverProof]`, seq 0 |
  *
  * An {@link EngineInfo} is what a peer needs to move KV: engine id, TP and PP sizes, block size
  * per group, and per worker rank its agent's metadata blob, registered regions and the block
  * layout of its caches (from the worker's @kvconnect/checksum views), plus a compatibility hash
  * over protocol version {@link NIXL_PROTOCOL_VERSION}, the transfer mode and the model's caches,
  * so that pull and push peers (or different models) refuse each other.
+ *
+ * **Authentication** (protocol 16, `docs/security.md`): with a cluster secret configured (see
+ * `resolveClusterSecret` in @kvconnect/transfer `auth.ts`), a client's first frame is
+ * `AUTH` `[0, 5, version, clientNonce]`, answered (seq 0) by `[serverNonce, serverProof]` with
+ * `serverProof = makeProof(secret, "nixl-side/auth", clientNonce, serverNonce)`: the client knows
+ * it talks to a holder of the secret before it sends anything else. From then on every frame in
+ * both directions is *sealed*: its MessagePack body is followed by 32 bytes
+ * `makeProof(secret, "nixl-side/request" | "nixl-side/response", clientNonce, serverNonce, body)`
+ * ({@link sealFrame}, {@link openFrame}). The server checks the seal before it decodes anything,
+ * and request seqs must grow strictly on a connection (a replayed request is refused, and a
+ * frame from another connection carries another nonce pair). Without a secret there is no
+ * `AUTH` and no seal, and the side channel must listen on loopback (`checkBindHost`).
+ * A response with seq 0 is about the connection (an `AUTH` answer, or a refusal that closes it).
+ *
+ * Version history of {@link NIXL_PROTOCOL_VERSION}:
+ * - 15: vLLM `NIXL_CONNECTOR_VERSION` after the KV checksum series (INFO, LEASE, RELEASE, PUSH_REG).
+ * - 16: cluster-secret authentication (`AUTH`, sealed frames, refusal codes `unauthenticated`
+ *   and `busy`); smaller limits before authentication ({@link LIMITS}.authFrameBytes) and for
+ *   requests ({@link LIMITS}.requestFrameBytes).
  * @module
  */
 import { createHash } from 'node:crypto';
@@ -26,8 +46,8 @@ import type { KVCacheGroupConfig, WorkerKVCaches } from '@kvconnect/core';
 import type { RegisteredRegion } from '@kvconnect/transfer';
 import { arr, bin, fail, nat, oneOf, packr, pos, str, unpackStrict } from './codec.js';
 
-/** Connector protocol version (vLLM `NIXL_CONNECTOR_VERSION` after the KV checksum series: 15). */
-export const NIXL_PROTOCOL_VERSION = 15;
+/** Connector protocol version (15: vLLM `NIXL_CONNECTOR_VERSION` after the KV checksum series; 16: authentication; history in the module comment). */
+export const NIXL_PROTOCOL_VERSION = 16;
 
 /** Who initiates transfers: the consumer READs (`pull`, NixlConnector) or the producer WRITEs (`push`, NixlPushConnector). */
 export type TransferMode = 'pull' | 'push';
@@ -36,8 +56,12 @@ export const TRANSFER_MODES: readonly TransferMode[] = ['pull', 'push'];
 
 /** Size limits of every decoder of the side channel. */
 export const LIMITS = Object.freeze({
-  /** Largest frame (request or response), bytes. */
+  /** Largest frame (a response, e.g. INFO of many ranks), bytes. */
   frameBytes: 64 * 1024 * 1024,
+  /** Largest request frame a server accepts, bytes (a PUSH_REG is one rank's layout and block table). */
+  requestFrameBytes: 16 * 1024 * 1024,
+  /** Largest frame before the connection is authenticated (`AUTH` and its answer or refusal), bytes. */
+  authFrameBytes: 8 * 1024,
   /** Longest engine id, agent name or request id. */
   idLength: 1024,
   /** Largest agent metadata blob, bytes. */
@@ -67,11 +91,15 @@ export const LIMITS = Object.freeze({
 });
 
 /** Message types of the side channel. */
-export const MSG = Object.freeze({ INFO: 1, LEASE: 2, RELEASE: 3, PUSH_REG: 4 } as const);
+export const MSG = Object.freeze({ INFO: 1, LEASE: 2, RELEASE: 3, PUSH_REG: 4, AUTH: 5 } as const);
 
-/** Error codes of refused requests. */
-export type SideErrorCode = 'incompatible' | 'not-ready' | 'unknown-request' | 'lease-expired' | 'bad-request' | 'internal';
-const ERROR_CODES: readonly SideErrorCode[] = ['incompatible', 'not-ready', 'unknown-request', 'lease-expired', 'bad-request', 'internal'];
+/**
+ * Error codes of refused requests. `unauthenticated`: no or a wrong proof of the cluster secret,
+ * a replayed frame, or a secret on one side only (the connection closes); `busy`: the server has
+ * too many requests pending (retry later).
+ */
+export type SideErrorCode = 'incompatible' | 'not-ready' | 'unknown-request' | 'lease-expired' | 'bad-request' | 'internal' | 'unauthenticated' | 'busy';
+const ERROR_CODES: readonly SideErrorCode[] = ['incompatible', 'not-ready', 'unknown-request', 'lease-expired', 'bad-request', 'internal', 'unauthenticated', 'busy'];
 
 /** A registered memory region of a rank, as peers address it. */
 export interface RegionInfo {
@@ -570,4 +598,83 @@ export function encodeLeaseBody(m: ReadonlyMap<string, number>): unknown[] {
 /** Decodes an empty ok body (`[]`). @throws NixlDecodeError */
 export function decodeEmptyBody(x: unknown): void {
   arr(x, 'body', 0, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication (protocol 16; see the module comment and docs/security.md)
+// ---------------------------------------------------------------------------------------------
+
+/** Proof contexts of the side channel (`makeProof` in @kvconnect/transfer `auth.ts`). */
+export const SIDE_AUTH_CONTEXT = Object.freeze({ auth: 'nixl-side/auth', request: 'nixl-side/request', response: 'nixl-side/response' } as const);
+
+/** The nonces of one authenticated connection (client's, server's; NONCE_BYTES each). */
+export interface SideSession {
+  readonly clientNonce: Uint8Array;
+  readonly serverNonce: Uint8Array;
+}
+
+/** Encodes the `AUTH` request `[0, 5, version, clientNonce]`. */
+export function encodeAuthRequest(clientNonce: Uint8Array): Uint8Array {
+  return packr.pack([0, MSG.AUTH, NIXL_PROTOCOL_VERSION, clientNonce]);
+}
+
+/**
+ * Whether a frame is an `AUTH` request (cheap check of its first bytes, without a full decode).
+ * Used by a server without a secret to refuse it with a clear code.
+ */
+export function isAuthRequest(bytes: Uint8Array): boolean {
+  try {
+    const a = unpackStrict(bytes, LIMITS.authFrameBytes, 'AUTH');
+    return Array.isArray(a) && a[0] === 0 && a[1] === MSG.AUTH;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Decodes an `AUTH` request: version (must be {@link NIXL_PROTOCOL_VERSION}) and a nonce of
+ * `nonceBytes` bytes.
+ * @throws NixlDecodeError
+ */
+export function decodeAuthRequest(bytes: Uint8Array, nonceBytes: number): { version: number; clientNonce: Uint8Array } {
+  const a = arr(unpackStrict(bytes, LIMITS.authFrameBytes, 'AUTH'), 'AUTH', 4, 4);
+  if (a[0] !== 0 || a[1] !== MSG.AUTH) fail('AUTH: expected [0, 5, version, clientNonce]');
+  const version = nat(a[2], 'AUTH.version', 0xffff);
+  const clientNonce = bin(a[3], 'AUTH.clientNonce', nonceBytes);
+  if (clientNonce.length !== nonceBytes) fail(`AUTH.clientNonce: expected ${nonceBytes} bytes`);
+  return { version, clientNonce };
+}
+
+/** The `AUTH` ok body `[serverNonce, serverProof]` (sent with seq 0). */
+export function encodeAuthBody(serverNonce: Uint8Array, proof: Uint8Array): unknown[] {
+  return [serverNonce, proof];
+}
+
+/**
+ * Decodes the `AUTH` ok body.
+ * @throws NixlDecodeError
+ */
+export function decodeAuthBody(x: unknown, nonceBytes: number, proofBytes: number): { serverNonce: Uint8Array; proof: Uint8Array } {
+  const a = arr(x, 'AUTH answer', 2, 2);
+  const serverNonce = bin(a[0], 'AUTH.serverNonce', nonceBytes);
+  const proof = bin(a[1], 'AUTH.proof', proofBytes);
+  if (serverNonce.length !== nonceBytes || proof.length !== proofBytes) fail('AUTH answer: nonce or proof of the wrong length');
+  return { serverNonce, proof };
+}
+
+/** A sealed frame body: `body || mac` (`mac`: the proof over the body, 32 bytes). */
+export function sealFrame(body: Uint8Array, mac: Uint8Array): Uint8Array {
+  const out = new Uint8Array(body.byteLength + mac.byteLength);
+  out.set(body, 0);
+  out.set(mac, body.byteLength);
+  return out;
+}
+
+/**
+ * Splits a sealed frame body into the MessagePack body and its mac (`macBytes` long).
+ * @throws NixlDecodeError for a frame too short to hold a mac and a body.
+ */
+export function openFrame(frame: Uint8Array, macBytes: number): { body: Uint8Array; mac: Uint8Array } {
+  if (frame.byteLength <= macBytes) fail(`sealed frame of ${frame.byteLength} bytes holds no body`);
+  return { body: frame.subarray(0, frame.byteLength - macBytes), mac: frame.subarray(frame.byteLength - macBytes) };
 }

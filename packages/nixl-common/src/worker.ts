@@ -7,7 +7,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { KVConnectorWorker, KVTransferConfig, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
-import type { TransferAgent, XferOp } from '@kvconnect/transfer';
+import { toMemoryRegion, type TransferAgent, type XferOp } from '@kvconnect/transfer';
 import { createAgent } from './agent.js';
 import { parseNixlConfig, type NixlConfig } from './config.js';
 import { acquireHub, type HubWorker, type NixlEngineHub } from './hub.js';
@@ -96,9 +96,10 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
       host: this.config.agentHost,
       nixlLibrary: this.config.nixlLibrary,
       nixlBackendParams: this.config.nixlBackendParams,
+      clusterSecret: this.config.clusterSecret,
     });
     this.agent = agent;
-    const reg = await agent.registerMemory(caches.regions.map((bytes) => ({ bytes })));
+    const reg = await agent.registerMemory(caches.regions.map((r) => toMemoryRegion(r)));
     const md = await agent.getLocalMetadata();
     this.rank = buildRankInfo(caches, agent.name, md, reg.regions);
     this.hub.addRank(this.rank, this, agent.backend);

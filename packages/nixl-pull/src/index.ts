@@ -19,7 +19,7 @@
  * @packageDocumentation
  */
 import { defaultRegistry, type KVConnectorFactory, type KVConnectorRegistry, type KVTransferConfig, type SchedulerContext, type WorkerContext } from '@kvconnect/core';
-import { NixlScheduler, NixlWorkerBase, decodeNotif, encodeNotif, planTransfer, type LoadSpec } from '@kvconnect/nixl-common';
+import { NixlScheduler, NixlWorkerBase, decodeNotif, encodeNotif, planTransfer, type EngineInfo, type LoadSpec } from '@kvconnect/nixl-common';
 
 /** The registered connector name. */
 export const NIXL_CONNECTOR = 'NixlConnector';
@@ -43,8 +43,10 @@ export class NixlPullWorker extends NixlWorkerBase {
 
   private async runLoad(load: LoadSpec): Promise<void> {
     let stage = 'handshake';
+    let info: EngineInfo | null = null;
     try {
-      const info = await this.hub.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId);
+      // The first handshake waits as long as a transfer: a busy producer answers between steps.
+      info = await this.hub.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId, this.config.transferTimeoutMs);
       stage = 'plan';
       const plans = planTransfer({
         dst: this.rank!,
@@ -76,6 +78,8 @@ export class NixlPullWorker extends NixlWorkerBase {
       await this.transfer('READ', last.src, last.pairs, encodeNotif(load.remoteRequestId, this.world));
       this.finishLoad(load);
     } catch (e) {
+      // The producer may have restarted (new agents, same port): the next load handshakes again.
+      if (info) this.hub.invalidatePeer(load.remoteHost, load.remotePort, info);
       this.failLoad(load, stage, e);
     }
   }

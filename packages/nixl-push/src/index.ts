@@ -21,7 +21,7 @@
  * @packageDocumentation
  */
 import { defaultRegistry, type KVConnectorFactory, type KVConnectorRegistry, type KVTransferConfig, type SchedulerContext, type WorkerContext } from '@kvconnect/core';
-import { NixlScheduler, NixlWorkerBase, SideChannelError, decodeNotif, encodeNotif, planTransfer, type LoadSpec, type NixlMeta, type PushSpec } from '@kvconnect/nixl-common';
+import { NixlScheduler, NixlWorkerBase, SideChannelError, decodeNotif, encodeNotif, planTransfer, type EngineInfo, type LoadSpec, type NixlMeta, type PushSpec } from '@kvconnect/nixl-common';
 
 /** The registered connector name. */
 export const NIXL_PUSH_CONNECTOR = 'NixlPushConnector';
@@ -35,6 +35,8 @@ export class NixlPushScheduler extends NixlScheduler {
 
 interface PushLoad {
   load: LoadSpec;
+  /** The producer's handshake the load planned with. */
+  info: EngineInfo;
   /** Producer agents expected to write to this rank, and those whose notif arrived. */
   expected: Set<string>;
   got: Set<string>;
@@ -68,12 +70,15 @@ export class NixlPushWorker extends NixlWorkerBase {
 
   private async runLoad(load: LoadSpec): Promise<void> {
     let stage = 'handshake';
+    let info: EngineInfo | null = null;
     try {
-      const info = await this.hub.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId);
+      // The first handshake waits as long as a transfer: a busy producer answers between steps.
+      info = await this.hub.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId, this.config.transferTimeoutMs);
       stage = 'plan';
       const plans = planTransfer({ dst: this.rank!, producer: info, dstBlocks: load.localBlocks, srcBlocks: load.remoteBlockIds, firstToken: load.firstToken, numTokens: load.numTokens });
       const e: PushLoad = {
         load,
+        info,
         expected: new Set(plans.filter((p) => p.pairs.length > 0).map((p) => p.src.agentName)),
         got: new Set(),
         producerTpSize: info.tpSize,
@@ -102,6 +107,8 @@ export class NixlPushWorker extends NixlWorkerBase {
       e.registered = true;
       this.check(load.requestId);
     } catch (err) {
+      // The producer may have restarted (new agents, same port): the next load handshakes again.
+      if (info) this.hub.invalidatePeer(load.remoteHost, load.remotePort, info);
       this.loads.delete(load.requestId);
       this.failLoad(load, err instanceof SideChannelError && err.code === 'lease-expired' ? 'lease-expired' : stage, err);
     }
@@ -116,6 +123,8 @@ export class NixlPushWorker extends NixlWorkerBase {
   }
 
   private fail(e: PushLoad, reason: string, err?: unknown): void {
+    // E.g. notifs from agents the handshake did not name (a restarted producer): handshake again.
+    this.hub.invalidatePeer(e.load.remoteHost, e.load.remotePort, e.info);
     this.loads.delete(e.load.requestId);
     this.failLoad(e.load, reason, err);
   }

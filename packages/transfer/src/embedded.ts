@@ -3,9 +3,15 @@
  * one machine or across hosts. No native code; memory is whatever the engine registers
  * (ArrayBuffer, SharedArrayBuffer, Buffer / typed-array views).
  *
- * - Each agent listens on one TCP port. An initiator opens one connection per remote agent and
- *   proves it holds the remote's metadata with the remote's 32-byte secret (HELLO); no data
- *   frame is sent before the target accepted it.
+ * - Each agent listens on one TCP port (loopback by default; another host needs a cluster secret,
+ *   `checkBindHost` of `auth.ts`). An initiator opens one connection per remote agent; the target
+ *   sends a fresh challenge and the initiator proves it holds the remote's metadata (its 32-byte
+ *   secret) and, with a cluster secret, that it is a cluster member, by HMAC proofs over the
+ *   challenge (`wire.ts`, `docs/security.md`); the target proves the same back. No secret crosses
+ *   the wire and no data frame is sent before the handshake is done.
+ * - Resources a peer can make the target hold are bounded: small headers and no payload before
+ *   the handshake, a deadline per frame (`frameTimeoutMs`), a cap on partially received notif
+ *   bytes across connections (`maxBufferedBytes`) and on incoming connections.
  * - Every remote access is checked at the target against its live registered regions: a peer
  *   can never read or write outside registered memory. A malformed frame closes that connection
  *   with a {@link ProtocolError} (emitted as `protocol-error`); the process goes on.
@@ -15,20 +21,36 @@
  * - A transfer's notif is sent after the last frame was acknowledged (WRITE: after the target
  *   copied the bytes into its memory; READ: after the initiator received every byte).
  * - A connection that closes fails its transfers with `remote-disconnect`; every transfer has
- *   a deadline (`timeout`).
+ *   a deadline (`timeout`). Once a transfer completed (done, timeout, canceled, released), no
+ *   byte of a late RDATA lands in its local memory: liveness is checked per received chunk.
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
  *
- * Same-host shared memory: not implemented; see bench/transfer-README.md for the measurement
- * and the reason.
+ * Same-host shared memory: not implemented for host regions; see bench/transfer-README.md for
+ * the measurement and the reason.
+ *
+ * Device regions (VRAM, `device.ts`): registered with their device, address and CUDA IPC handle,
+ * which the metadata carries with this process's host id ({@link DeviceMemory.hostId}). A READ or
+ * WRITE whose every pair is local device memory and remote device memory of a peer with the same
+ * host id opens the peer's IPC handles (cached per peer until its metadata changes) and copies on
+ * a stream; the transfer completes (and its notif is sent) after the copies finished. Otherwise
+ * device segments go over the TCP path through host staging buffers (pinned for CUDA): device to
+ * staging before a WRITE frame or a READ answer is sent, staging to device after a READ answer or
+ * a WRITE frame arrived, and only then the frame counts as done (WACK). Bounds are those of host
+ * regions: every segment inside a live registered region of the right kind, checked at the
+ * target for the TCP path; for IPC the target has granted the peer its whole registered device
+ * region by publishing the handle, and the initiator checks each descriptor against the
+ * advertised region before copying.
  * @module
  */
 import { EventEmitter } from 'node:events';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { checkBindHost, checkProof, makeNonce, makeProof, MIN_CLUSTER_SECRET_BYTES } from './auth.js';
 import * as net from 'node:net';
 import { Packr, Unpackr } from 'msgpackr';
 import { ProtocolError, TransferError } from './errors.js';
-import { inFlatRegions, RegionTable, toU8, type HostRegion } from './memory.js';
+import { deviceMemoryFor, IPC_HANDLE_BYTES, StagingPool, type DeviceCopy, type DeviceMemory } from './device.js';
+import { inFlatRegions, RegionTable, toU8, type DeviceRef, type HostRegion } from './memory.js';
 import type {
   AgentCapabilities,
   DescList,
@@ -49,6 +71,9 @@ import {
   encodeFrame,
   F,
   FrameReader,
+  HANDSHAKE_CONTEXT,
+  MAX_HANDSHAKE_HEADER_BYTES,
+  MAX_HEADER_BYTES,
   MAX_NAME_LENGTH,
   MAX_NOTIF_BYTES,
   MAX_PAYLOAD_BYTES,
@@ -63,8 +88,23 @@ import {
 export interface EmbeddedAgentOptions {
   /** Agent name (1..256 characters), unique among peers. */
   readonly name: string;
-  /** Address to listen on (default `127.0.0.1`; use `0.0.0.0` or an interface address across hosts). */
+  /**
+   * Address to listen on (default `127.0.0.1`; use `0.0.0.0` or an interface address across
+   * hosts, which needs {@link clusterSecret}).
+   */
   readonly host?: string;
+  /**
+   * The cluster secret (at least 16 bytes; `resolveClusterSecret` of `auth.ts`), or null: with it,
+   * both sides of every connection prove knowledge of it in the handshake, before the per-agent
+   * secret is checked, and a peer without it is refused. Agents of one deployment use the same.
+   */
+  readonly clusterSecret?: Uint8Array | null;
+  /** A frame must complete within this many ms of its prefix (default 30 000); else the connection closes. */
+  readonly frameTimeoutMs?: number;
+  /** Most bytes of partially received notifs across incoming connections (default 64 MiB); a peer exceeding it is disconnected. */
+  readonly maxBufferedBytes?: number;
+  /** Most incoming connections (default 1024); beyond, new ones are closed at once. */
+  readonly maxIncomingConnections?: number;
   /** Port to listen on (default 0: any free port). */
   readonly port?: number;
   /** Host that peers should connect to, written into the metadata (default: `host`, or `127.0.0.1` for a wildcard `host`). */
@@ -91,6 +131,13 @@ export interface EmbeddedAgentOptions {
    * disconnect and timeout handling can be tested deterministically.
    */
   readonly stallIncoming?: boolean;
+  /**
+   * The device memory of VRAM regions (default: per region, {@link deviceMemoryFor} its address:
+   * the emulated device memory when it holds it, else CUDA through the addon).
+   */
+  readonly deviceMemory?: DeviceMemory;
+  /** Move device regions by CUDA IPC when the peer is on this host (default true; false: always the TCP path). */
+  readonly deviceIpc?: boolean;
 }
 
 const META_MAGIC = 'kvconnect-embedded';
@@ -106,6 +153,29 @@ export interface PeerInfo {
   readonly port: number;
   readonly secret: Uint8Array;
   readonly regions: readonly number[]; // flat sorted [addr, len]
+  /** The peer's host id for device IPC (null: it registered no device memory). */
+  readonly hostId: string | null;
+  /** The peer's device regions (also in `regions`), sorted by address. */
+  readonly devices: readonly PeerDeviceRegion[];
+}
+
+/** A device region of a peer as its metadata advertises it. */
+export interface PeerDeviceRegion {
+  readonly addr: number;
+  readonly length: number;
+  readonly deviceId: number;
+  /** IPC handle of the allocation starting at the region's first byte (null: no IPC). */
+  readonly ipcHandle: Uint8Array | null;
+}
+
+/** A device segment of a frame: `locals[i]` is its staging view, at byte `at` of the frame's payload. */
+interface DevSeg {
+  readonly i: number;
+  readonly at: number;
+  readonly region: HostRegion;
+  /** Offset in the region. */
+  readonly off: number;
+  readonly len: number;
 }
 
 interface Pair {
@@ -122,6 +192,10 @@ interface OutFrame {
   readonly segs: number[]; // flat remote [addr, len]
   readonly locals: Uint8Array[]; // matching local views
   readonly bytes: number;
+  /** Device segments (their `locals` are staging views once {@link EmbeddedAgent.stageFrame} ran). */
+  dev?: DevSeg[];
+  /** Staging buffer of the device segments (at frame byte offsets), while the frame holds it. */
+  stage?: { buf: Uint8Array; pool: StagingPool } | null;
 }
 
 class EmbeddedRequest implements TransferRequest {
@@ -158,6 +232,8 @@ class OutConn {
   private ready = false;
   private closed = false;
   private blocked = false;
+  /** A frame's device-to-staging copies are running: sending waits for them (frame order). */
+  private staging = false;
   private queue: OutFrame[] = [];
   private qHead = 0;
   private readonly inflight = new Map<number, OutFrame>();
@@ -168,6 +244,9 @@ class OutConn {
   private readonly connectTimer: NodeJS.Timeout;
   /** Notifs sent before the handshake finished. */
   private early: Array<{ msg: Uint8Array; resolve: () => void; reject: (e: Error) => void }> = [];
+  /** The handshake's nonces: the target's challenge and this side's (after HELLO). */
+  private serverNonce: Uint8Array | null = null;
+  private clientNonce: Uint8Array | null = null;
 
   constructor(
     private readonly agent: EmbeddedAgent,
@@ -176,15 +255,16 @@ class OutConn {
     connectTimeoutMs: number,
   ) {
     this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true });
-    this.reader = new FrameReader({
-      onHeader: (h, n) => this.onHeader(h, n),
-      onProtocolError: (m) => this.fatal('invalid', `peer ${peer.name} broke the protocol: ${m}`),
-    });
+    this.reader = new FrameReader(
+      {
+        onHeader: (h, n) => this.onHeader(h, n),
+        onProtocolError: (m) => this.fatal('invalid', `peer ${peer.name} broke the protocol: ${m}`),
+      },
+      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
+    );
     this.connectTimer = setTimeout(() => this.fatal('timeout', `connect/handshake with ${peer.name} at ${peer.host}:${peer.port} timed out after ${connectTimeoutMs} ms`), connectTimeoutMs);
     this.connectTimer.unref();
-    this.socket.on('connect', () => {
-      this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, agent.name, peer.secret]));
-    });
+    // The target speaks first (CHAL); HELLO answers it (onHeader).
     this.socket.on('data', (c: Buffer) => this.reader.push(c));
     this.socket.on('drain', () => {
       this.blocked = false;
@@ -228,13 +308,25 @@ class OutConn {
     if (!this.ready || this.closed) return;
     const s = this.socket;
     let corked = false;
-    while (this.qHead < this.queue.length && !this.blocked) {
+    while (this.qHead < this.queue.length && !this.blocked && !this.staging) {
       const f = this.queue[this.qHead]!;
       if (f.req.gen !== f.gen || f.req.state !== 'in-progress') {
         this.qHead++; // canceled or timed out before it was sent
         continue;
       }
       if (this.inflightBytes > 0 && this.inflightBytes + f.bytes > this.maxInflight) break;
+      if (f.dev && f.stage === undefined) {
+        const staged = this.agent.stageFrame(f);
+        if (staged) {
+          this.staging = true;
+          void staged.then(() => {
+            this.staging = false;
+            this.pump();
+          });
+          break;
+        }
+        if (f.req.gen !== f.gen || f.req.state !== 'in-progress') continue;
+      }
       this.qHead++;
       f.id = this.nextId;
       this.nextId = this.nextId === 0xffffffff ? 1 : this.nextId + 1;
@@ -262,12 +354,33 @@ class OutConn {
 
   private onHeader(h: Header, payloadBytes: number): PayloadSink | null {
     if (!this.ready) {
-      if (h.t === F.OK) {
+      const cluster = this.agent.clusterSecretBytes;
+      if (h.t === F.CHAL && this.clientNonce === null) {
+        const sn = h.nonce;
+        const cn = makeNonce();
+        this.serverNonce = sn;
+        this.clientNonce = cn;
+        const me = this.agent.name;
+        const agentProof = makeProof(this.peer.secret, HANDSHAKE_CONTEXT.hello, sn, cn, me);
+        const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, me, this.peer.name) : null;
+        this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, me, cn, agentProof, clusterProof]));
+        return null;
+      }
+      if (h.t === F.OK && this.clientNonce !== null && this.serverNonce !== null) {
         if (h.name !== this.peer.name) {
           this.fatal('invalid', `peer at ${this.peer.host}:${this.peer.port} is ${JSON.stringify(h.name)}, not ${JSON.stringify(this.peer.name)}`);
           return null;
         }
+        if (!checkProof(h.agentProof, this.peer.secret, HANDSHAKE_CONTEXT.ok, this.clientNonce, this.serverNonce, h.name)) {
+          this.fatal('invalid', `peer ${this.peer.name} did not prove the agent secret of its metadata`);
+          return null;
+        }
+        if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.okCluster, this.clientNonce, this.serverNonce, h.name, this.agent.name)) {
+          this.fatal('invalid', `peer ${this.peer.name} did not prove the cluster secret`);
+          return null;
+        }
         this.ready = true;
+        this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
         clearTimeout(this.connectTimer);
         for (const e of this.early.splice(0)) {
           this.writeNotif(e.msg);
@@ -280,7 +393,7 @@ class OutConn {
         this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} refused the connection: ${h.message}`);
         return null;
       }
-      this.fatal('invalid', `peer ${this.peer.name} sent frame type ${h.t} before OK`);
+      this.fatal('invalid', `peer ${this.peer.name} sent frame type ${h.t} out of the handshake`);
       return null;
     }
     switch (h.t) {
@@ -290,12 +403,13 @@ class OutConn {
           this.fatal('invalid', `peer ${this.peer.name} sent RDATA for unknown frame ${h.id} or of the wrong size`);
           return null;
         }
-        const live = f.req.gen === f.gen && f.req.state === 'in-progress';
         let seg = 0;
         let off = 0;
         return {
           write: (chunk: Buffer) => {
-            if (!live) return;
+            // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
+            // post), its memory is the caller's again and late bytes are dropped.
+            if (f.req.gen !== f.gen || f.req.state !== 'in-progress') return;
             let c = 0;
             while (c < chunk.length) {
               const dst = f.locals[seg]!;
@@ -383,6 +497,10 @@ class InConn {
   private peerName: string | null = null;
   private closed = false;
   private readonly helloTimer: NodeJS.Timeout;
+  /** This side's challenge (CHAL), sent on accept. */
+  private readonly serverNonce = makeNonce();
+  /** Bytes of a notif being received (counted in the agent's buffered bytes). */
+  private partial = 0;
   readonly label: string;
 
   constructor(
@@ -391,20 +509,35 @@ class InConn {
   ) {
     this.label = `${socket.remoteAddress}:${socket.remotePort}`;
     socket.setNoDelay(true);
-    this.reader = new FrameReader({
-      onHeader: (h, n) => this.onHeader(h, n),
-      onProtocolError: (m) => this.protocolError(m),
-    });
+    this.reader = new FrameReader(
+      {
+        onHeader: (h, n) => this.onHeader(h, n),
+        onProtocolError: (m) => this.protocolError(m),
+      },
+      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
+    );
     this.helloTimer = setTimeout(() => this.protocolError('no HELLO in time'), agent.connectTimeoutMs);
     this.helloTimer.unref();
+    socket.write(encodeFrame([F.CHAL, WIRE_VERSION, this.serverNonce]));
     socket.on('data', (c: Buffer) => this.reader.push(c));
     socket.on('error', () => {});
     socket.on('close', () => {
       this.closed = true;
       clearTimeout(this.helloTimer);
       this.reader.kill();
+      this.setPartial(0);
       agent.inClosed(this);
     });
+  }
+
+  /** Bytes this connection holds: unparsed input and a notif being received. */
+  get buffered(): number {
+    return this.reader.buffered + this.partial;
+  }
+
+  private setPartial(n: number): void {
+    this.agent.partialNotifBytes += n - this.partial;
+    this.partial = n;
   }
 
   private protocolError(message: string): void {
@@ -418,6 +551,7 @@ class InConn {
     }
     setTimeout(() => this.socket.destroy(), 100).unref();
     this.reader.kill();
+    this.setPartial(0);
     this.agent.reportProtocolError(err);
   }
 
@@ -438,18 +572,43 @@ class InConn {
   }
 
   /** Resolves every segment to a live region view, or returns the first bad one. */
-  private resolve(segs: readonly number[]): { views: Uint8Array[]; regions: HostRegion[] } | string {
+  private resolve(segs: readonly number[]): { views: Uint8Array[]; regions: HostRegion[]; dev: DevSeg[] } | string {
     const views: Uint8Array[] = [];
     const regions: HostRegion[] = [];
+    const dev: DevSeg[] = [];
+    let at = 0;
     for (let i = 0; i < segs.length; i += 2) {
       const addr = segs[i]!;
       const len = segs[i + 1]!;
       const r = this.agent.regions.find(addr, len);
       if (!r) return `segment ${i / 2} [0x${addr.toString(16)}, +${len}) is outside ${this.agent.name}'s registered memory`;
+      if (r.device) dev.push({ i: i / 2, at, region: r, off: addr - r.addr, len }); // its view: staging (stageTarget)
       views.push(r.view.subarray(addr - r.addr, addr - r.addr + len));
       regions.push(r);
+      at += len;
     }
-    return { views, regions };
+    return { views, regions, dev };
+  }
+
+  /** A READ of device segments: device to staging, then the answer; the staging goes back once written. */
+  private answerDeviceRead(id: number, bytes: number, views: Uint8Array[], dev: DevSeg[]): void {
+    const st = this.agent.stageTarget(views, dev, bytes);
+    this.agent.deviceCopies(st.buf, dev, 'd2h').then(
+      () => {
+        if (this.closed) return;
+        this.socket.cork();
+        this.socket.write(encodeFrame([F.RDATA, id], bytes));
+        for (let i = 0; i < views.length; i++) {
+          if (i === views.length - 1) this.socket.write(views[i]!, () => st.pool.give(st.buf));
+          else this.socket.write(views[i]!);
+        }
+        this.socket.uncork();
+        this.backpressure();
+      },
+      (e: unknown) => {
+        if (!this.closed) this.refuse(id, `device copy failed: ${e instanceof Error ? e.message : String(e)}`);
+      },
+    );
   }
 
   private onHeader(h: Header, payloadBytes: number): PayloadSink | null {
@@ -458,14 +617,29 @@ class InConn {
         this.protocolError(`expected HELLO, got frame type ${h.t}`);
         return null;
       }
+      // The cluster secret first: a peer outside the cluster learns nothing of the agent secret.
+      const cluster = this.agent.clusterSecretBytes;
+      const sn = this.serverNonce;
+      const me = this.agent.name;
+      if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.helloCluster, sn, h.nonce, h.name, me)) {
+        this.protocolError(`agent ${JSON.stringify(h.name)} did not prove the cluster secret`);
+        return null;
+      }
+      if (!cluster && h.clusterProof !== null) {
+        this.protocolError(`agent ${JSON.stringify(h.name)} uses a cluster secret, ${me} has none`);
+        return null;
+      }
       const mine = this.agent.secretBytes;
-      if (h.secret.length !== mine.length || !timingSafeEqual(h.secret, mine)) {
+      if (!checkProof(h.agentProof, mine, HANDSHAKE_CONTEXT.hello, sn, h.nonce, h.name)) {
         this.protocolError(`agent ${JSON.stringify(h.name)} presented a wrong secret`);
         return null;
       }
       clearTimeout(this.helloTimer);
       this.peerName = h.name;
-      this.socket.write(encodeFrame([F.OK, this.agent.name]));
+      this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
+      const agentProof = makeProof(mine, HANDSHAKE_CONTEXT.ok, h.nonce, sn, me);
+      const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.okCluster, h.nonce, sn, me, h.name) : null;
+      this.socket.write(encodeFrame([F.OK, me, agentProof, clusterProof]));
       return null;
     }
     switch (h.t) {
@@ -474,6 +648,10 @@ class InConn {
         const r = this.resolve(h.segs);
         if (typeof r === 'string') {
           this.refuse(h.id, r);
+          return null;
+        }
+        if (r.dev.length > 0) {
+          this.answerDeviceRead(h.id, h.bytes, r.views, r.dev);
           return null;
         }
         this.socket.cork();
@@ -490,6 +668,7 @@ class InConn {
           this.refuse(h.id, r);
           return null; // the payload is dropped unread
         }
+        const staged = r.dev.length > 0 ? this.agent.stageTarget(r.views, r.dev, h.bytes) : null;
         let seg = 0;
         let off = 0;
         let lost = false;
@@ -512,20 +691,41 @@ class InConn {
           end: () => {
             if (this.closed) return;
             if (lost) this.refuse(h.id, 'target memory was deregistered during the write');
-            else this.socket.write(encodeFrame([F.WACK, h.id]));
+            else if (staged) {
+              // Device segments: staging to device, then the acknowledgement.
+              this.agent.deviceCopies(staged.buf, r.dev, 'h2d').then(
+                () => {
+                  staged.pool.give(staged.buf);
+                  if (!this.closed) this.socket.write(encodeFrame([F.WACK, h.id]));
+                },
+                (e: unknown) => {
+                  if (!this.closed) this.refuse(h.id, `device copy failed: ${e instanceof Error ? e.message : String(e)}`);
+                },
+              );
+            } else this.socket.write(encodeFrame([F.WACK, h.id]));
           },
         };
       }
       case F.NOTIF: {
         const from = this.peerName;
-        const buf = Buffer.allocUnsafe(payloadBytes);
-        let off = 0;
+        // Memory grows with the bytes that arrived, not with the size announced; one concat at the end.
+        const parts: Buffer[] = [];
+        let got = 0;
         return {
           write: (chunk: Buffer) => {
-            chunk.copy(buf, off);
-            off += chunk.length;
+            if (this.closed) return;
+            if (this.agent.partialNotifBytes + chunk.length > this.agent.maxBufferedBytes) {
+              this.protocolError(`more than ${this.agent.maxBufferedBytes} bytes of partial notifs buffered`);
+              return;
+            }
+            parts.push(Buffer.from(chunk));
+            got += chunk.length;
+            this.setPartial(got);
           },
           end: () => {
+            this.setPartial(0);
+            if (this.closed) return;
+            const buf = parts.length === 1 ? parts[0]! : Buffer.concat(parts, got);
             if (!this.agent.queueNotif(from, new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength))) {
               this.protocolError(`more than ${this.agent.maxQueuedNotifBytes} bytes of notifs queued`);
             }
@@ -542,7 +742,7 @@ class InConn {
 /** A {@link TransferAgent} over TCP in plain Node. Create with {@link EmbeddedAgent.create}. */
 export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolError] }> implements TransferAgent {
   readonly backend = 'embedded';
-  readonly capabilities: AgentCapabilities = Object.freeze({ memoryKinds: Object.freeze(['DRAM'] as MemoryKind[]), read: true, write: true, notify: true });
+  readonly capabilities: AgentCapabilities = Object.freeze({ memoryKinds: Object.freeze(['DRAM', 'VRAM'] as MemoryKind[]), read: true, write: true, notify: true });
   /** Live registered regions (internal; exposed for the wire handlers). */
   readonly regions = new RegionTable();
   /** Protocol errors seen since creation (also emitted as `protocol-error`). */
@@ -569,6 +769,23 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   readonly maxQueuedNotifBytes: number;
   /** See {@link EmbeddedAgentOptions.stallIncoming}. */
   readonly stall: boolean;
+  private readonly deviceMemory: DeviceMemory | null;
+  private readonly deviceIpc: boolean;
+  /** Staging pools of the TCP path of device regions, per device memory. */
+  private readonly pools = new Map<DeviceMemory, StagingPool>();
+  /** Opened IPC mappings of peers' device regions: peer name -> region addr -> mapping. */
+  private readonly ipcMaps = new Map<string, Map<number, { readonly address: bigint; readonly dm: DeviceMemory }>>();
+  /** Peers whose IPC handles did not open here (their device regions go over TCP), with why. */
+  private readonly ipcRefused = new Map<string, string>();
+  /** Transfers moved by CUDA IPC and over the TCP path with device staging (tests and metrics). */
+  readonly deviceStats = { ipcTransfers: 0, ipcBytes: 0, stagedFrames: 0 };
+  /** See {@link EmbeddedAgentOptions.frameTimeoutMs}. */
+  readonly frameTimeoutMs: number;
+  /** See {@link EmbeddedAgentOptions.maxBufferedBytes}. */
+  readonly maxBufferedBytes: number;
+  /** @internal Bytes of notifs being received across incoming connections. */
+  partialNotifBytes = 0;
+  private readonly cluster: Uint8Array | null;
 
   private constructor(
     readonly name: string,
@@ -585,15 +802,22 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.maxQueuedResponseBytes = checkPositiveInt('maxQueuedResponseBytes', o.maxQueuedResponseBytes, 256 * 1024 * 1024);
     this.maxQueuedNotifBytes = checkPositiveInt('maxQueuedNotifBytes', o.maxQueuedNotifBytes, 64 * 1024 * 1024);
     this.stall = o.stallIncoming === true;
+    this.deviceMemory = o.deviceMemory ?? null;
+    this.deviceIpc = o.deviceIpc !== false;
+    this.frameTimeoutMs = checkPositiveInt('frameTimeoutMs', o.frameTimeoutMs, 30_000);
+    this.maxBufferedBytes = checkPositiveInt('maxBufferedBytes', o.maxBufferedBytes, 64 * 1024 * 1024);
+    const maxIn = checkPositiveInt('maxIncomingConnections', o.maxIncomingConnections, 1024);
+    this.cluster = checkClusterSecret(o.clusterSecret);
     server.on('connection', (s) => {
-      if (this.closed) {
+      if (this.closed || this.inConns.size >= maxIn) {
+        s.on('error', () => {});
         s.destroy();
         return;
       }
       this.inConns.add(new InConn(this, s));
     });
     // Loopback transfers (to this agent itself) go through its own server.
-    this.peers.set(name, { name, host: address.host, port: address.port, secret: this.secret, regions: [] });
+    this.peers.set(name, { name, host: address.host, port: address.port, secret: this.secret, regions: [], hostId: null, devices: [] });
   }
 
   /**
@@ -603,7 +827,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   static async create(options: EmbeddedAgentOptions): Promise<EmbeddedAgent> {
     const { name } = options;
     if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_LENGTH) throw new TransferError('invalid', `agent name must be 1..${MAX_NAME_LENGTH} characters`);
-    const host = options.host ?? '127.0.0.1';
+    // Loopback unless a host is configured; another host only with a cluster secret.
+    const host = checkBindHost(options.host, checkClusterSecret(options.clusterSecret), 'embedded agent');
     const server = net.createServer({ noDelay: true });
     await new Promise<void>((resolve, reject) => {
       server.once('error', (e) => reject(new TransferError('backend', `cannot listen on ${host}:${options.port ?? 0}: ${e.message}`, { cause: e })));
@@ -620,9 +845,26 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     }
   }
 
-  /** The agent's secret (internal: the wire handlers compare HELLO secrets with it). */
+  /** The agent's secret (internal: the wire handlers check HELLO proofs with it). */
   get secretBytes(): Uint8Array {
     return this.secret;
+  }
+
+  /** The cluster secret, or null (internal: the handshake proves it). */
+  get clusterSecretBytes(): Uint8Array | null {
+    return this.cluster;
+  }
+
+  /** Bytes incoming connections hold now (unparsed input and notifs being received); bounded by the options. */
+  get bufferedBytes(): number {
+    let n = 0;
+    for (const c of this.inConns) n += c.buffered;
+    return n;
+  }
+
+  /** Open incoming connections. */
+  get incomingConnections(): number {
+    return this.inConns.size;
   }
 
   private checkOpen(): void {
@@ -632,18 +874,22 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   async registerMemory(regions: readonly MemoryRegion[]): Promise<Registration> {
     this.checkOpen();
     if (!Array.isArray(regions) || regions.length === 0) throw new TransferError('invalid', 'registerMemory needs at least one region');
-    const views: Uint8Array[] = [];
+    const views: Array<Uint8Array | { ref: DeviceRef; length: number }> = [];
     for (const [i, r] of regions.entries()) {
-      if (!r || typeof r !== 'object' || !('bytes' in r)) throw new TransferError('invalid', `regions[${i}]: the embedded agent registers host memory given as bytes only (DRAM)`);
+      if (r && typeof r === 'object' && !('bytes' in r) && r.kind === 'VRAM') {
+        views.push(this.deviceRegion(i, r));
+        continue;
+      }
+      if (!r || typeof r !== 'object' || !('bytes' in r)) throw new TransferError('invalid', `regions[${i}]: the embedded agent registers host memory given as bytes (DRAM) or device memory (VRAM)`);
       if (r.kind !== undefined && r.kind !== 'DRAM') throw new TransferError('invalid', `regions[${i}]: kind ${String(r.kind)} is not supported`);
       const v = toU8(r.bytes);
       if (!v) throw new TransferError('invalid', `regions[${i}].bytes must be an ArrayBuffer, SharedArrayBuffer or ArrayBufferView`);
       if (v.byteLength === 0) throw new TransferError('invalid', `regions[${i}] is empty`);
       views.push(v);
     }
-    const hosts = views.map((v) => this.regions.add(v));
+    const hosts = views.map((v) => (v instanceof Uint8Array ? this.regions.add(v) : this.regions.add(EMPTY, v)));
     const reg: Registration = Object.freeze({
-      regions: Object.freeze(hosts.map((h): RegisteredRegion => Object.freeze({ addr: h.addr, length: h.length, kind: 'DRAM', deviceId: 0 }))),
+      regions: Object.freeze(hosts.map((h): RegisteredRegion => Object.freeze({ addr: h.addr, length: h.length, kind: h.device ? 'VRAM' : 'DRAM', deviceId: h.device?.device ?? 0 }))),
     });
     this.registrations.set(reg, hosts);
     return reg;
@@ -658,7 +904,10 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   async getLocalMetadata(): Promise<Uint8Array> {
     this.checkOpen();
-    const b = packr.pack([META_MAGIC, META_VERSION, this.name, this.address.host, this.address.port, this.secret, this.regions.flat()]);
+    const fields: unknown[] = [META_MAGIC, META_VERSION, this.name, this.address.host, this.address.port, this.secret, this.regions.flat()];
+    const dev = this.deviceMetadata();
+    if (dev) fields.push(dev);
+    const b = packr.pack(fields);
     return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
   }
 
@@ -670,6 +919,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (old && (old.host !== peer.host || old.port !== peer.port || !timingSafeEqual(old.secret, peer.secret))) {
       this.conns.get(peer.name)?.fatal('remote-disconnect', `metadata of ${peer.name} was replaced`);
     }
+    if (old) this.closeIpc(peer.name); // its device regions may have changed
     this.peers.set(peer.name, peer);
     return peer.name;
   }
@@ -677,27 +927,32 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   async invalidateRemoteMetadata(agent: string): Promise<void> {
     if (agent === this.name) return;
     this.peers.delete(agent);
+    this.closeIpc(agent);
     this.conns.get(agent)?.fatal('not-found', `metadata of ${agent} was invalidated`);
   }
 
   async prepDescList(agent: string | null, kind: MemoryKind, descs: readonly XferDesc[]): Promise<DescList> {
     this.checkOpen();
-    if (kind !== 'DRAM') throw new TransferError('invalid', `memory kind ${String(kind)} is not supported by the embedded agent`);
+    if (kind !== 'DRAM' && kind !== 'VRAM') throw new TransferError('invalid', `memory kind ${String(kind)} is not supported by the embedded agent`);
+    const vram = kind === 'VRAM';
     if (!Array.isArray(descs)) throw new TransferError('invalid', 'descs must be an array');
     let check: (addr: number, len: number) => boolean;
     if (agent === null || agent === this.name) {
-      check = (a, l) => this.regions.find(a, l) !== null;
+      check = (a, l) => {
+        const r = this.regions.find(a, l);
+        return r !== null && (r.device !== undefined) === vram;
+      };
     } else {
       const peer = this.peers.get(agent);
       if (!peer) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
-      check = (a, l) => inFlatRegions(peer.regions, a, l);
+      check = (a, l) => inFlatRegions(peer.regions, a, l) && (findPeerDevice(peer.devices, a, l) !== null) === vram;
     }
     const copy: XferDesc[] = [];
     for (const [i, d] of descs.entries()) {
       if (!d || !check(d.addr, d.length)) {
-        throw new TransferError('invalid', `descs[${i}] (addr ${d?.addr}, length ${d?.length}) is not inside a registered region of ${agent ?? this.name}`);
+        throw new TransferError('invalid', `descs[${i}] (addr ${d?.addr}, length ${d?.length}) is not inside a registered ${kind} region of ${agent ?? this.name}`);
       }
-      copy.push(Object.freeze({ addr: d.addr, length: d.length, deviceId: 0 }));
+      copy.push(Object.freeze({ addr: d.addr, length: d.length, deviceId: vram ? (d.deviceId ?? 0) : 0 }));
     }
     const list: DescList = Object.freeze({ agent, kind, descs: Object.freeze(copy) });
     this.lists.add(list);
@@ -752,6 +1007,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     // Resolve local memory now: a region deregistered since makeTransfer fails the post.
     const peer = this.peers.get(req.remoteAgent);
     if (!peer) return this.finish(req, 'not-found', `no metadata loaded for agent ${JSON.stringify(req.remoteAgent)}`);
+    const viaIpc = this.postIpc(req, peer, timeoutMs);
+    if (viaIpc !== null) return viaIpc;
     const frames: OutFrame[] = [];
     let cur: OutFrame | null = null;
     const t = req.op === 'READ' ? F.READ : F.WRITE;
@@ -767,6 +1024,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
         }
         const k = Math.min(p.local.length - off, this.chunk - cur.bytes);
         cur.segs.push(p.remote.addr + off, k);
+        if (r.device) (cur.dev ??= []).push({ i: cur.locals.length, at: cur.bytes, region: r, off: p.local.addr - r.addr + off, len: k });
         cur.locals.push(off === 0 && k === view.length ? view : view.subarray(off, off + k));
         (cur as { bytes: number }).bytes += k;
         off += k;
@@ -818,6 +1076,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     for (const req of [...this.active]) this.finish(req, 'canceled', `agent ${this.name} closed`);
     for (const c of [...this.conns.values()]) c.fatal('canceled', `agent ${this.name} closed`);
     for (const c of this.inConns) c.socket.destroy();
+    for (const peer of [...this.ipcMaps.keys()]) this.closeIpc(peer);
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 
@@ -844,6 +1103,10 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   /** @internal */
   frameDone(f: OutFrame, conn: OutConn): void {
+    if (f.stage) {
+      this.landFrame(f, conn);
+      return;
+    }
     const req = f.req;
     if (req.gen !== f.gen || req.state !== 'in-progress') return;
     if (--req.pending > 0) return;
@@ -854,6 +1117,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   /** @internal */
   frameFailed(f: OutFrame, kind: TransferErrorKind, message: string): void {
+    if (f.stage) f.stage = null; // not reused: a copy or a socket write may still hold it
     if (f.req.gen !== f.gen || f.req.state !== 'in-progress') return;
     this.finish(f.req, kind, message);
   }
@@ -886,6 +1150,229 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.protocolErrors++;
     this.emit('protocol-error', e);
   }
+
+  // ---- device regions (see the module note) ----
+
+  /** Checks a VRAM region to register and finds its device memory. */
+  private deviceRegion(i: number, r: { readonly addr: number; readonly length: number; readonly deviceId?: number; readonly ipcHandle?: Uint8Array }): { ref: DeviceRef; length: number } {
+    const { addr, length } = r;
+    const device = r.deviceId ?? 0;
+    if (!Number.isSafeInteger(addr) || addr <= 0) throw new TransferError('invalid', `regions[${i}].addr must be a positive safe integer (a device address)`);
+    if (!Number.isSafeInteger(length) || length <= 0) throw new TransferError('invalid', `regions[${i}].length must be a positive safe integer`);
+    if (!Number.isInteger(device) || device < 0 || device > 65535) throw new TransferError('invalid', `regions[${i}].deviceId must be an integer in 0..65535`);
+    if (r.ipcHandle !== undefined && (!(r.ipcHandle instanceof Uint8Array) || r.ipcHandle.byteLength !== IPC_HANDLE_BYTES)) throw new TransferError('invalid', `regions[${i}].ipcHandle must be ${IPC_HANDLE_BYTES} bytes`);
+    const address = BigInt(addr);
+    let dm: DeviceMemory;
+    try {
+      dm = this.deviceMemory ?? deviceMemoryFor(address);
+    } catch (e) {
+      throw new TransferError('invalid', `regions[${i}]: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
+    }
+    if (!dm.owns(address, length)) throw new TransferError('invalid', `regions[${i}]: [0x${address.toString(16)}, +${length}) is not device memory allocated through this process's ${dm.backend} device memory (DeviceMemory.alloc)`);
+    return { ref: { dm, device, address, ipcHandle: r.ipcHandle ? Uint8Array.prototype.slice.call(r.ipcHandle) : null }, length };
+  }
+
+  /** The metadata's device field: `[hostId, [[addr, length, deviceId, ipcHandle | null], ...]]`, or null without device regions. */
+  private deviceMetadata(): [string, Array<[number, number, number, Uint8Array | null]>] | null {
+    const flat = this.regions.flat();
+    let hostId: string | null = null;
+    const out: Array<[number, number, number, Uint8Array | null]> = [];
+    for (let i = 0; i < flat.length; i += 2) {
+      const r = this.regions.find(flat[i]!, flat[i + 1]!)!;
+      if (!r.device) continue;
+      hostId ??= r.device.dm.hostId;
+      out.push([r.addr, r.length, r.device.device, r.device.dm.hostId === hostId ? r.device.ipcHandle : null]);
+    }
+    return hostId === null ? null : [hostId, out];
+  }
+
+  private stagingPool(dm: DeviceMemory): StagingPool {
+    let p = this.pools.get(dm);
+    if (!p) this.pools.set(dm, (p = new StagingPool(dm, this.chunk)));
+    return p;
+  }
+
+  /** Unmaps every IPC mapping of `peer`'s regions. */
+  private closeIpc(peer: string): void {
+    const m = this.ipcMaps.get(peer);
+    this.ipcMaps.delete(peer);
+    this.ipcRefused.delete(peer);
+    if (!m) return;
+    for (const v of m.values()) {
+      try {
+        v.dm.closeIpc(v.address);
+      } catch {
+        /* already gone */
+      }
+    }
+  }
+
+  /** The mapping of a peer's device region in this process (opened once, cached). */
+  private ipcMapping(peer: PeerInfo, rr: PeerDeviceRegion, local: DeviceRef): bigint {
+    let m = this.ipcMaps.get(peer.name);
+    if (!m) this.ipcMaps.set(peer.name, (m = new Map()));
+    const hit = m.get(rr.addr);
+    if (hit) return hit.address;
+    const address = local.dm.openIpc(local.device, rr.ipcHandle!, rr.length);
+    m.set(rr.addr, { address, dm: local.dm });
+    return address;
+  }
+
+  /**
+   * Posts `req` by CUDA IPC when every pair is local device memory and a device region of a peer
+   * on this host; null when the TCP path must move it (or a handle did not open: then for good).
+   */
+  private postIpc(req: EmbeddedRequest, peer: PeerInfo, timeoutMs: number): XferStatus | null {
+    if (!this.deviceIpc || peer.hostId === null || peer.devices.length === 0 || this.ipcRefused.has(peer.name)) return null;
+    const plan: Array<{ dev: DeviceRef; local: bigint; remote: bigint; len: number }> = [];
+    try {
+      for (const p of req.pairs) {
+        const l = this.regions.find(p.local.addr, p.local.length);
+        const rr = findPeerDevice(peer.devices, p.remote.addr, p.remote.length);
+        if (!l?.device || !rr?.ipcHandle || l.device.dm.hostId !== peer.hostId) return null;
+        const mapped = this.ipcMapping(peer, rr, l.device);
+        const local = l.device.address + BigInt(p.local.addr - l.addr);
+        const remote = mapped + BigInt(p.remote.addr - rr.addr);
+        const last = plan[plan.length - 1];
+        if (last && last.dev === l.device && last.local + BigInt(last.len) === local && last.remote + BigInt(last.len) === remote) last.len += p.local.length;
+        else plan.push({ dev: l.device, local, remote, len: p.local.length });
+      }
+    } catch (e) {
+      this.ipcRefused.set(peer.name, e instanceof Error ? e.message : String(e));
+      return null;
+    }
+    const copies: DeviceCopy[] = [];
+    try {
+      for (const c of plan) {
+        const [dst, src] = req.op === 'READ' ? [c.local, c.remote] : [c.remote, c.local];
+        copies.push(c.dev.dm.copyAsync(c.dev.device, 'd2d', dst, src, c.len));
+      }
+    } catch (e) {
+      for (const c of copies) c.release();
+      return this.finish(req, 'backend', `CUDA IPC copy failed: ${e instanceof Error ? e.message : String(e)}`);
+    }
+    const gen = req.gen;
+    this.active.add(req);
+    req.timer = setTimeout(() => this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`), timeoutMs);
+    req.timer.unref();
+    Promise.all(copies.map((c) => c.settled())).then(
+      () => {
+        for (const c of copies) c.release();
+        if (req.gen !== gen || req.state !== 'in-progress') return;
+        this.deviceStats.ipcTransfers++;
+        this.deviceStats.ipcBytes += req.bytes;
+        // The copies finished: now the notif (over the TCP connection, as for the TCP path).
+        if (req.notif) this.conn(peer).sendNotif(req.notif).catch(() => {});
+        this.finish(req, 'done', null);
+      },
+      (e: unknown) => {
+        for (const c of copies) c.release();
+        if (req.gen === gen) this.finish(req, 'backend', `CUDA IPC copy failed: ${e instanceof Error ? e.message : String(e)}`);
+      },
+    );
+    return 'in-progress';
+  }
+
+  /**
+   * @internal Copies between a staging buffer (segment `d` at byte `d.at`) and the device
+   * segments, merging runs contiguous in both; resolves once every copy finished.
+   */
+  deviceCopies(buf: Uint8Array, dev: readonly DevSeg[], kind: 'd2h' | 'h2d'): Promise<void> {
+    const copies: DeviceCopy[] = [];
+    try {
+      for (let j = 0; j < dev.length; ) {
+        const d = dev[j]!;
+        let len = d.len;
+        let k = j + 1;
+        while (k < dev.length && dev[k]!.region === d.region && dev[k]!.off === d.off + len && dev[k]!.at === d.at + len) len += dev[k++]!.len;
+        if (!d.region.alive) throw new TransferError('invalid', 'device memory was deregistered during the transfer');
+        const ref = d.region.device!;
+        const host = buf.subarray(d.at, d.at + len);
+        const addr = ref.address + BigInt(d.off);
+        copies.push(kind === 'd2h' ? ref.dm.copyAsync(ref.device, 'd2h', host, addr, len) : ref.dm.copyAsync(ref.device, 'h2d', addr, host, len));
+        j = k;
+      }
+    } catch (e) {
+      for (const c of copies) c.release();
+      return Promise.reject(e);
+    }
+    this.deviceStats.stagedFrames++;
+    return Promise.all(copies.map((c) => c.settled())).then(
+      () => {
+        for (const c of copies) c.release();
+      },
+      (e: unknown) => {
+        for (const c of copies) c.release();
+        throw e;
+      },
+    );
+  }
+
+  /**
+   * @internal Staging of an outgoing frame's device segments, when it is about to be sent: its
+   * locals become staging views; a WRITE first copies device to staging (the promise; the frame
+   * is sent once it resolves, or failed). Null when the frame can be sent now (READ).
+   */
+  stageFrame(f: OutFrame): Promise<void> | null {
+    const dev = f.dev!;
+    const pool = this.stagingPool(dev[0]!.region.device!.dm);
+    const buf = pool.take(f.bytes);
+    f.stage = { buf, pool };
+    for (const d of dev) f.locals[d.i] = buf.subarray(d.at, d.at + d.len);
+    if (f.t === F.READ) return null;
+    return this.deviceCopies(buf, dev, 'd2h').catch((e: unknown) => this.frameFailed(f, 'backend', `device copy failed: ${e instanceof Error ? e.message : String(e)}`));
+  }
+
+  /** An outgoing frame with staging landed: a READ copies staging to device first; then it counts as done. */
+  private landFrame(f: OutFrame, conn: OutConn): void {
+    const { buf, pool } = f.stage!;
+    const live = f.req.gen === f.gen && f.req.state === 'in-progress';
+    if (f.t === F.WRITE || !live) {
+      f.stage = null;
+      pool.give(buf); // acknowledged (WRITE) or answered: no copy and no socket write holds it
+      if (live) this.frameDone(f, conn);
+      return;
+    }
+    this.deviceCopies(buf, f.dev!, 'h2d').then(
+      () => {
+        f.stage = null;
+        pool.give(buf);
+        this.frameDone(f, conn);
+      },
+      (e: unknown) => this.frameFailed(f, 'backend', `device copy failed: ${e instanceof Error ? e.message : String(e)}`),
+    );
+  }
+
+  /** @internal A target's staging for the device segments of an incoming READ or WRITE (`views` of them become staging views). */
+  stageTarget(views: Uint8Array[], dev: readonly DevSeg[], bytes: number): { buf: Uint8Array; pool: StagingPool } {
+    const pool = this.stagingPool(dev[0]!.region.device!.dm);
+    const buf = pool.take(bytes);
+    for (const d of dev) views[d.i] = buf.subarray(d.at, d.at + d.len);
+    return { buf, pool };
+  }
+}
+
+const EMPTY = new Uint8Array(0);
+
+/** The device region of `devices` (sorted) holding all of `[addr, addr + length)`, or null. */
+function findPeerDevice(devices: readonly PeerDeviceRegion[], addr: number, length: number): PeerDeviceRegion | null {
+  let lo = 0;
+  let hi = devices.length - 1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1;
+    const d = devices[mid]!;
+    if (addr < d.addr) hi = mid - 1;
+    else if (addr >= d.addr + d.length) lo = mid + 1;
+    else return addr + length <= d.addr + d.length ? d : null;
+  }
+  return null;
+}
+
+/** A cluster secret option: null when unset; a copy of at least MIN_CLUSTER_SECRET_BYTES bytes. */
+function checkClusterSecret(x: Uint8Array | null | undefined): Uint8Array | null {
+  if (x === undefined || x === null) return null;
+  if (!(x instanceof Uint8Array) || x.length < MIN_CLUSTER_SECRET_BYTES) throw new TransferError('invalid', `clusterSecret must be at least ${MIN_CLUSTER_SECRET_BYTES} bytes`);
+  return Uint8Array.prototype.slice.call(x);
 }
 
 function checkNotif(n: Uint8Array): Uint8Array {
@@ -906,7 +1393,7 @@ export function decodeMetadata(md: Uint8Array): PeerInfo {
   } catch (e) {
     throw new TransferError('invalid', `undecodable metadata: ${e instanceof Error ? e.message : String(e)}`);
   }
-  if (!Array.isArray(v) || v.length !== 7 || v[0] !== META_MAGIC) throw new TransferError('invalid', 'not an embedded agent\'s metadata');
+  if (!Array.isArray(v) || (v.length !== 7 && v.length !== 8) || v[0] !== META_MAGIC) throw new TransferError('invalid', 'not an embedded agent\'s metadata');
   if (v[1] !== META_VERSION) throw new TransferError('invalid', `metadata version ${String(v[1])} is not ${META_VERSION}`);
   const [, , name, host, port, secret, regions] = v as unknown[];
   if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_LENGTH) throw new TransferError('invalid', 'metadata: bad agent name');
@@ -923,5 +1410,26 @@ export function decodeMetadata(md: Uint8Array): PeerInfo {
     }
     prevEnd = a + l - 1;
   }
-  return { name, host, port, secret: Uint8Array.prototype.slice.call(secret), regions: regions as number[] };
+  const { hostId, devices } = decodeDeviceField(v[7], regions as number[]);
+  return { name, host, port, secret: Uint8Array.prototype.slice.call(secret), regions: regions as number[], hostId, devices };
+}
+
+/** The metadata's optional device field (see `deviceMetadata`), checked against the region list. */
+function decodeDeviceField(f: unknown, regions: readonly number[]): { hostId: string | null; devices: PeerDeviceRegion[] } {
+  if (f === undefined) return { hostId: null, devices: [] };
+  if (!Array.isArray(f) || f.length !== 2 || typeof f[0] !== 'string' || f[0].length === 0 || f[0].length > 1024 || !Array.isArray(f[1])) throw new TransferError('invalid', 'metadata: bad device field');
+  const devices: PeerDeviceRegion[] = [];
+  let prevEnd = -1;
+  for (const [i, d] of (f[1] as unknown[]).entries()) {
+    if (!Array.isArray(d) || d.length !== 4) throw new TransferError('invalid', `metadata: device region ${i} is malformed`);
+    const [addr, length, deviceId, handle] = d as unknown[];
+    if (typeof addr !== 'number' || typeof length !== 'number' || !Number.isSafeInteger(addr) || !Number.isSafeInteger(length) || length <= 0 || addr <= prevEnd || !inFlatRegions(regions, addr, length)) {
+      throw new TransferError('invalid', `metadata: device region ${i} is out of order or not a registered region`);
+    }
+    if (typeof deviceId !== 'number' || !Number.isInteger(deviceId) || deviceId < 0 || deviceId > 65535) throw new TransferError('invalid', `metadata: device region ${i} has a bad device id`);
+    if (handle !== null && !(handle instanceof Uint8Array && handle.byteLength === IPC_HANDLE_BYTES)) throw new TransferError('invalid', `metadata: device region ${i} has a bad IPC handle`);
+    prevEnd = addr + length - 1;
+    devices.push({ addr, length, deviceId, ipcHandle: handle === null ? null : Uint8Array.prototype.slice.call(handle) });
+  }
+  return { hostId: f[0], devices };
 }

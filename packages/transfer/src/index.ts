@@ -19,3 +19,18 @@ export {
   type MooncakeAgentOptions,
   type MooncakeMetadata,
 } from './mooncake.js';
+export {
+  cudaDeviceMemory,
+  emulatedDeviceMemory,
+  deviceMemoryFor,
+  deviceMemoryOf,
+  DeviceMemoryError,
+  EmulatedDeviceMemory,
+  IPC_HANDLE_BYTES,
+  NO_CUDA_MESSAGE,
+  type CopyKind,
+  type DeviceCopy,
+  type DeviceMemory,
+  type DeviceMemoryErrorCode,
+  type KVDeviceMode,
+} from './device.js';

@@ -2,13 +2,32 @@
  * Host-memory regions of one agent: synthetic addresses and bounds-checked lookups.
  * @module
  */
+import type { DeviceMemory } from './device.js';
 import type { HostBytes } from './types.js';
 
-/** A registered host region. `alive` turns false at deregistration (in-flight writes then stop). */
+/**
+ * Device memory behind a registered region (embedded agent, kind VRAM): where it is and the
+ * {@link DeviceMemory} that copies it.
+ */
+export interface DeviceRef {
+  readonly dm: DeviceMemory;
+  /** CUDA device ordinal. */
+  readonly device: number;
+  /** Device address of the region's first byte. */
+  readonly address: bigint;
+  /** IPC handle of the allocation starting at `address` (null: not shareable by IPC). */
+  readonly ipcHandle: Uint8Array | null;
+}
+
+/**
+ * A registered region: host bytes (`view`), or device memory (`device` set, `view` empty).
+ * `alive` turns false at deregistration (in-flight writes then stop).
+ */
 export interface HostRegion {
   readonly addr: number;
   readonly length: number;
   readonly view: Uint8Array;
+  readonly device?: DeviceRef;
   alive: boolean;
 }
 
@@ -25,11 +44,12 @@ export class RegionTable {
   private regions: HostRegion[] = [];
   private next = 0x10000;
 
-  /** Adds a region and gives it an address. */
-  add(view: Uint8Array): HostRegion {
+  /** Adds a region (host bytes, or `length` bytes of device memory) and gives it an address. */
+  add(view: Uint8Array, device?: { ref: DeviceRef; length: number }): HostRegion {
     const addr = this.next;
-    const r: HostRegion = { addr, length: view.byteLength, view, alive: true };
-    this.next = Math.ceil((addr + view.byteLength + 4096) / 4096) * 4096;
+    const length = device ? device.length : view.byteLength;
+    const r: HostRegion = device ? { addr, length, view, device: device.ref, alive: true } : { addr, length, view, alive: true };
+    this.next = Math.ceil((addr + length + 4096) / 4096) * 4096;
     if (!Number.isSafeInteger(this.next)) throw new RangeError('address space exhausted');
     this.regions.push(r); // addresses grow, so the array stays sorted
     return r;

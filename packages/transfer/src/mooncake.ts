@@ -40,8 +40,12 @@
  * Limits (the C API's): there is no cancel, so a released or timed-out transfer keeps running in
  * the engine until it ends (its bytes may still land; do not reuse the memory before the peer
  * is known to be done); the engine has no peer authentication: anyone who can reach its ports
- * and knows the segment name can access registered memory (the handshake and data ports listen
- * on all interfaces); over TCP "protocol v1", COMPLETED can precede the bytes being visible at
+ * and knows the segment name can access registered memory. `host` only names the segment
+ * (`local_server_name`): the real engine's P2P handshake listener and TCP data listener bind to
+ * every interface whatever it says (Mooncake `transfer_metadata_plugin.cpp` `findAvailableTcpPort`
+ * binds `INADDR_ANY`, `tcp_transport_session_impl.h` `TcpContext` binds the any address;
+ * `MC_TCP_BIND_ADDRESS` only changes the advertised address, and only outside P2PHANDSHAKE), so
+ * firewall those ports (`docs/security-mooncake.md`); over TCP "protocol v1", COMPLETED can precede the bytes being visible at
  * the target (Mooncake PR #2086), so verify on the consumer (kvconnect's checksums do).
  * @module
  */
@@ -201,7 +205,10 @@ export interface MooncakeAgentOptions {
   readonly name: string;
   /** Path of libtransfer_engine.so (default: the search of {@link mooncakeLibraryCandidates}). */
   readonly library?: string;
-  /** The host peers reach this engine at: `local_server_name` (default `127.0.0.1`). */
+  /**
+   * The host peers reach this engine at: `local_server_name`, the host of the segment name
+   * (default `127.0.0.1`). It does not restrict where the real engine listens (see the module note).
+   */
   readonly host?: string;
   /** The engine's metadata connection string (default `P2PHANDSHAKE`: no metadata server). */
   readonly metadata?: string;

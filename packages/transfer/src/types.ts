@@ -25,6 +25,8 @@
  * and CUDA addresses are below 2^48).
  * @module
  */
+import { isDeviceRegion, type KVMemoryRegion } from '@kvconnect/checksum';
+import { TransferError } from './errors.js';
 
 /** Where registered memory lives: host memory or GPU memory (NIXL `DRAM_SEG` / `VRAM_SEG`). */
 export type MemoryKind = 'DRAM' | 'VRAM';
@@ -36,11 +38,22 @@ export type HostBytes = ArrayBuffer | SharedArrayBuffer | ArrayBufferView;
  * One region to register. Either host memory given as JS bytes (`bytes`; kind DRAM), or a raw
  * address range (`addr`, `length`, `kind`, `deviceId`) that the engine allocated outside the JS
  * heap, for example CUDA memory (only agents whose capabilities list that kind accept it; the
- * embedded agent accepts only `bytes`).
+ * embedded agent accepts `bytes` and VRAM of its device memory, see `device.ts`).
+ * {@link toMemoryRegion} maps a worker's KV memory region to one.
  */
 export type MemoryRegion =
   | { readonly bytes: HostBytes; readonly kind?: 'DRAM' }
-  | { readonly addr: number; readonly length: number; readonly kind: MemoryKind; readonly deviceId?: number };
+  | {
+      readonly addr: number;
+      readonly length: number;
+      readonly kind: MemoryKind;
+      readonly deviceId?: number;
+      /**
+       * VRAM: the CUDA IPC handle (`cudaIpcMemHandle_t`, 64 bytes) of the allocation that starts
+       * at `addr`, so that agents of other processes on the host can map it (embedded agent).
+       */
+      readonly ipcHandle?: Uint8Array;
+    };
 
 /** A registered region as peers address it. */
 export interface RegisteredRegion {
@@ -211,4 +224,16 @@ export interface TransferAgent {
 
   /** Closes the agent: fails in-flight transfers with `canceled`, closes connections, frees the backend. Idempotent. */
   close(): Promise<void>;
+}
+
+/**
+ * The {@link MemoryRegion} of a worker's KV memory region (`WorkerKVCaches.regions`): host bytes as
+ * DRAM, a `DeviceMemoryRegion` as VRAM with its device, address and IPC handle.
+ * @throws TransferError `invalid` for a device address that is not a safe integer.
+ */
+export function toMemoryRegion(r: KVMemoryRegion): MemoryRegion {
+  if (!isDeviceRegion(r)) return { bytes: r };
+  const addr = Number(r.address);
+  if (!Number.isSafeInteger(addr) || BigInt(addr) !== r.address) throw new TransferError('invalid', `device address 0x${r.address.toString(16)} is not below 2^53`);
+  return r.ipcHandle ? { addr, length: r.bytes, kind: 'VRAM', deviceId: r.device, ipcHandle: r.ipcHandle } : { addr, length: r.bytes, kind: 'VRAM', deviceId: r.device };
 }

@@ -9,8 +9,22 @@
  * `headerBytes` is 1..{@link MAX_HEADER_BYTES}, `payloadBytes` 0..{@link MAX_PAYLOAD_BYTES}. The
  * header is a MessagePack array whose first element is the frame type ({@link F}):
  *
- * initiator to target
- * - `[HELLO, 1, name, secret]`: first frame; `secret` (bin, 32 bytes) must equal the target's.
+ * Handshake (version 2, `docs/security.md`): neither secret crosses the wire. Proofs are
+ * `makeProof` of `auth.ts` (HMAC-SHA256) with the contexts of {@link HANDSHAKE_CONTEXT}.
+ * - target to initiator, on accept: `[CHAL, 2, serverNonce]` (`NONCE_BYTES`).
+ * - initiator: `[HELLO, 2, name, clientNonce, agentProof, clusterProof | nil]` with
+ *   `agentProof = proof(targetAgentSecret, hello, serverNonce, clientNonce, name)` (the target's
+ *   secret from its metadata) and, when the initiator has a cluster secret,
+ *   `clusterProof = proof(clusterSecret, helloCluster, serverNonce, clientNonce, name, targetName)`.
+ *   The target checks the cluster proof first (required when it has a cluster secret, refused when
+ *   it has none), then the agent proof.
+ * - target: `[OK, targetName, agentProof, clusterProof | nil]` with the same secrets over
+ *   `clientNonce, serverNonce, targetName[, initiatorName]` (contexts ok / okCluster): the
+ *   initiator knows it reached the agent whose metadata it loaded (and a cluster member).
+ * Until the handshake is done, headers are at most {@link MAX_HANDSHAKE_HEADER_BYTES} and
+ * frames carry no payload.
+ *
+ * initiator to target, after the handshake
  * - `[READ, id, segs]`: `segs` is a flat array `[addr0, len0, addr1, len1, ...]` of target
  *   memory; answered by one `RDATA` (payload: the bytes, in order) or `ERR`.
  * - `[WRITE, id, segs]` + payload (the bytes for the segments, in order); answered by `WACK` once
@@ -18,7 +32,7 @@
  * - `[NOTIF]` + payload (the notif bytes, at most {@link MAX_NOTIF_BYTES}).
  *
  * target to initiator
- * - `[OK, name]`: the hello was accepted. `[RDATA, id]` + payload. `[WACK, id]`.
+ * - `[OK, name, agentProof, clusterProof | nil]`: the hello was accepted. `[RDATA, id]` + payload. `[WACK, id]`.
  * - `[ERR, id, kind, message]`: frame `id` was refused (kind: a TransferErrorKind).
  * - `[FATAL, kind, message]`: the connection is about to close.
  *
@@ -27,6 +41,7 @@
  * @module
  */
 import { Packr, Unpackr } from 'msgpackr';
+import { NONCE_BYTES, PROOF_BYTES } from './auth.js';
 
 /** Frame types (the first element of every header). */
 export const F = {
@@ -39,10 +54,20 @@ export const F = {
   WACK: 12,
   ERR: 13,
   FATAL: 14,
+  CHAL: 15,
 } as const;
 
-/** Protocol version carried by HELLO. */
-export const WIRE_VERSION = 1;
+/** Protocol version carried by CHAL and HELLO (1: the agent secret in HELLO; 2: challenge and proofs). */
+export const WIRE_VERSION = 2;
+/** Proof contexts of the handshake (`makeProof` in `auth.ts`). */
+export const HANDSHAKE_CONTEXT = Object.freeze({
+  hello: 'embedded/hello',
+  helloCluster: 'embedded/hello-cluster',
+  ok: 'embedded/ok',
+  okCluster: 'embedded/ok-cluster',
+} as const);
+/** Largest header before the handshake is done (CHAL, HELLO, OK, FATAL), bytes. */
+export const MAX_HANDSHAKE_HEADER_BYTES = 16 * 1024;
 /** Largest accepted header, bytes. */
 export const MAX_HEADER_BYTES = 256 * 1024;
 /** Largest accepted payload of one frame, bytes (16 MiB). */
@@ -55,6 +80,7 @@ export const MAX_NOTIF_BYTES = 1024 * 1024;
 export const MAX_NAME_LENGTH = 256;
 /** Secret length, bytes. */
 export const SECRET_BYTES = 32;
+
 /** Prefix length, bytes. */
 export const PREFIX_BYTES = 8;
 
@@ -63,10 +89,11 @@ const unpackr = new Unpackr({ useRecords: false, int64AsType: 'number' });
 
 /** A decoded, checked header. `segs` are flat `[addr, len, ...]` pairs. */
 export type Header =
-  | { readonly t: typeof F.HELLO; readonly name: string; readonly secret: Uint8Array }
+  | { readonly t: typeof F.CHAL; readonly nonce: Uint8Array }
+  | { readonly t: typeof F.HELLO; readonly name: string; readonly nonce: Uint8Array; readonly agentProof: Uint8Array; readonly clusterProof: Uint8Array | null }
   | { readonly t: typeof F.READ | typeof F.WRITE; readonly id: number; readonly segs: readonly number[]; readonly bytes: number }
   | { readonly t: typeof F.NOTIF }
-  | { readonly t: typeof F.OK; readonly name: string }
+  | { readonly t: typeof F.OK; readonly name: string; readonly agentProof: Uint8Array; readonly clusterProof: Uint8Array | null }
   | { readonly t: typeof F.RDATA | typeof F.WACK; readonly id: number }
   | { readonly t: typeof F.ERR; readonly id: number; readonly kind: string; readonly message: string }
   | { readonly t: typeof F.FATAL; readonly kind: string; readonly message: string };
@@ -90,6 +117,9 @@ function isSafeNat(x: unknown): x is number {
 function isText(x: unknown, max: number): x is string {
   return typeof x === 'string' && x.length <= max;
 }
+function isBytes(x: unknown, n: number): x is Uint8Array {
+  return x instanceof Uint8Array && x.length === n;
+}
 
 /**
  * Decodes and checks a header, given its payload length.
@@ -106,11 +136,17 @@ export function decodeHeader(bytes: Uint8Array, payloadBytes: number): Header | 
   const t = v[0];
   const noPayload = (h: Header): Header | string => (payloadBytes === 0 ? h : `frame type ${t} carries no payload`);
   switch (t) {
+    case F.CHAL:
+      if (v.length !== 3 || v[1] !== WIRE_VERSION) return `CHAL must be [15, ${WIRE_VERSION}, nonce]`;
+      if (!isBytes(v[2], NONCE_BYTES)) return `CHAL: nonce must be ${NONCE_BYTES} bytes`;
+      return noPayload({ t, nonce: v[2] });
     case F.HELLO: {
-      if (v.length !== 4 || v[1] !== WIRE_VERSION) return `HELLO must be [0, ${WIRE_VERSION}, name, secret]`;
+      if (v.length !== 6 || v[1] !== WIRE_VERSION) return `HELLO must be [0, ${WIRE_VERSION}, name, nonce, agentProof, clusterProof]`;
       if (!isText(v[2], MAX_NAME_LENGTH) || v[2].length === 0) return 'HELLO: bad agent name';
-      if (!(v[3] instanceof Uint8Array) || v[3].length !== SECRET_BYTES) return `HELLO: secret must be ${SECRET_BYTES} bytes`;
-      return noPayload({ t, name: v[2], secret: v[3] });
+      if (!isBytes(v[3], NONCE_BYTES)) return `HELLO: nonce must be ${NONCE_BYTES} bytes`;
+      if (!isBytes(v[4], PROOF_BYTES)) return `HELLO: agent proof must be ${PROOF_BYTES} bytes`;
+      if (v[5] !== null && !isBytes(v[5], PROOF_BYTES)) return `HELLO: cluster proof must be nil or ${PROOF_BYTES} bytes`;
+      return noPayload({ t, name: v[2], nonce: v[3], agentProof: v[4], clusterProof: v[5] });
     }
     case F.READ:
     case F.WRITE: {
@@ -132,8 +168,8 @@ export function decodeHeader(bytes: Uint8Array, payloadBytes: number): Header | 
       if (payloadBytes > MAX_NOTIF_BYTES) return `NOTIF larger than ${MAX_NOTIF_BYTES} bytes`;
       return { t };
     case F.OK:
-      if (v.length !== 2 || !isText(v[1], MAX_NAME_LENGTH)) return 'OK must be [10, name]';
-      return noPayload({ t, name: v[1] });
+      if (v.length !== 4 || !isText(v[1], MAX_NAME_LENGTH) || !isBytes(v[2], PROOF_BYTES) || (v[3] !== null && !isBytes(v[3], PROOF_BYTES))) return 'OK must be [10, name, agentProof, clusterProof]';
+      return noPayload({ t, name: v[1], agentProof: v[2], clusterProof: v[3] });
     case F.RDATA:
       if (v.length !== 2 || !isU32(v[1])) return 'RDATA must be [11, id]';
       return { t, id: v[1] };
@@ -163,11 +199,23 @@ export interface FrameHandler {
   onProtocolError(message: string): void;
 }
 
+/** Limits of a {@link FrameReader}. */
+export interface FrameReaderLimits {
+  /** Largest header (default {@link MAX_HEADER_BYTES}). */
+  readonly maxHeaderBytes?: number;
+  /** Largest payload (default {@link MAX_PAYLOAD_BYTES}). */
+  readonly maxPayloadBytes?: number;
+  /** A frame must complete within this many ms of its prefix (default: no deadline). */
+  readonly frameTimeoutMs?: number;
+}
+
 /**
  * Incremental frame parser over socket chunks. Payload bytes are handed to the sink without
  * being buffered (one copy: socket buffer to the sink's destination). `pause()` stops parsing
  * at the next frame boundary (backpressure); `resume()` continues. After a protocol error it
- * ignores all further input.
+ * ignores all further input. The prefix's sizes are checked against the limits before anything
+ * of the frame is buffered, and a frame that does not complete within `frameTimeoutMs` of its
+ * prefix is a protocol error (a peer that announces a frame and trickles it).
  */
 export class FrameReader {
   private chunks: Buffer[] = [];
@@ -180,8 +228,26 @@ export class FrameReader {
   private paused = false;
   private dead = false;
   private running = false;
+  private maxHeader: number;
+  private maxPayload: number;
+  private readonly frameTimeoutMs: number | undefined;
+  private timer: NodeJS.Timeout | null = null;
+  private frameNo = 0;
 
-  constructor(private readonly handler: FrameHandler) {}
+  constructor(
+    private readonly handler: FrameHandler,
+    limits: FrameReaderLimits = {},
+  ) {
+    this.maxHeader = limits.maxHeaderBytes ?? MAX_HEADER_BYTES;
+    this.maxPayload = limits.maxPayloadBytes ?? MAX_PAYLOAD_BYTES;
+    this.frameTimeoutMs = limits.frameTimeoutMs;
+  }
+
+  /** Changes the header and payload limits (e.g. once the handshake is done); applies from the next frame. */
+  setLimits(maxHeaderBytes: number, maxPayloadBytes: number): void {
+    this.maxHeader = maxHeaderBytes;
+    this.maxPayload = maxPayloadBytes;
+  }
 
   /** Adds received bytes and parses what it can. */
   push(chunk: Buffer): void {
@@ -206,6 +272,26 @@ export class FrameReader {
     this.dead = true;
     this.chunks = [];
     this.avail = 0;
+    this.stopTimer();
+  }
+
+  private startTimer(): void {
+    const ms = this.frameTimeoutMs;
+    if (ms === undefined) return;
+    const no = ++this.frameNo;
+    this.timer = setTimeout(() => {
+      // Bytes that arrived while this process was busy are parsed first (poll phase), then judged.
+      setImmediate(() => {
+        if (no === this.frameNo && !this.dead && this.state !== 'prefix') this.fail(`frame not completed within ${ms} ms`);
+      });
+    }, ms);
+    this.timer.unref();
+  }
+
+  private stopTimer(): void {
+    this.frameNo++;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
   }
 
   /** Bytes received but not yet parsed. */
@@ -254,9 +340,10 @@ export class FrameReader {
           const p = this.take(PREFIX_BYTES);
           this.headerBytes = p.readUInt32LE(0);
           this.payloadBytes = p.readUInt32LE(4);
-          if (this.headerBytes === 0 || this.headerBytes > MAX_HEADER_BYTES) return this.fail(`header of ${this.headerBytes} bytes (1..${MAX_HEADER_BYTES})`);
-          if (this.payloadBytes > MAX_PAYLOAD_BYTES) return this.fail(`payload of ${this.payloadBytes} bytes (at most ${MAX_PAYLOAD_BYTES})`);
+          if (this.headerBytes === 0 || this.headerBytes > this.maxHeader) return this.fail(`header of ${this.headerBytes} bytes (1..${this.maxHeader})`);
+          if (this.payloadBytes > this.maxPayload) return this.fail(`payload of ${this.payloadBytes} bytes (at most ${this.maxPayload})`);
           this.state = 'header';
+          this.startTimer();
         }
         if (this.state === 'header') {
           if (this.avail < this.headerBytes) return;
@@ -283,6 +370,7 @@ export class FrameReader {
         const s = this.sink;
         this.sink = null;
         this.state = 'prefix';
+        this.stopTimer();
         s?.end();
       }
     } finally {

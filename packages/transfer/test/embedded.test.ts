@@ -8,8 +8,8 @@ import * as net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Packr } from 'msgpackr';
-import { decodeEmbeddedMetadata, EmbeddedAgent, isTransferError, ProtocolError, type TransferAgent } from '../src/index.js';
-import { encodeFrame, F, FrameReader, MAX_PAYLOAD_BYTES, type Header } from '../src/wire.js';
+import { decodeEmbeddedMetadata, EmbeddedAgent, isTransferError, makeNonce, makeProof, ProtocolError, type TransferAgent } from '../src/index.js';
+import { encodeFrame, F, FrameReader, HANDSHAKE_CONTEXT, MAX_PAYLOAD_BYTES, WIRE_VERSION, type Header } from '../src/wire.js';
 import { collectNotifs, defineConformance } from './conformance.js';
 import { pattern } from './patterns.js';
 
@@ -63,9 +63,23 @@ class RawPeer {
     await new Promise<void>((r, j) => s.once('connect', () => r()).once('error', j));
     return new RawPeer(s);
   }
-  async hello(agent: EmbeddedAgent): Promise<void> {
+  /** The target's challenge nonce (its first frame). */
+  async challenge(): Promise<Uint8Array> {
+    const c = await this.until((f) => f.h.t === F.CHAL);
+    return (c.h as { nonce: Uint8Array }).nonce;
+  }
+  /** Sends HELLO for `agent` (proofs made with `secret`, default the agent's own from its metadata). */
+  async sendHello(agent: EmbeddedAgent, o: { name?: string; secret?: Uint8Array; cluster?: Uint8Array } = {}): Promise<void> {
     const v = new Packr({ useRecords: false }).unpack(await agent.getLocalMetadata()) as unknown[];
-    this.socket.write(encodeFrame([F.HELLO, 1, 'raw', v[5]]));
+    const sn = await this.challenge();
+    const cn = makeNonce();
+    const name = o.name ?? 'raw';
+    const proof = makeProof(o.secret ?? (v[5] as Uint8Array), HANDSHAKE_CONTEXT.hello, sn, cn, name);
+    const cluster = o.cluster ? makeProof(o.cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, name, agent.name) : null;
+    this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, name, cn, proof, cluster]));
+  }
+  async hello(agent: EmbeddedAgent, o: { name?: string; cluster?: Uint8Array } = {}): Promise<void> {
+    await this.sendHello(agent, o);
     await this.until((f) => f.h.t === F.OK);
   }
   async until(pred: (f: { h: Header; payload: Buffer }) => boolean, ms = 3000): Promise<{ h: Header; payload: Buffer }> {
@@ -129,8 +143,8 @@ describe('embedded agent', () => {
         () => [F.READ, rnd(10), [base + rnd(70000) - 2000, rnd(70000)]],
         () => [F.WRITE, rnd(10), [base + rnd(70000), rnd(70000)]],
         () => [F.READ, -1, []],
-        () => [F.HELLO, 1, 'x', secret],
-        () => [F.OK, 'x'],
+        () => [F.HELLO, WIRE_VERSION, 'x', randomBytes(16), secret, null],
+        () => [F.OK, 'x', secret, null],
         () => [F.RDATA, 1],
         () => ['str', 1],
         () => [F.WRITE, 1, [base, 2 ** 60]],
@@ -146,7 +160,7 @@ describe('embedded agent', () => {
       const p = await RawPeer.connect(t);
       sessions++;
       const authed = i % 2 === 0;
-      if (authed) p.socket.write(encodeFrame([F.HELLO, 1, 'fuzz', secret]));
+      if (authed) await p.hello(t, { name: 'fuzz' });
       const kind = rnd(4);
       if (kind === 0) {
         p.socket.write(randomBytes(1 + rnd(300))); // pure noise
@@ -211,7 +225,7 @@ describe('embedded agent', () => {
     const f1 = await p1.until((f) => f.h.t === F.FATAL);
     expect((f1.h as { message: string }).message).toMatch(/expected HELLO/);
     const p2 = await RawPeer.connect(t);
-    p2.socket.write(encodeFrame([F.HELLO, 1, 'me', new Uint8Array(32)]));
+    await p2.sendHello(t, { name: 'me', secret: new Uint8Array(32) });
     const f2 = await p2.until((f) => f.h.t === F.FATAL);
     expect((f2.h as { message: string }).message).toMatch(/wrong secret/);
     await sleep(150);
@@ -225,10 +239,13 @@ describe('embedded agent', () => {
     let received = 0;
     const server = net.createServer((s) => {
       let helloDone = false;
+      const sn = makeNonce();
+      s.write(encodeFrame([F.CHAL, WIRE_VERSION, sn]));
       s.on('data', (c: Buffer) => {
         if (!helloDone) {
           helloDone = true;
-          s.write(encodeFrame([F.OK, 'sink']));
+          const cn = (packr.unpack(c.subarray(8)) as unknown[])[3] as Uint8Array;
+          s.write(encodeFrame([F.OK, 'sink', makeProof(new Uint8Array(32), HANDSHAKE_CONTEXT.ok, cn, sn, 'sink'), null]));
           return;
         }
         received += c.length;

@@ -17,7 +17,7 @@
  *   request ran past its timeout (it is aborted in the engine). A client that disconnects aborts
  *   its request.
  * - `GET /v1/models`: the served model names; `GET /version`: `{ version }`;
- * - `GET /health`: `{ status: 'ok', engine_id, model, ... }` (503 while setup failed or closing);
+ * - `GET /health`: `{ status: 'ok', engine_id, model, ... }` (503 while setup failed, after a worker process died, or closing);
  * - `GET /metrics`: the engine's Prometheus registry (KV checksum metrics) in text format;
  * - `POST /shutdown`: answers `{ status: 'shutting-down' }`, then closes gracefully (see
  *   {@link EngineServerOptions.onShutdown}).
@@ -346,6 +346,7 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
   function health(res: ServerResponse): void {
     const base = { engine_id: engine.engineId, model: engine.model.name, served_models: served(), tp_size: engine.tpSize, pp_size: engine.ppSize, block_size: engine.blockSize };
     if (setupError !== null) return sendJson(res, 503, { status: 'error', error: `engine setup failed: ${setupError}`, ...base });
+    if (engine.failure) return sendJson(res, 503, { status: 'error', error: engine.failure.message, ...base });
     if (closing) return sendJson(res, 503, { status: 'shutting-down', ...base });
     const cfg = engine.transferConfig;
     let stats: unknown = null;
@@ -360,6 +361,8 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
       kv_connector: cfg?.kv_connector ?? null,
       kv_role: cfg?.kv_role ?? null,
       enable_kv_checksum: cfg?.enable_kv_checksum ?? false,
+      executor: engine.executorKind,
+      worker_pids: engine.workerPids,
       in_flight: inflight.size,
       stats,
     });
@@ -367,7 +370,7 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
 
   async function metrics(res: ServerResponse): Promise<void> {
     const reg = engine.observability?.registry;
-    const text = reg ? await reg.metrics() : '';
+    const text = await engine.metricsText();
     sendText(res, 200, text, reg?.contentType ?? 'text/plain; version=0.0.4; charset=utf-8');
   }
 

@@ -49,8 +49,12 @@ export interface EngineProcessConfig {
   enablePrefixCaching?: boolean;
   engineId?: string;
   checksumBackend?: 'auto' | 'ts' | 'native' | 'cuda';
-  /** Modules to import before the engine starts (connector packages register themselves). */
+  /** Where the KV cache lives: host memory (default), GPU memory, or emulated device memory (tests). */
+  device?: 'cpu' | 'cuda' | 'cuda-emulated';
+  /** Modules to import before the engine starts (connector packages register themselves); worker processes import them too. */
   imports?: string[];
+  /** Where the workers run (default `inprocess`; `processes`: one process per TP rank x PP stage). */
+  executor?: 'inprocess' | 'processes';
   /** Interface to listen on (default 127.0.0.1). */
   host?: string;
   /** Port (default 0: any free port; the ready line says which). */
@@ -95,7 +99,9 @@ const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
   enablePrefixCaching: 'bool',
   engineId: 'string',
   checksumBackend: ['auto', 'ts', 'native', 'cuda'],
+  device: ['cpu', 'cuda', 'cuda-emulated'],
   imports: 'strings',
+  executor: ['inprocess', 'processes'],
   host: 'string',
   port: 'nat',
   maxBodyBytes: 'int',
@@ -215,7 +221,11 @@ engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxToke
   --kv-transfer-config JSON     vLLM kv_transfer_config
   --kv-connector-module-path M  sets kv_transfer_config.kv_connector_module_path
   --checksum-backend auto|ts|native|cuda
+  --device cpu|cuda|cuda-emulated   KV cache in host memory (default), GPU memory (addon built with
+                                CUDA), or emulated device memory (tests); the model computes on the host
   --import MODULE               import a module first (repeatable; connector packages register themselves)
+  --workers inprocess|processes where the TP x PP workers run (default inprocess; processes: one
+                                worker process each); also --distributed-executor-backend uni|mp
   --host HOST                   default 127.0.0.1
   --port N                      default 0 (any free port)
   --max-body-bytes N            --request-timeout-ms N (0 = none)  --max-tokens N  --max-model-len N
@@ -272,7 +282,10 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     'kv-transfer-config': { type: 'string' },
     'kv-connector-module-path': { type: 'string' },
     'checksum-backend': { type: 'string' },
+    device: { type: 'string' },
     import: { type: 'string', multiple: true },
+    workers: { type: 'string' },
+    'distributed-executor-backend': { type: 'string' },
     host: { type: 'string' },
     port: { type: 'string' },
     'max-body-bytes': { type: 'string' },
@@ -306,6 +319,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     enablePrefixCaching: v['disable-prefix-caching'] ? false : undefined,
     engineId: s('engine-id'),
     checksumBackend: s('checksum-backend'),
+    device: s('device'),
     host: s('host'),
     port: intFlag(s('port'), 'port'),
     maxBodyBytes: intFlag(s('max-body-bytes'), 'max-body-bytes'),
@@ -314,6 +328,9 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     maxModelLen: intFlag(s('max-model-len'), 'max-model-len'),
     logLevel: s('log-level'),
   };
+  const backend = s('distributed-executor-backend');
+  if (backend !== undefined && backend !== 'mp' && backend !== 'uni') throw new UsageError(`--distributed-executor-backend: expected mp or uni, got ${JSON.stringify(backend)}`);
+  flags.executor = s('workers') ?? (backend === undefined ? undefined : backend === 'mp' ? 'processes' : 'inprocess');
   if (s('kv-transfer-config') !== undefined) flags.kvTransferConfig = parseJson(s('kv-transfer-config')!, '--kv-transfer-config');
   if (s('cache-layout') !== undefined || s('kv-layout') !== undefined) {
     const base = isPlainObject(cfg.cacheLayout) ? cfg.cacheLayout : {};
@@ -406,6 +423,9 @@ export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
     enablePrefixCaching: c.enablePrefixCaching,
     engineId: c.engineId,
     checksumBackend: c.checksumBackend,
+    device: c.device,
+    executor: c.executor,
+    workerImports: c.imports,
     observability: new KVChecksumObservability({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) } }),
   };
   for (const k of Object.keys(o) as (keyof EngineOptions)[]) if (o[k] === undefined) delete o[k];

@@ -1,12 +1,20 @@
 /**
  * Test support (not for production): `InProcessConnector`, a KV connector that copies blocks
- * between engines of one process. It moves no bytes over any transport and trusts every peer on
- * its process-wide bus; use it in tests, demos and the harness, never to serve.
+ * between engines of ONE process (unit tests, the harness's in-process scenarios). It moves no
+ * bytes over any transport: a consumer worker reads the producer worker's memory straight from an
+ * {@link InProcessBus}, an object the test creates and hands to every engine that should meet on it
+ * (through the factory: {@link createInProcessConnectorFactory}, or a registry from
+ * {@link inProcessRegistry}). It trusts every peer on its bus; never use it to serve. Engines whose
+ * workers run in other processes cannot use it (the bus is an object of one process).
  *
- * Producer workers publish their {@link WorkerKVCaches} on a shared {@link InProcessBus} keyed by
- * engine id; consumer workers copy logical cells per group and block position, mapping each
- * consumer rank's global heads (state rows) to the producer rank that holds them, so TP sizes, PP
- * sizes, block sizes, layouts and dtypes may differ (dtypes must match: bytes are copied).
+ * The bus stands for the transport between engines; the two halves of one engine talk only
+ * through the connector contract: the producer scheduler's leases reach its workers in the step
+ * metadata ({@link InProcessMeta}), never through the bus.
+ *
+ * Producer workers publish their {@link WorkerKVCaches} on the bus keyed by engine id; consumer
+ * workers copy logical cells per group and block position, mapping each consumer rank's global
+ * heads (state rows) to the producer rank that holds them, so TP sizes, PP sizes, block sizes,
+ * layouts and dtypes may differ (dtypes must match: bytes are copied).
  *
  * - Carrier of checksums: `kv_transfer_params` (sequential P/D), or `connector` for concurrent
  *   (Mooncake-style) requests that carry a `transfer_id` (the payload rides on the bus and comes
@@ -20,12 +28,9 @@
  *   computes the rest locally (vllm#50558).
  * - {@link InProcessBus.faultHook} sees (and may change) every copied piece: flip a bit in transit.
  *   Pieces and bytes copied are counted in {@link InProcessBus.copies} and {@link InProcessBus.bytes}.
- * - One bus per process ({@link inProcessBus}), whatever name the connector is registered under
- *   ({@link createInProcessConnectorFactory}) and even if this module loads twice (from src and
- *   from dist).
  * @module
  */
-import { defaultRegistry, type KVConnectorRegistry } from '@kvconnect/core';
+import { KVConnectorRegistry } from '@kvconnect/core';
 import { DTYPE_BYTES, contiguousStrides, type AttentionCacheView, type StateCacheView, type StateTensor } from '@kvconnect/checksum';
 import type {
   BlockIdsPerGroup,
@@ -74,11 +79,15 @@ interface Published {
   tpSize: number;
   ppSize: number;
   workers: Map<string, WorkerKVCaches>;
-  /** Producer request -> consumer workers that finished reading it. */
-  reads: Map<string, { readers: Set<string>; world: number; done: boolean; since: number }>;
+  /** Producer request -> consumer workers that finished reading it (written by the consumers). */
+  reads: Map<string, { readers: Set<string>; world: number; done: boolean }>;
 }
 
-/** The process-wide bus the connector halves meet on. */
+/**
+ * The bus engines of one process meet on (the stand-in for a transport): producer workers'
+ * caches, concurrent-mode params and payloads, and which consumer workers read what. Create one per
+ * test (or per harness run) and give it to the factory of every engine that should see the others.
+ */
 export class InProcessBus {
   readonly engines = new Map<string, Published>();
   /** Concurrent mode: transfer id -> the producer's params, once it finished. */
@@ -134,15 +143,20 @@ export class InProcessBus {
     this.failLoads = false;
     this.held = null;
   }
+
+  /** A consumer worker (`reader`, of a consumer with `world` workers) finished reading a producer request. */
+  markRead(engineId: string, requestId: string, reader: string, world: number): void {
+    const e = this.engine(engineId);
+    let r = e.reads.get(requestId);
+    if (!r) e.reads.set(requestId, (r = { readers: new Set(), world, done: false }));
+    r.readers.add(reader);
+    r.world = world;
+    if (r.readers.size >= r.world) r.done = true;
+  }
 }
 
-const BUS_KEY = Symbol.for('kvconnect.engine.testing.inProcessBus');
-
-/** The bus every in-process connector of the process uses (one per process, even if this module loads twice). */
-export const inProcessBus: InProcessBus = ((globalThis as Record<symbol, unknown>)[BUS_KEY] as InProcessBus | undefined) ?? ((globalThis as Record<symbol, unknown>)[BUS_KEY] = new InProcessBus()) as InProcessBus;
-
-/** A load the consumer scheduler hands to its workers. */
-interface LoadSpec {
+/** A load the consumer scheduler hands to its workers (plain data). */
+export interface InProcessLoad {
   requestId: string;
   remoteRequestId: string;
   remoteEngineId: string;
@@ -154,18 +168,34 @@ interface LoadSpec {
   transferId?: string;
 }
 
-interface Meta {
-  loads: LoadSpec[];
+/** A finished producer request whose blocks the workers hold until read or until `expiresAt`. */
+export interface InProcessLease {
+  requestId: string;
+  /** Epoch milliseconds (`Date.now()`) after which the blocks are released unread. */
+  expiresAt: number;
 }
+
+/** Scheduler-to-worker metadata of one step (plain data). */
+export interface InProcessMeta {
+  /** Consumer: loads to start. */
+  loads: InProcessLoad[];
+  /** Producer: requests finished since the previous step, whose blocks wait for their readers. */
+  leases: InProcessLease[];
+}
+
+/** The connector's factory type: step metadata {@link InProcessMeta}; no worker or handshake metadata. */
+export type InProcessConnectorFactory = KVConnectorFactory<InProcessMeta, never, never>;
 
 const isStr = (x: unknown): x is string => typeof x === 'string' && x.length > 0;
 
-class InProcessScheduler implements KVConnectorScheduler {
-  private pending: LoadSpec[] = [];
+class InProcessScheduler implements KVConnectorScheduler<InProcessMeta, never, never> {
+  private pending: InProcessLoad[] = [];
+  private leases: InProcessLease[] = [];
   private readonly asked = new Map<string, number>();
   private readonly leaseMs: number;
 
   constructor(
+    private readonly bus: InProcessBus,
     private readonly config: KVTransferConfig,
     private readonly ctx: SchedulerContext,
   ) {
@@ -177,7 +207,7 @@ class InProcessScheduler implements KVConnectorScheduler {
     const p = req.kvTransferParams;
     if (!p || p.do_remote_prefill !== true) return null;
     if (Array.isArray(p.remote_block_ids) && isStr(p.remote_engine_id)) return p;
-    if (isStr(p.transfer_id)) return inProcessBus.transfers.get(p.transfer_id) ?? null;
+    if (isStr(p.transfer_id)) return this.bus.transfers.get(p.transfer_id) ?? null;
     return null;
   }
 
@@ -208,9 +238,10 @@ class InProcessScheduler implements KVConnectorScheduler {
     });
   }
 
-  buildConnectorMeta(): Meta {
-    const m = { loads: this.pending };
+  buildConnectorMeta(): InProcessMeta {
+    const m = { loads: this.pending, leases: this.leases };
     this.pending = [];
+    this.leases = [];
     return m;
   }
 
@@ -226,9 +257,8 @@ class InProcessScheduler implements KVConnectorScheduler {
       remote_tp_size: this.ctx.tpSize,
       remote_num_tokens: Math.min(req.numComputedTokens, req.promptTokenIds.length),
     };
-    const e = inProcessBus.engine(this.ctx.engineId);
-    e.reads.set(req.requestId, { readers: new Set(), world: 0, done: false, since: Date.now() + this.leaseMs });
-    if (isStr(p.transfer_id)) inProcessBus.transfers.set(p.transfer_id, { ...params, do_remote_prefill: true });
+    this.leases.push({ requestId: req.requestId, expiresAt: Date.now() + this.leaseMs });
+    if (isStr(p.transfer_id)) this.bus.transfers.set(p.transfer_id, { ...params, do_remote_prefill: true });
     return { delayFree: true, kvTransferParams: params };
   }
 
@@ -238,7 +268,7 @@ class InProcessScheduler implements KVConnectorScheduler {
 
   sendKvChecksums(req: ConnectorRequest, payload: Uint8Array): void {
     const t = req.kvTransferParams?.transfer_id;
-    if (isStr(t)) inProcessBus.payloads.set(t, payload.slice());
+    if (isStr(t)) this.bus.payloads.set(t, payload.slice());
   }
 }
 
@@ -270,57 +300,57 @@ function forEachRowElement(shape: readonly number[], strides: readonly number[],
   }
 }
 
-class InProcessWorker implements KVConnectorWorker {
+class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> {
   private caches: WorkerKVCaches | null = null;
-  private meta: Meta | null = null;
+  private meta: InProcessMeta | null = null;
+  /** Producer: leases of finished requests not yet reported in finishedSending. */
+  private readonly leases = new Map<string, number>();
   private readonly done = new Set<string>();
   private readonly invalid = new Set<number>();
   private readonly payloads = new Map<string, Uint8Array>();
-  private readonly reported = new Set<string>();
   private readonly key: string;
 
-  constructor(private readonly ctx: WorkerContext) {
+  constructor(
+    private readonly bus: InProcessBus,
+    private readonly ctx: WorkerContext,
+  ) {
     this.key = `${ctx.ppRank}:${ctx.tpRank}`;
   }
 
   registerKvCaches(caches: WorkerKVCaches): void {
     this.caches = caches;
-    const e = inProcessBus.engine(this.ctx.engineId);
+    const e = this.bus.engine(this.ctx.engineId);
     e.tpSize = this.ctx.tpSize;
     e.ppSize = this.ctx.ppSize;
     e.workers.set(this.key, caches);
   }
 
-  bindConnectorMetadata(meta: unknown): void {
-    this.meta = (meta as Meta | null) ?? null;
+  bindConnectorMetadata(meta: InProcessMeta | null): void {
+    this.meta = meta ?? null;
+    for (const l of meta?.leases ?? []) this.leases.set(l.requestId, l.expiresAt);
   }
 
   startLoadKv(_output: SchedulerOutput): void {
     for (const load of this.meta?.loads ?? []) {
-      inProcessBus.defer(() => {
+      this.bus.defer(() => {
         try {
-          if (inProcessBus.failLoads) throw new Error('load failed (failLoads)');
+          if (this.bus.failLoads) throw new Error('load failed (failLoads)');
           this.copy(load);
         } catch {
           for (const g of load.localBlocks) for (const b of g) this.invalid.add(b);
         }
         if (load.transferId) {
-          const p = inProcessBus.payloads.get(load.transferId);
+          const p = this.bus.payloads.get(load.transferId);
           if (p) this.payloads.set(load.requestId, p);
         }
         this.done.add(load.requestId);
-        const r = inProcessBus.engine(load.remoteEngineId).reads.get(load.remoteRequestId);
-        if (r) {
-          r.readers.add(this.key);
-          r.world = this.ctx.tpSize * this.ctx.ppSize;
-          if (r.readers.size >= r.world) r.done = true;
-        }
+        this.bus.markRead(load.remoteEngineId, load.remoteRequestId, this.key, this.ctx.tpSize * this.ctx.ppSize);
       });
     }
   }
 
-  getTransferResults(): TransferResults {
-    const res: TransferResults = { finishedSending: new Set(), finishedRecving: new Set(this.done), invalidBlockIds: new Set(this.invalid), kvChecksums: new Map() };
+  getTransferResults(): TransferResults<never> {
+    const res: TransferResults<never> = { finishedSending: new Set(), finishedRecving: new Set(this.done), invalidBlockIds: new Set(this.invalid), kvChecksums: new Map() };
     for (const id of this.done) {
       const p = this.payloads.get(id);
       if (p) res.kvChecksums.set(id, p);
@@ -328,14 +358,12 @@ class InProcessWorker implements KVConnectorWorker {
     }
     this.done.clear();
     this.invalid.clear();
-    const e = inProcessBus.engines.get(this.ctx.engineId);
-    if (e) {
-      const now = Date.now();
-      for (const [id, r] of e.reads) {
-        if ((r.done || now > r.since) && !this.reported.has(id)) {
-          this.reported.add(id);
-          res.finishedSending.add(id);
-        }
+    const reads = this.bus.engines.get(this.ctx.engineId)?.reads;
+    const now = Date.now();
+    for (const [id, expiresAt] of this.leases) {
+      if (reads?.get(id)?.done || now > expiresAt) {
+        this.leases.delete(id);
+        res.finishedSending.add(id);
       }
     }
     return res;
@@ -346,9 +374,9 @@ class InProcessWorker implements KVConnectorWorker {
   }
 
   /** Copies the load's tokens (attention) and running states into this worker's caches. */
-  private copy(load: LoadSpec): void {
+  private copy(load: InProcessLoad): void {
     const mine = this.caches!;
-    const src = inProcessBus.engines.get(load.remoteEngineId);
+    const src = this.bus.engines.get(load.remoteEngineId);
     if (!src) throw new Error(`producer ${load.remoteEngineId} not on the bus`);
     // name -> tp rank -> (caches, view) over every producer worker.
     const byName = new Map<string, Map<number, { c: WorkerKVCaches; gi: number; view: AttentionCacheView | StateCacheView }>>();
@@ -397,10 +425,10 @@ class InProcessWorker implements KVConnectorWorker {
                 const partP = pv.parts[q];
                 const from = partAddress(partP, Bp, bp, hp, tok % Bp);
                 const bytes = p.c.regions[partP.region].slice(from, from + partP.bytes);
-                inProcessBus.faultHook?.({ ...ctxBase, token: tok, head: gh, part: q }, bytes);
+                this.bus.faultHook?.({ ...ctxBase, token: tok, head: gh, part: q }, bytes);
                 mine.regions[partD.region].set(bytes, partAddress(partD, Bd, bd, h, tok % Bd));
-                inProcessBus.copies++;
-                inProcessBus.bytes += bytes.byteLength;
+                this.bus.copies++;
+                this.bus.bytes += bytes.byteLength;
               });
             }
           }
@@ -439,11 +467,11 @@ class InProcessWorker implements KVConnectorWorker {
                 const row = new Uint8Array(dOffs.length * eb);
                 const pmem = p.c.regions[sp.region];
                 pOffs.forEach((o, e) => row.set(pmem.subarray(sp.offset + bp * sp.blockStride + o, sp.offset + bp * sp.blockStride + o + eb), e * eb));
-                inProcessBus.faultHook?.({ ...ctxBase, state: k, row: globalBase + gr }, row);
+                this.bus.faultHook?.({ ...ctxBase, state: k, row: globalBase + gr }, row);
                 const dmem = mine.regions[sd.region];
                 dOffs.forEach((o, e) => dmem.set(row.subarray(e * eb, (e + 1) * eb), sd.offset + bd * sd.blockStride + o));
-                inProcessBus.copies++;
-                inProcessBus.bytes += row.byteLength;
+                this.bus.copies++;
+                this.bus.bytes += row.byteLength;
               }
               offD += Ld;
               globalBase += (Ld * tpD) / Rd;
@@ -455,19 +483,39 @@ class InProcessWorker implements KVConnectorWorker {
   }
 }
 
-/** A factory of the connector registered as `name` (all names share {@link inProcessBus}). */
-export function createInProcessConnectorFactory(name: string = IN_PROCESS_CONNECTOR): KVConnectorFactory {
+/** Options of {@link createInProcessConnectorFactory}. */
+export interface InProcessConnectorOptions {
+  /** The bus the engines created from this factory meet on. */
+  bus: InProcessBus;
+  /** The registered name (default {@link IN_PROCESS_CONNECTOR}). */
+  name?: string;
+}
+
+/** A factory of the connector whose engines meet on `o.bus`, registered as `o.name`. */
+export function createInProcessConnectorFactory(o: InProcessConnectorOptions): InProcessConnectorFactory {
+  const { bus } = o;
   return {
-    name,
-    createScheduler: (config, ctx) => new InProcessScheduler(config, ctx),
-    createWorker: (_config, ctx) => new InProcessWorker(ctx),
+    name: o.name ?? IN_PROCESS_CONNECTOR,
+    createScheduler: (config, ctx) => new InProcessScheduler(bus, config, ctx),
+    createWorker: (_config, ctx) => new InProcessWorker(bus, ctx),
   };
 }
 
-/** The connector's factory (registered as {@link IN_PROCESS_CONNECTOR}). */
-export const inProcessConnectorFactory: KVConnectorFactory = createInProcessConnectorFactory();
+/**
+ * Registers the connector as `o.name` (default {@link IN_PROCESS_CONNECTOR}), over `o.bus`, in
+ * `registry`, unless the name is taken.
+ */
+export function registerInProcessConnector(registry: KVConnectorRegistry, o: InProcessConnectorOptions): void {
+  const name = o.name ?? IN_PROCESS_CONNECTOR;
+  if (!registry.has(name)) registry.register(createInProcessConnectorFactory({ ...o, name }));
+}
 
-/** Registers the connector as `name` (default {@link IN_PROCESS_CONNECTOR}) in `registry` (default: the core's default registry), once. */
-export function registerInProcessConnector(registry: KVConnectorRegistry = defaultRegistry, name: string = IN_PROCESS_CONNECTOR): void {
-  if (!registry.has(name)) registry.register(name === IN_PROCESS_CONNECTOR ? inProcessConnectorFactory : createInProcessConnectorFactory(name));
+/**
+ * A fresh registry (with the built-ins) holding the connector over `bus` (default: a new bus):
+ * give it to every engine of a test (`EngineOptions.registry`).
+ */
+export function inProcessRegistry(bus: InProcessBus = new InProcessBus(), name: string = IN_PROCESS_CONNECTOR): { registry: KVConnectorRegistry; bus: InProcessBus } {
+  const registry = new KVConnectorRegistry();
+  registerInProcessConnector(registry, { bus, name });
+  return { registry, bus };
 }

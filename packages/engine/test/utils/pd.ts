@@ -5,7 +5,7 @@
 import { KVChecksumObservability } from '@kvconnect/core';
 import { Engine, type EngineOptions } from '../../src/engine.js';
 import { PDProxy } from '../../src/proxy.js';
-import { IN_PROCESS_CONNECTOR, registerInProcessConnector } from '@kvconnect/engine/testing';
+import { IN_PROCESS_CONNECTOR, InProcessBus, inProcessRegistry } from '@kvconnect/engine/testing';
 
 let seq = 0;
 
@@ -26,6 +26,8 @@ export interface PDOptions {
   mode?: 'sequential' | 'concurrent';
   /** The consumer's checksum observability (default: a silent one). */
   consumerObservability?: KVChecksumObservability;
+  /** The bus the two engines meet on (default: a new one). */
+  bus?: InProcessBus;
 }
 
 /** A P/D pair: producer, consumer, proxy and the consumer's checksum observability. */
@@ -34,16 +36,18 @@ export interface PD {
   consumer: Engine;
   proxy: PDProxy;
   obs: KVChecksumObservability;
+  /** The pair's bus (fault hooks, pause/resume, failLoads). */
+  bus: InProcessBus;
   shutdown(): Promise<void>;
 }
 
-/** A producer and a consumer over `InProcessConnector`. */
+/** A producer and a consumer over `InProcessConnector`, on a bus and registry of their own. */
 export function makePD(o: PDOptions): PD {
-  registerInProcessConnector();
+  const { registry, bus } = inProcessRegistry(o.bus);
   const id = seq++;
   const checks = o.checksums ?? true;
   const obs = o.consumerObservability ?? new KVChecksumObservability({ level: 'silent' });
-  const base = { model: o.model, numBlocks: 256, maxNumBatchedTokens: 256 } as const;
+  const base = { model: o.model, numBlocks: 256, maxNumBatchedTokens: 256, registry } as const;
   const producer = new Engine({
     ...base,
     ...o.producer,
@@ -70,6 +74,7 @@ export function makePD(o: PDOptions): PD {
     consumer,
     proxy,
     obs,
+    bus,
     async shutdown() {
       await producer.shutdown();
       await consumer.shutdown();
