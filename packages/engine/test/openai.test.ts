@@ -223,6 +223,11 @@ describe('request validation of the OpenAI fields', () => {
     expect(ok.headers.get('x-request-id')).toBe('hdr-1');
     expect(ok.body.id).toBe('chatcmpl-hdr-1');
     expect(ok.body.choices[0].message.content).toBe(ref.text);
+    const named = await serve(single('dense-gqa'), { servedModelNames: ['my-model', 'alias'] });
+    const listed = (await (await fetch(`${named.url}/v1/models`)).json()) as { data: Array<{ id: string }> };
+    expect(listed.data.map((m) => m.id)).toEqual(['my-model', 'alias']);
+    expect((await postRaw(`${named.url}/v1/completions`, { prompt: 'x', max_tokens: 1, model: 'alias' })).body.model).toBe('alias');
+    expect((await postRaw(`${named.url}/v1/completions`, { prompt: 'x', max_tokens: 1, model: 'dense-gqa' })).status).toBe(404);
     const both = await postRaw(`${server.url}/v1/completions`, { prompt: 'x', max_tokens: 1, request_id: 'body-1' }, { 'x-request-id': 'hdr-2' });
     expect(both.body.kvconnect.request_id).toBe('body-1');
     expect(both.headers.get('x-request-id')).toBe('body-1');

@@ -371,6 +371,8 @@ describe('CLI parsing', () => {
     const lp = parseEngineArgs(['--preset', 'mla', '--long-prefill-token-threshold', '48']);
     expect(lp.help === false && engineOptionsOf(lp.config).longPrefillTokenThreshold).toBe(48);
     expect(() => parseEngineArgs(['--config-json', '{"preset":"mla","longPrefillTokenThreshold":-1}'])).toThrow(/longPrefillTokenThreshold/);
+    const named = parseEngineArgs(['--preset', 'mla', '--served-model-name', 'my-model', '--served-model-name', 'alias']);
+    expect(named.help === false && named.config.servedModelName).toEqual(['my-model', 'alias']);
     expect(() => parseEngineArgs([])).toThrow(/give a model/);
     expect(() => parseEngineArgs(['--preset', 'nope'])).toThrow(/preset: expected one of/);
     expect(() => parseEngineArgs(['--preset', 'mla', '--tp-size', 'x'])).toThrow(/--tp-size/);
