@@ -15,3 +15,4 @@ export * from './observability.js';
 export * from './checksum-report.js';
 export { KVChecksumWorker, type KVChecksumWorkerOptions } from './checksum-worker.js';
 export * from './checksum-scheduler.js';
+export * from './unusable-params.js';
