@@ -83,6 +83,23 @@ export class EmulatedDevice implements DeviceChecksumProvider {
   }
 
   /**
+   * Backs an existing device region (e.g. emulated device memory of another layer, at its own
+   * address) with `bytes` (kept by reference), so that contexts of this device read `bytes` there.
+   * @throws RangeError when the sizes differ, the region is on another device, or it overlaps an
+   *   allocation of this device.
+   */
+  adopt(region: DeviceMemoryRegion, bytes: Uint8Array): DeviceMemoryRegion {
+    if (region.device !== this.device) throw new RangeError(`emulated device ${this.device} cannot adopt a region of device ${region.device}`);
+    if (bytes.byteLength !== region.bytes) throw new RangeError(`adopt: ${bytes.byteLength} bytes for a ${region.bytes}-byte region`);
+    const end = region.address + BigInt(region.bytes);
+    if (this.allocations.some((a) => region.address < a.address + BigInt(a.bytes.byteLength) && a.address < end)) {
+      throw new RangeError(`adopt: [0x${region.address.toString(16)}, +${region.bytes}) overlaps an allocation of emulated device ${this.device}`);
+    }
+    this.allocations.push({ address: region.address, bytes });
+    return region;
+  }
+
+  /**
    * The host bytes behind `[address, address + bytes)`.
    * @throws RangeError when the range is not inside one allocation of this device.
    */

@@ -277,8 +277,9 @@ export class BlockChecksummer {
    * @param groups the rank's caches per group, in the engine's group order (run.group indexes it).
    * @param rank TP rank and size, and the role (producer: replica 0; consumer: every replica).
    * @param regions the memory the views' `region` indexes point into: all host or all device.
-   * @param backend `auto` (default), `ts`, `native` or a host backend object for host regions;
-   *   `cuda`, a device provider or a device context for device regions.
+   * @param backend `auto` (default: `cuda` for device regions, else native or ts), `ts`, `native`
+   *   or a host backend object for host regions; `cuda`, a device provider or a device context for
+   *   device regions.
    * @throws TypeError when regions and backend do not go together (host regions with a device
    *   backend, device regions with a host backend, host and device regions mixed, regions on
    *   several devices); Error when the `cuda` backend is not available (the reason).
@@ -291,6 +292,8 @@ export class BlockChecksummer {
     options: BlockChecksummerOptions = {},
   ) {
     this.stream = options.stream ?? 0n;
+    // `auto` on device memory: the cuda backend.
+    if (backend === 'auto' && regions.length > 0 && regions.every((r) => isDeviceRegion(r))) backend = 'cuda';
     const wantsDevice = backend === 'cuda' || backend === 'cuda-emulated' || isDeviceBackend(backend) || isDeviceProvider(backend);
     const nDevice = regions.filter((r) => isDeviceRegion(r)).length;
     if (nDevice > 0 && nDevice < regions.length) throw new TypeError(`KV regions must be all host memory or all device memory: ${nDevice} of ${regions.length} are device memory`);
