@@ -96,6 +96,8 @@ export interface EngineOptions {
    * see checksum-device.ts).
    */
   checksumBackend?: EngineChecksumBackend;
+  /** How long device sums in flight may take before a request goes on without them, ms (KVChecksumScheduler `inFlightTimeoutMs`). */
+  checksumInFlightTimeoutMs?: number;
   /** Events, metrics and logs of the KV checksums (default: a new one, log level `warn`). */
   observability?: KVChecksumObservability;
   /**
@@ -257,6 +259,7 @@ export class Engine {
           ppSize: this.ppSize,
           groupConfigs: this.groupConfigs,
           observability: this.observability!,
+          inFlightTimeoutMs: this.o.checksumInFlightTimeoutMs,
         });
       }
     }
