@@ -14,7 +14,9 @@
  */
 import { performance } from 'node:perf_hooks';
 import { cudaBindings, cudaSyncCallCount, cudaUnavailableReason, pagedAttentionBytes, pagedAttentionCache } from '@kvconnect/checksum';
-import { KVChecksumWorker } from '@kvconnect/core';
+// The worker's module itself (not the package index), so that a bare GPU machine needs no other
+// dependency of @kvconnect/core (prom-client, pino, ...).
+import { KVChecksumWorker } from '../../packages/core/dist/checksum-worker.js';
 
 const reason = cudaUnavailableReason();
 if (reason) {
