@@ -8,14 +8,11 @@
  * (`workers-missing`) after the deadline, never a hang. In-process connector (pd-checksums.test.ts
  * covers the same cases on host backends).
  */
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { EmulatedDevice } from '@kvconnect/checksum';
 import { KVChecksumWorker, type KVChecksumReport, type LoadEvent } from '@kvconnect/core';
 import type { Engine } from '@kvconnect/engine';
-import { inProcessBus } from '../../packages/engine/test/utils/in-process-connector.js';
 import { counter, makePD, single } from '../../packages/engine/test/utils/pd.js';
-
-afterEach(() => inProcessBus.reset());
 
 const PROMPT = 'The quick brown fox jumps over the lazy dog, twice.';
 const SAMPLING = { maxTokens: 8, ignoreEos: true };
@@ -113,7 +110,7 @@ describe('P/D with device checksums (emulated device, results steps later)', () 
     const events: LoadEvent[] = [];
     pd.obs.events.on('load-mismatch', (e) => events.push(e));
     let done = false;
-    inProcessBus.faultHook = (c, b) => {
+    pd.bus.faultHook = (c, b) => {
       if (!done && c.state === 1 && c.row === 3) {
         b[b.length - 1] ^= 0x40;
         done = true;

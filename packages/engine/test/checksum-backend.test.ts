@@ -18,32 +18,32 @@ import { Engine } from '../src/engine.js';
 import { ChecksumBackendMemoryError, checksumWorkerSetup } from '../src/checksum-device.js';
 import { parseEngineArgs } from '../src/server/main.js';
 import { LaunchError, launchEngineProcess } from '../src/server/launcher.js';
-import { IN_PROCESS_CONNECTOR, inProcessConnectorFactory, registerInProcessConnector } from '../src/testing/index.js';
+import { IN_PROCESS_CONNECTOR, InProcessBus, createInProcessConnectorFactory, inProcessRegistry } from '../src/testing/index.js';
 
 const ENGINE_DIR = fileURLToPath(new URL('..', import.meta.url));
 const TRANSFER = { kv_connector: IN_PROCESS_CONNECTOR, kv_role: 'kv_producer', enable_kv_checksum: true } as const;
 
 describe('checksum backend vs KV memory', () => {
   it('cuda on host KV: refused, naming the device KV it needs', () => {
-    registerInProcessConnector();
+    const { registry } = inProcessRegistry();
     let err: unknown;
     try {
-      new Engine({ preset: 'dense-gqa', numBlocks: 16, kvTransferConfig: TRANSFER, checksumBackend: 'cuda' });
+      new Engine({ preset: 'dense-gqa', numBlocks: 16, kvTransferConfig: TRANSFER, checksumBackend: 'cuda', registry });
     } catch (e) {
       err = e;
     }
     expect(err).toBeInstanceOf(ChecksumBackendMemoryError);
     expect((err as Error).message).toMatch(/cuda sums KV in GPU memory, but this engine keeps its KV cache in host memory.*--device cuda/);
     // Without checksums the backend is not used: no error.
-    expect(() => new Engine({ preset: 'dense-gqa', numBlocks: 16, kvTransferConfig: { ...TRANSFER, enable_kv_checksum: false }, checksumBackend: 'cuda' })).not.toThrow();
+    expect(() => new Engine({ preset: 'dense-gqa', numBlocks: 16, kvTransferConfig: { ...TRANSFER, enable_kv_checksum: false }, checksumBackend: 'cuda', registry })).not.toThrow();
   });
 
   it('cuda-emulated: the CLI takes it; the checksum worker gets device regions over the same bytes', async () => {
     const parsed = parseEngineArgs(['--preset', 'dense-gqa', '--checksum-backend', 'cuda-emulated']);
     expect(parsed.help ? null : parsed.config.checksumBackend).toBe('cuda-emulated');
     expect(() => parseEngineArgs(['--preset', 'dense-gqa', '--checksum-backend', 'gpu'])).toThrow(/cuda-emulated/);
-    registerInProcessConnector();
-    const e = new Engine({ preset: 'dense-gqa', numBlocks: 16, kvTransferConfig: TRANSFER, checksumBackend: 'cuda-emulated' });
+    const { registry } = inProcessRegistry();
+    const e = new Engine({ preset: 'dense-gqa', numBlocks: 16, kvTransferConfig: TRANSFER, checksumBackend: 'cuda-emulated', registry });
     await e.ready;
     const caches = e.workers[0][0].kvCaches();
     const dev = new EmulatedDevice();
@@ -61,7 +61,7 @@ describe('checksum backend vs KV memory', () => {
     const dev = new EmulatedDevice();
     const caches = { rank: { tpRank: 0, tpSize: 1 }, ppRank: 0, ppSize: 1, regions: [dev.expose(new Uint8Array(64))], groups: [], groupConfigs: [] };
     expect(() => hostRegions(caches, 'SomeConnector')).toThrow(DeviceMemoryUnsupportedError);
-    const w = inProcessConnectorFactory.createWorker({ ...TRANSFER, kv_checksum_fail_closed: false, kv_load_failure_policy: 'recompute', kv_connector_extra_config: {} }, { engineId: 'dev-guard', tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 });
+    const w = createInProcessConnectorFactory({ bus: new InProcessBus() }).createWorker({ ...TRANSFER, kv_checksum_fail_closed: false, kv_load_failure_policy: 'recompute', kv_connector_extra_config: {} }, { engineId: 'dev-guard', tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 });
     expect(() => w.registerKvCaches(caches)).toThrow(/InProcessConnector moves host memory only, but KV region 0 of this worker is device memory/);
   });
 });
