@@ -5,10 +5,11 @@
  * connectors register (the emulated device reads the emulated device memory at those addresses),
  * every load verifies and the outputs equal a single host instance; a consumer device that never
  * completes makes the load unverified after the deadline and fail-closed recomputes. The `cuda`
- * checksum backend on emulated device memory is refused at construction.
+ * checksum backend on emulated device memory is refused at construction. On a GPU (skipped with
+ * its reason elsewhere): `device: 'cuda'` on both sides, the checksum backend `auto` (= `cuda`).
  */
 import { describe, expect, it } from 'vitest';
-import { EmulatedDevice, isDeviceRegion, type DeviceMemoryRegion } from '@kvconnect/checksum';
+import { cudaSyncCallCount, cudaUnavailableReason, EmulatedDevice, isDeviceRegion, type DeviceMemoryRegion } from '@kvconnect/checksum';
 import { ChecksumBackendMemoryError, checksumWorkerSetup, Engine } from '@kvconnect/engine';
 import type { LoadEvent } from '@kvconnect/core';
 import { checksumCounter, makeNixlPD, single } from './utils.js';
@@ -84,6 +85,27 @@ describe('device KV with device checksums (emulated), over NIXL', () => {
       const r = await pd.proxy.generate(PROMPT, S);
       expect(r.tokenIds).toEqual(ref.tokenIds);
       expect(events.map((ev) => [ev.verdict.unverified, ev.action])).toEqual([[[{ groupId: null, reason: 'workers-missing' }], 'recompute']]);
+    } finally {
+      await pd.shutdown();
+    }
+  });
+});
+
+const gpuReason = cudaUnavailableReason();
+if (gpuReason) console.log(`GPU P/D device checksum test skipped: ${gpuReason}`);
+
+describe.skipIf(gpuReason !== null)('device KV in GPU memory with the cuda checksum backend (GPU only)', () => {
+  it('pull, producer TP2 -> consumer TP1, --device cuda both sides: verified, equal to a single instance, no synchronizing checksum call per step', async () => {
+    const ref = await single('dense-gqa').generate(PROMPT, S);
+    const pd = await makeNixlPD({ mode: 'pull', model: 'dense-gqa', producer: { tpSize: 2, device: 'cuda' }, consumer: { device: 'cuda' }, policy: 'fail' });
+    try {
+      await pd.proxy.generate(PROMPT, S); // warm-up request (contexts, staging)
+      const before = cudaSyncCallCount()!;
+      const r = await pd.proxy.generate(PROMPT, S);
+      expect(r.error).toBeUndefined();
+      expect(r.tokenIds).toEqual(ref.tokenIds);
+      expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(2);
+      expect(cudaSyncCallCount()! - before).toBe(0);
     } finally {
       await pd.shutdown();
     }
