@@ -6,12 +6,18 @@
  * never decodes before it; a flipped bit is still a mismatch (fail-closed recompute gives the single
  * instance's output); a device that never completes makes the load unverified
  * (`workers-missing`) after the deadline, never a hang. In-process connector (pd-checksums.test.ts
- * covers the same cases on host backends).
+ * covers the same cases on host backends), and over Mooncake with the workers in worker processes
+ * (the reports' `inFlight` crosses processes).
  */
-import { describe, expect, it } from 'vitest';
+import { spawnSync } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { EmulatedDevice } from '@kvconnect/checksum';
-import { KVChecksumWorker, type KVChecksumReport, type LoadEvent } from '@kvconnect/core';
-import type { Engine } from '@kvconnect/engine';
+import { KVChecksumObservability, KVChecksumWorker, type KVChecksumReport, type LoadEvent } from '@kvconnect/core';
+import { Engine, PDProxy } from '@kvconnect/engine';
+import { MOONCAKE_CONNECTOR, bootstrapAddressOf } from '@kvconnect/mooncake';
 import { counter, makePD, single } from '../../packages/engine/test/utils/pd.js';
 
 const PROMPT = 'The quick brown fox jumps over the lazy dog, twice.';
@@ -156,4 +162,43 @@ describe('device sums that never arrive: deadlines, never a hang', () => {
     expect(await counter(pd.producer.observability!, 'payloadsNotSent', { reason: 'workers-missing' })).toBe(1);
     await pd.shutdown();
   });
+});
+
+describe('device checksums with worker processes (Mooncake, cuda-emulated by name)', () => {
+  const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+  beforeAll(() => {
+    const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin/tsc');
+    const r = spawnSync(process.execPath, [tsc, '--build', join(ROOT, 'packages/engine'), join(ROOT, 'packages/mooncake')], { encoding: 'utf8', timeout: 170_000 });
+    if (r.status !== 0) throw new Error(`tsc --build failed:\n${`${r.stdout}${r.stderr}`.slice(-4000)}`);
+  }, 180_000);
+
+  it('producer TP2 and consumer TP1 in worker processes: every load verified, equal to a single instance', async () => {
+    const ref = await single('dense-gqa').generate(PROMPT, SAMPLING);
+    const workers = { executor: 'processes', workerImports: [join(ROOT, 'packages/mooncake/dist/index.js')], checksumBackend: 'cuda-emulated' } as const;
+    const extra = { bootstrap_port: 0, abort_timeout_ms: 10_000, transfer_timeout_ms: 15_000 };
+    const id = `devck-mp-${process.pid}`;
+    const obs = new KVChecksumObservability({ level: 'silent' });
+    const producer = new Engine({ model: 'dense-gqa', tpSize: 2, ...workers, engineId: `${id}-p`, observability: new KVChecksumObservability({ level: 'silent' }), kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_producer', enable_kv_checksum: true, kv_connector_extra_config: extra } });
+    let consumer: Engine | null = null;
+    try {
+      await producer.ready;
+      consumer = new Engine({
+        model: 'dense-gqa',
+        ...workers,
+        engineId: `${id}-d`,
+        observability: obs,
+        kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail', kv_connector_extra_config: { ...extra, remote_bootstrap_addr: await bootstrapAddressOf(`${id}-p`) } },
+      });
+      await consumer.ready;
+      expect(producer.workerPids.flat()).toHaveLength(2);
+      const proxy = new PDProxy({ prefill: producer, decode: consumer, mode: 'concurrent' });
+      const r = await proxy.generate(PROMPT, SAMPLING);
+      expect(r.error).toBeUndefined();
+      expect(r.tokenIds).toEqual(ref.tokenIds);
+      expect(await counter(obs, 'loads', { verdict: 'verified' })).toBe(1);
+    } finally {
+      await consumer?.shutdown();
+      await producer.shutdown();
+    }
+  }, 60_000);
 });
