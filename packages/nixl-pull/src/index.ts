@@ -25,6 +25,9 @@ import { NixlScheduler, NixlWorkerBase, decodeNotif, encodeNotif, planTransfer, 
 /** The registered connector name. */
 export const NIXL_CONNECTOR = 'NixlConnector';
 
+/** Read-done notifs a producer worker keeps for its next step's worker metadata, at most. */
+export const MAX_READ_DONE_PER_STEP = 16_384;
+
 /** Scheduler half of {@link NIXL_CONNECTOR} (carrier `kv_transfer_params`). */
 export class NixlPullScheduler extends NixlScheduler {
   constructor(config: KVTransferConfig, ctx: SchedulerContext) {
@@ -90,6 +93,8 @@ export class NixlPullWorker extends NixlWorkerBase {
       const n = decodeNotif(bytes);
       // The scheduler half's lease table counts the readers (updateConnectorOutput).
       if (n.payload !== null || !this.isProducer) this.metrics.failedNotifs.inc({ mode: 'pull' });
+      // Bounded between two steps: a flood of notifs while the engine is idle is dropped and counted.
+      else if (this.readDone.length >= MAX_READ_DONE_PER_STEP) this.metrics.failedNotifs.inc({ mode: 'pull' });
       else this.readDone.push([n.remoteRequestId, sender, n.size]);
     } catch {
       this.metrics.failedNotifs.inc({ mode: 'pull' });
