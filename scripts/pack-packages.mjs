@@ -3,6 +3,9 @@
 //   node scripts/pack-packages.mjs DEST [@kvconnect/name ...]
 // (default: every workspace package). Build first (npm run build): the tarballs hold dist/.
 // Prints one line per tarball; the tarball names are kvconnect-<name>-<version>.tgz.
+// `npm run pack:all` (root package.json) builds, then packs every package into packs/ (gitignored);
+// the READMEs install from there (`npm install /path/to/kvconnect/packs/*.tgz`), and
+// tests/packaging/custom-connector.test.ts installs the same tarballs in a project outside the repo.
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, readdirSync, existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';

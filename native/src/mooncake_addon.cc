@@ -12,7 +12,7 @@
  * blocks the event loop, and the event loop is kept alive only while commands or reported
  * transfers are outstanding.
  *
- * Quirks handled (research notes, sections B and G):
+ * Quirks handled (docs/backends.md M4-M6):
  *  - a notify attached to a batch is sent only when the sender's own getTransferStatus sees the
  *    whole batch COMPLETED: every batch is polled to a final state, also after JS stopped caring
  *    about it (timeout, release);

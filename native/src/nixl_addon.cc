@@ -3,8 +3,8 @@
  * @brief `exports.transfer`: NIXL's C API (`libnixl_capi.so`) loaded at run time with dlopen,
  *        behind an asynchronous agent object, plus `addressOf` for registering JS memory.
  *
- * Threading. NIXL agents are created with thread sync NONE and no progress thread (section F
- * of the research notes: the progress thread spins with a zero delay and standalone notifs
+ * Threading. NIXL agents are created with thread sync NONE and no progress thread
+ * (docs/backends.md N1, N2: the progress thread spins with a zero delay and standalone notifs
  * were lost with it on), so every NIXL call of an agent happens on one native thread owned by
  * that agent. JS methods enqueue a command and get a promise; the thread runs commands in
  * order, then drives progress by polling `get_xfer_status` for posted transfers and
@@ -13,7 +13,7 @@
  * thread-safe function; nothing blocks the event loop, and the event loop is kept alive only
  * while commands or transfers are outstanding.
  *
- * Quirks handled (research notes, section F): post may return IN_PROG or SUCCESS; a request is
+ * Quirks handled (docs/backends.md N3-N6): post may return IN_PROG or SUCCESS; a request is
  * released before it is destroyed; the notif map is cleared after every poll; blobs and names
  * from the library are malloc'd and freed here; shared-memory UCX transports need
  * `ucx_error_handling_mode=none` (the TS side passes backend parameters through).

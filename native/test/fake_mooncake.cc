@@ -6,7 +6,7 @@
  *
  * Engines of one process share a static table keyed by segment name, so a READ or WRITE really
  * copies bytes between the registered memory of two engines and notifies land in the target's
- * queue. Behaviour copied from the real library (research notes, sections B and G):
+ * queue. Behaviour copied from the real library (docs/backends.md, Mooncake):
  *  - only `P2PHANDSHAKE` metadata is accepted (anything else: createTransferEngine returns NULL);
  *    the segment name is `<local_server_name host>:<port>` with a made-up port, read back with
  *    getLocalIpAndPort; rpc_port and ip_or_host_name are ignored;

@@ -6,7 +6,7 @@
  *
  * Agents of one process share a static table: a READ or WRITE really copies bytes between the
  * registered memory of two agents, and a transfer's notif lands in the target's queue after the
- * copy. Behaviour copied from the real library (research notes, section F):
+ * copy. Behaviour copied from the real library (docs/backends.md, NIXL):
  *  - errors are collapsed to NIXL_CAPI_ERROR_BACKEND (-2) like the real C API;
  *  - post returns SUCCESS (copied inline) for every other post and IN_PROG otherwise, so both
  *    paths are exercised; an IN_PROG transfer completes on a later get_xfer_status;

@@ -156,7 +156,8 @@ describe('responses', () => {
     try {
       const got = await pd.proxy.generate(PROMPT, S);
       expect(got.finishReason).toBe('error');
-      expect(got.error).toMatch(/invalid blocks/);
+      // The cause reaches the request's error: the producer's error response, not "invalid blocks".
+      expect(got.error).toMatch(/failed in transit \(producer-error: producer tcp:\/\/127\.0\.0\.1:\d+: .*dtype float32 on the consumer, bfloat16 on the producer\)/);
     } finally {
       await pd.shutdown();
     }

@@ -18,11 +18,10 @@ const FAKE = fileURLToPath(new URL('../../native/build/test/libfake_transfer_eng
 const native = createRequire(import.meta.url)('@kvconnect/native') as { addon: { mooncake?: unknown } | null };
 const useReal = !!process.env.MOONCAKE_PREFIX && !process.env.MOONCAKE_LIBRARY;
 const missing = useReal ? null : !native.addon?.mooncake ? 'the native addon has no Mooncake bindings (cd native && node scripts/install.cjs)' : !existsSync(FAKE) ? `${FAKE} is not built` : null;
-if (missing) console.warn(`[mooncake] backend 'mooncake' P/D tests skipped: ${missing}`);
 
 const S = { maxTokens: 6, ignoreEos: true };
 
-describe.skipIf(!!missing)(`MooncakeConnector P/D over the Mooncake Transfer Engine (${useReal ? 'real library' : 'fake library'})`, () => {
+describe.skipIf(!!missing)(`MooncakeConnector P/D over the Mooncake Transfer Engine (${useReal ? 'real library' : 'fake library'})${missing ? ` (skipped: ${missing})` : ''}`, () => {
   const saved = process.env.MOONCAKE_LIBRARY;
   beforeAll(() => {
     if (!useReal) process.env.MOONCAKE_LIBRARY = FAKE;

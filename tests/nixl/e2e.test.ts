@@ -55,8 +55,9 @@ describe(`backend nixl (through the addon, over ${REAL_NIXL ? `real NIXL at ${pr
   const FAKE = fileURLToPath(new URL('../../native/build/test/libfake_nixl_capi.so', import.meta.url));
   const native = createRequire(import.meta.url)('@kvconnect/native') as { addon: { transfer?: unknown } | null };
   const missing = !native.addon?.transfer || (!REAL_NIXL && !existsSync(FAKE));
+  const skipNote = !missing ? '' : !native.addon?.transfer ? ' (skipped: the native addon has no transfer bindings)' : ` (skipped: ${FAKE} is not built)`;
   for (const mode of ['pull', 'push'] as const) {
-    it.skipIf(missing)(`${mode} dense-gqa TP2 -> TP1 verifies and equals a single instance`, async () => {
+    it.skipIf(missing)(`${mode} dense-gqa TP2 -> TP1 verifies and equals a single instance${skipNote}`, async () => {
       const ref = await single('dense-gqa').generate(PROMPT, S);
       const extra = REAL_NIXL ? { backend: 'nixl' } : { backend: 'nixl', nixl_library: FAKE };
       const pd = await makeNixlPD({ mode, model: 'dense-gqa', producer: { tpSize: 2 }, policy: 'fail', producerExtra: extra, consumerExtra: extra });

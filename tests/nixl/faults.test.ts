@@ -76,6 +76,10 @@ describe('lease expiry (F02)', () => {
       expect(pd.consumer.stats.loadsUsed).toBe(0);
       expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers, { reason: 'lease-expired' })).toBe(1);
       expect(await metricValue(pd.producerMetrics, NIXL_METRIC_NAMES.expiredLeases)).toBe(1);
+      // Named truthfully: a failed transfer with its cause, never a checksum mismatch.
+      expect(await checksumCounter(pd.obs, 'loads', { verdict: 'transfer-failed' })).toBe(1);
+      expect(await checksumCounter(pd.obs, 'transferFailed', { reason: 'lease-expired' })).toBe(1);
+      expect(await checksumCounter(pd.obs, 'loads', { verdict: 'mismatch' })).toBe(0);
       // Nothing was read.
       expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.bytes)).toBe(0);
     } finally {
@@ -138,6 +142,8 @@ describe('push notifs', () => {
         expect(pd.consumer.stats.loadsUsed).toBe(0);
         const reason = name.startsWith('missing') ? 'timeout' : name.startsWith('unexpected') ? 'unexpected-notif' : 'malformed-notif';
         expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers, { reason })).toBe(1);
+        expect(await checksumCounter(pd.obs, 'transferFailed', { reason })).toBe(1);
+        expect(await checksumCounter(pd.obs, 'loads', { verdict: 'mismatch' })).toBe(0);
       } finally {
         await pd.shutdown();
       }

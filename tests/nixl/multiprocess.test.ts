@@ -6,7 +6,8 @@
  * KV checksums. The output equals a single in-process engine's, for TP1 -> TP1 and TP2 -> TP1 with
  * the workers in the engine processes, and for pull TP2 -> TP1 and push TP1 -> TP2 with the
  * consumer's workers in worker processes, and with the workers of both in worker processes (TP1 -> TP1,
- * TP2 -> TP1, TP1 -> TP2, a PP2 producer).
+ * TP2 -> TP1, TP1 -> TP2, a PP2 producer). A consumer given another request's `kv_transfer_params`
+ * (payload version 2, SPEC 8.0) never verifies.
  *
  * The bins run `dist/`; `beforeAll` brings it up to date with `tsc --build`.
  */
@@ -100,4 +101,35 @@ describe('NIXL across processes (producer, consumer, proxy)', () => {
       if (mode === 'pull') expect((await (await fetch(`${d.url}/metrics`)).text()).match(/^kvconnect_nixl_transfers_total\{mode="pull",op="READ"\} (\d+)$/m)?.[1]).toBe(String(Math.max(tp, dtp) * pp));
     });
   }
+
+  it('pull: a consumer given another request\'s kv_transfer_params (its blocks intact) never verifies: wrong request, recompute', async () => {
+    const base = { preset: 'dense-gqa' as const, numBlocks: 128, imports: [PULL] };
+    const [p, d] = await Promise.all([
+      launchEngineProcess({ config: { ...base, engineId: 'mp-wrong-p', kvTransferConfig: { kv_connector: 'NixlConnector', kv_role: 'kv_producer', enable_kv_checksum: true } } }).then(track),
+      launchEngineProcess({
+        config: {
+          ...base,
+          engineId: 'mp-wrong-d',
+          kvTransferConfig: { kv_connector: 'NixlConnector', kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'recompute' },
+        },
+      }).then(track),
+    ]);
+    const post = async (url: string, body: unknown) => {
+      const res = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      return { status: res.status, body: (await res.json()) as Record<string, any> }; // eslint-disable-line @typescript-eslint/no-explicit-any
+    };
+    // Request A prefills on the producer; request B (same length, one character apart) gets A's params.
+    const promptB = PROMPT.replace('TCP', 'TCQ');
+    expect(promptB).not.toBe(PROMPT);
+    const a = await post(p.url, { prompt: PROMPT, max_tokens: 1, kv_transfer_params: { do_remote_decode: true } });
+    expect(a.status).toBe(200);
+    const b = await post(d.url, { prompt: promptB, max_tokens: MAX, ignore_eos: true, kv_transfer_params: { ...a.body.kv_transfer_params, do_remote_prefill: true } });
+    expect(b.status).toBe(200);
+    expect(b.body.kvconnect.load).toMatchObject({ verdict: 'mismatch', action: 'recompute', wrong_request: true, identity: 'checked' });
+    const want = await new Engine({ preset: 'dense-gqa', engineId: 'mp-ref-wrong' }).generate(promptB, { maxTokens: MAX, ignoreEos: true });
+    expect(b.body.choices[0].token_ids).toEqual(want.tokenIds);
+    expect(await metric(d.url, 'kvconnect_kv_checksum_wrong_request_total 1')).toBe(true);
+    expect(await metric(d.url, 'kvconnect_kv_checksum_loads_total{verdict="mismatch"} 1')).toBe(true);
+    expect(await metric(d.url, 'kvconnect_kv_checksum_loads_total{verdict="verified"}')).toBe(false);
+  });
 });

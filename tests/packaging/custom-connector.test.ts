@@ -3,7 +3,10 @@
  * points at (exports, types, bins, README), and `examples/custom-connector` (an npm project of its
  * own, outside the workspaces) installs the packed tarballs of @kvconnect/native, checksum, core
  * and engine in a folder outside the monorepo, registers its own connector by name and runs P/D
- * with KV checksums (`node index.js` prints `verified: ...`).
+ * with KV checksums (`node index.js` prints `verified: ...`). The same install (every package's
+ * tarball, as the READMEs say: `npm install /path/to/kvconnect/packs/*.tgz`) then runs the README's
+ * `.mjs` snippet and typechecks a consumer importing every package entry under
+ * `moduleResolution: node16` and `bundler` (node10 is not supported: TypeScript 7 removed it).
  *
  * Needs npm and the registry or a warm npm cache (`--prefer-offline`) for the third-party
  * dependencies. @kvconnect/native builds its addon in its install script (cmake-js, ~10-20 s);
@@ -11,7 +14,7 @@
  * KVCONNECT_REQUIRE_NATIVE=1, as in CI, which makes the install fail).
  */
 import { spawnSync } from 'node:child_process';
-import { cpSync, existsSync, lstatSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -23,7 +26,7 @@ const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const EXAMPLE = join(ROOT, 'examples/custom-connector');
 /** Every package published from the monorepo (the harness is checked once it is finished). */
 const PUBLISHED = ['native', 'checksum', 'core', 'engine', 'transfer', 'nixl-common', 'nixl-pull', 'nixl-push', 'mooncake', 'harness'].map((n) => `@kvconnect/${n}`);
-const EXAMPLE_DEPS = ['@kvconnect/native', '@kvconnect/checksum', '@kvconnect/core', '@kvconnect/engine'];
+const EXAMPLE_DEPS = ['@kvconnect/native', '@kvconnect/checksum', '@kvconnect/core', '@kvconnect/engine', '@kvconnect/transfer'];
 
 
 let tmp = '';
@@ -37,6 +40,13 @@ function cleanEnv(): NodeJS.ProcessEnv {
 }
 
 /** Every file path an `exports` / `types` / `main` / `bin` field names (conditions included). */
+/** The first ```js block of a README that imports `pkg`. */
+function readmeSnippet(md: string, pkg: string): string {
+  const block = [...md.matchAll(/^```js\n([\s\S]*?)^```$/gm)].map((m) => m[1]).find((b) => b.includes(`from '${pkg}'`));
+  if (!block) throw new Error(`README has no \`\`\`js block importing ${pkg}`);
+  return block;
+}
+
 function manifestTargets(pkg: Record<string, unknown>): string[] {
   const out: string[] = [];
   const walk = (x: unknown): void => {
@@ -59,9 +69,10 @@ beforeAll(() => {
   tmp = mkdtempSync(join(realpathSync(tmpdir()), 'kvconnect-pack-'));
 }, 180_000);
 
+// Removing the install (every package, the addon's build folder) takes a while on a loaded machine.
 afterAll(() => {
   if (tmp && !process.env.KVCONNECT_KEEP_PACK_TMP) rmSync(tmp, { recursive: true, force: true });
-});
+}, 120_000);
 
 describe('npm packages', () => {
   it('every package packs with the files its manifest names, a README and a license', () => {
@@ -74,6 +85,10 @@ describe('npm packages', () => {
       const missing = manifestTargets(pkg).filter((t) => !files.has(t));
       expect({ name: p.name, missing }).toEqual({ name: p.name, missing: [] });
       expect(files.has('README.md'), `${p.name} ships README.md`).toBe(true);
+      // Not on the registry: the README installs from the tarballs of `npm run pack:all`.
+      const readme = readFileSync(join(ROOT, dir, 'README.md'), 'utf8');
+      expect(readme, `${p.name} README`).not.toMatch(/npm (install|i) +@kvconnect\//);
+      expect(readme, `${p.name} README`).toContain('npm install /path/to/kvconnect/packs/*.tgz');
       expect([...files].some((f) => f.endsWith('.tsbuildinfo')), `${p.name} ships no .tsbuildinfo`).toBe(false);
       expect(pkg).toMatchObject({ version: '0.1.0', license: 'Apache-2.0', engines: { node: '>=20.19' } });
       expect(typeof pkg.description).toBe('string');
@@ -82,23 +97,39 @@ describe('npm packages', () => {
     }
   });
 
+  it('the root allowScripts covers every install script of the workspace install (npm ci warns of none)', () => {
+    // Workspace packages (@kvconnect/native's addon build) are the project's own and always run;
+    // third-party install scripts need an entry (`npm ci` warns of those without one).
+    const r = spawnSync('npm', ['install-scripts', 'ls'], { cwd: ROOT, env: cleanEnv(), encoding: 'utf8', timeout: 60_000 });
+    expect(r.status, `${r.stdout}${r.stderr}`).toBe(0);
+    expect(r.stdout).toMatch(/^No packages with unreviewed install scripts\./m);
+  });
+
   it('examples/custom-connector installs the packed tarballs outside the monorepo and verifies P/D through its own connector', () => {
     const t0 = Date.now();
     const packs = join(tmp, 'packs');
-    const packed = packPackages(packs, EXAMPLE_DEPS);
+    const packed = packPackages(packs, PUBLISHED);
     const tarball = new Map(packed.map((p) => [p.name, `file:${join(packs, p.filename)}`]));
     const app = join(tmp, 'app');
     for (const f of ['package.json', 'index.js', 'loopback-connector.js', 'README.md']) cpSync(join(EXAMPLE, f), join(app, f));
     const pkg = JSON.parse(readFileSync(join(app, 'package.json'), 'utf8')) as { dependencies: Record<string, string>; allowScripts?: Record<string, boolean> };
     expect(Object.keys(pkg.dependencies).sort()).toEqual([...EXAMPLE_DEPS].sort());
-    for (const name of Object.keys(pkg.dependencies)) pkg.dependencies[name] = tarball.get(name)!;
-    pkg.allowScripts = { [tarball.get('@kvconnect/native')!]: true };
+    // Every package, as the READMEs install them (npm install packs/*.tgz).
+    for (const name of PUBLISHED) pkg.dependencies[name] = tarball.get(name)!;
+    // npm 11 matches a tarball's allowScripts key only by its absolute `file:` path (what
+    // `npm install-scripts approve @kvconnect/native` writes); a relative `file:packs/...` is not matched.
+    // The third-party entries as in the root package.json (zeromq and msgpackr-extract ship prebuilt binaries).
+    const rootPolicy = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { allowScripts: Record<string, boolean> }).allowScripts;
+    pkg.allowScripts = { ...rootPolicy, [tarball.get('@kvconnect/native')!]: true };
     writeFileSync(join(app, 'package.json'), `${JSON.stringify(pkg, null, 2)}\n`);
     const tPack = Date.now() - t0;
 
-    const install = spawnSync('npm', ['install', '--no-audit', '--no-fund', '--prefer-offline'], { cwd: app, env: cleanEnv(), encoding: 'utf8', timeout: 150_000 });
-    expect(install.status, `npm install failed:\n${install.stdout}\n${install.stderr}`.slice(-6000)).toBe(0);
+    // Every package plus the addon build: 2-3 min on a loaded 2-core machine.
+    const install = spawnSync('npm', ['install', '--no-audit', '--no-fund', '--prefer-offline'], { cwd: app, env: cleanEnv(), encoding: 'utf8', timeout: 360_000 });
+    expect(install.status, `npm install failed${install.error ? ` (${install.error.message})` : ''}:\n${install.stdout}\n${install.stderr}`.slice(-6000)).toBe(0);
     const tInstall = Date.now() - t0 - tPack;
+    const uncovered = `${install.stdout}${install.stderr}`.split('\n').filter((l) => l.includes('install-scripts'));
+    expect(uncovered, 'npm warns of install scripts allowScripts does not cover').toEqual([]);
     // Real copies from the tarballs, not links into the monorepo, each with what its exports name.
     for (const name of EXAMPLE_DEPS) {
       const dir = join(app, 'node_modules', name);
@@ -114,5 +145,30 @@ describe('npm packages', () => {
     expect(run.stdout).toMatch(/^verified: 3\/3 P\/D loads through LoopbackConnector verified by KV checksums, 1\/1 corrupted load caught and recomputed/m);
     if (process.env.KVCONNECT_REQUIRE_NATIVE === '1') expect(run.stdout).toMatch(/^checksum backend: native/m);
     console.log(`custom-connector example: pack ${tPack} ms, npm install ${tInstall} ms, run ${Date.now() - t0 - tPack - tInstall} ms`);
-  }, 240_000);
+
+    // The README's checksum snippet, as the .mjs file it says to save (Node 20 runs no TypeScript).
+    const snippet = readmeSnippet(readFileSync(join(ROOT, 'README.md'), 'utf8'), '@kvconnect/checksum');
+    writeFileSync(join(app, 'readme-snippet.mjs'), snippet);
+    const sn = spawnSync(process.execPath, ['readme-snippet.mjs'], { cwd: app, env: cleanEnv(), encoding: 'utf8', timeout: 60_000 });
+    expect(sn.status, `README snippet:\n${sn.stdout}\n${sn.stderr}`).toBe(0);
+    expect(sn.stdout).toMatch(/^block values of TP rank 0: 3 blocks/m);
+
+    // A TypeScript consumer importing every entry of every package, under each supported resolution.
+    const entries = PUBLISHED.flatMap((name) => {
+      const manifest = JSON.parse(readFileSync(join(app, 'node_modules', name, 'package.json'), 'utf8')) as { exports: Record<string, unknown> };
+      return Object.keys(manifest.exports).filter((k) => k !== './package.json').map((k) => (k === '.' ? name : `${name}/${k.slice(2)}`));
+    });
+    expect(entries).toContain('@kvconnect/engine/testing');
+    const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin/tsc');
+    for (const [resolution, module] of [['node16', 'node16'], ['bundler', 'esnext']] as const) {
+      const dir = join(app, `types-${resolution}`);
+      mkdirSync(dir);
+      writeFileSync(join(dir, 'package.json'), '{ "type": "module" }\n');
+      writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions: { module, moduleResolution: resolution, target: 'es2022', strict: true, noEmit: true, skipLibCheck: true, types: [] }, files: ['index.ts'] }));
+      // `import *` of an entry TypeScript cannot resolve, or resolves to JS without types, is an error (TS2307 / TS7016).
+      writeFileSync(join(dir, 'index.ts'), `${entries.map((e, i) => `import * as m${i} from '${e}';`).join('\n')}\nexport const all: object[] = [${entries.map((_, i) => `m${i}`).join(', ')}];\n`);
+      const r = spawnSync(process.execPath, [tsc, '-p', dir], { cwd: dir, env: cleanEnv(), encoding: 'utf8', timeout: 120_000 });
+      expect(r.status, `tsc moduleResolution ${resolution}:\n${r.stdout}${r.stderr}`).toBe(0);
+    }
+  }, 540_000);
 });

@@ -2,8 +2,9 @@
  * `kvconnect-checksum`: the checksum package's command line.
  * - `verify-vectors FILE`: runs a vectors file through every available backend; one line per
  *   case, a last line `N passed, N failed`; exit 1 on any failure.
- * - `decode-payload DATA`: decodes a payload given as hex or base64 (SPEC 6) and prints it as JSON
- *   (uint64 as decimal strings); a bad payload prints `PayloadError: reason` and exits 1.
+ * - `decode-payload DATA`: decodes a payload (version 1 or 2) given as hex or base64 (SPEC 6, 6.1)
+ *   and prints it as JSON (`version`, `tokenDigest` for version 2; uint64 as decimal strings); a
+ *   bad payload prints `PayloadError: reason` and exits 1.
  * @module
  */
 import { readFileSync } from 'node:fs';
@@ -32,17 +33,37 @@ export function decodePayloadText(data: string): ChecksumPayload {
   return decodePayloadBase64(s);
 }
 
-/** JSON text of a payload with uint64 as decimal strings. */
+/** JSON text of a decoded payload with uint64 as decimal strings (`tokenDigest` for version 2 only). */
 function payloadJson(p: ChecksumPayload): string {
   return JSON.stringify(
-    { numTokens: p.numTokens, producerTpSize: p.producerTpSize, groups: p.groups.map((g) => ({ ...g, fingerprint: g.fingerprint.toString(), values: Array.from(g.values, String) })) },
+    {
+      version: p.version,
+      numTokens: p.numTokens,
+      producerTpSize: p.producerTpSize,
+      ...(p.tokenDigest !== undefined ? { tokenDigest: p.tokenDigest.toString() } : {}),
+      groups: p.groups.map((g) => ({ ...g, fingerprint: g.fingerprint.toString(), values: Array.from(g.values, String) })),
+    },
     null,
     2,
   );
 }
 
 /** Sections a vectors file may hold (../shared/vectors/README.md). */
-const VECTOR_SECTIONS = ['attention', 'state', 'stateLocal', 'fingerprint', 'payload', 'payloadAccepts', 'payloadRejects', 'verification'];
+const VECTOR_SECTIONS = [
+  'attention',
+  'state',
+  'stateLocal',
+  'fingerprint',
+  'payload',
+  'payloadAccepts',
+  'payloadRejects',
+  'verification',
+  // identity-v2.json (SPEC 6.1, 8.0)
+  'tokenDigest',
+  'payloadV2',
+  'payloadV2Rejects',
+  'verificationV2',
+];
 
 /** Reads a vectors file. @throws Error naming the problem (unreadable, not JSON, no known section). */
 function readVectors(file: string): unknown {
@@ -60,7 +81,7 @@ function readVectors(file: string): unknown {
 export async function main(argv: string[], out: (s: string) => void = (s) => process.stdout.write(s + '\n'), err: (s: string) => void = (s) => process.stderr.write(s + '\n')): Promise<number> {
   let code = 0;
   const program = new Command('kvconnect-checksum')
-    .description('kvconnect KV checksums (SPEC v1): conformance vectors and payload inspection')
+    .description('kvconnect KV checksums (SPEC v1, payload versions 1 and 2): conformance vectors and payload inspection')
     .exitOverride()
     .configureOutput({ writeOut: (s) => out(s.trimEnd()), writeErr: (s) => err(s.trimEnd()) });
   program
@@ -83,7 +104,7 @@ export async function main(argv: string[], out: (s: string) => void = (s) => pro
     });
   program
     .command('decode-payload')
-    .description('decode a checksum payload given as hex or base64 and print it as JSON')
+    .description('decode a checksum payload (version 1 or 2) given as hex or base64 and print it as JSON')
     .argument('<data>', 'the payload bytes, hex or standard base64')
     .action((data: string) => {
       try {

@@ -1,12 +1,14 @@
 /**
  * Runs a conformance vectors file (format: `../shared/vectors/README.md`) through the checksum
- * definition on given backends, the fingerprint, the payload codec and the verifier. Used by the
- * `kvconnect-checksum verify-vectors` CLI and by the tests.
+ * definition on given backends, the fingerprint, the payload codec (versions 1 and 2), the token
+ * digest (SPEC 6.1) and the verifier (SPEC 8, 8.0). Used by the `kvconnect-checksum verify-vectors`
+ * CLI and by the tests; it reads `checksum-v1.json` and `identity-v2.json` alike (each file has
+ * some of the sections).
  * @module
  */
 import type { ChecksumBackend } from './backend.js';
 import { BlockChecksummer } from './compute.js';
-import { decodePayload, encodePayload, PayloadError } from './payload.js';
+import { decodePayload, encodePayload, PayloadError, payloadVersionOf, tokenDigest } from './payload.js';
 import { fingerprintOf, type RankContext } from './plan.js';
 import { parseReplicaKey, type ChecksumPayload, type ConsumerLoad, type GroupKind, type WorkerRecord } from './types.js';
 import { verifyLoad } from './verify.js';
@@ -122,9 +124,14 @@ function stateCase(v: J, backend: ChecksumBackend, role: RankContext['role'], lo
   return null;
 }
 
-/** Vector payload fields -> a ChecksumPayload. */
+/**
+ * Vector payload fields -> a ChecksumPayload. `version` and `tokenDigest` (decimal string) are
+ * taken when present (`identity-v2.json`); `checksum-v1.json` payloads have neither (version 1).
+ */
 export function payloadFromJson(p: J): ChecksumPayload {
   return {
+    ...(p.version !== undefined ? { version: p.version } : {}),
+    ...(p.tokenDigest !== undefined ? { tokenDigest: BigInt(p.tokenDigest) } : {}),
     numTokens: p.numTokens,
     producerTpSize: p.producerTpSize,
     groups: p.groups.map((g: J) => ({
@@ -138,6 +145,8 @@ export function payloadFromJson(p: J): ChecksumPayload {
 }
 
 function payloadEquals(a: ChecksumPayload, b: ChecksumPayload): string | null {
+  if (payloadVersionOf(a) !== payloadVersionOf(b)) return `version ${payloadVersionOf(a)} != ${payloadVersionOf(b)}`;
+  if (a.tokenDigest !== b.tokenDigest) return `tokenDigest ${a.tokenDigest} != ${b.tokenDigest}`;
   if (a.numTokens !== b.numTokens || a.producerTpSize !== b.producerTpSize) return 'header differs';
   if (a.groups.length !== b.groups.length) return `${a.groups.length} groups != ${b.groups.length}`;
   for (let i = 0; i < a.groups.length; i++) {
@@ -149,10 +158,11 @@ function payloadEquals(a: ChecksumPayload, b: ChecksumPayload): string | null {
   return null;
 }
 
-/** Vector consumer JSON -> a ConsumerLoad. */
+/** Vector consumer JSON -> a ConsumerLoad (`tokenIds`, the consumer's prompt, when present). */
 export function consumerLoadFromJson(c: J): ConsumerLoad {
   return {
     numTokens: c.numTokens,
+    ...(c.tokenIds !== undefined ? { tokenIds: c.tokenIds } : {}),
     tpSize: c.tpSize,
     ppSize: c.ppSize,
     groups: c.groups.map((g: J) => ({ ...g, fingerprint: BigInt(g.fingerprint) })),
@@ -209,35 +219,47 @@ export function runVectors(vectors: J, backends: readonly ChecksumBackend[]): Ca
     });
   }
   if (vectors.fingerprintSumAll !== undefined) add('fingerprint', 'sum of all', null, () => (fpSum === BigInt(vectors.fingerprintSumAll) ? null : `${fpSum} != ${vectors.fingerprintSumAll}`));
-  for (const p of vectors.payload ?? []) {
-    add('payload', `encode ${p.hex.slice(0, 24)}…`, null, () => {
-      const want = payloadFromJson(p);
-      const hex = Buffer.from(encodePayload(want)).toString('hex');
-      if (hex !== p.hex) return `encoded ${hex}`;
-      if (Buffer.from(hexBytes(p.hex)).toString('base64') !== p.base64) return 'base64 differs';
-      return payloadEquals(decodePayload(hexBytes(p.hex)), want);
+  for (const t of vectors.tokenDigest ?? []) {
+    add('tokenDigest', `${t.numTokens} of ${t.tokenIds.length} tokens`, null, () => {
+      const d = tokenDigest(t.tokenIds, t.numTokens);
+      return d === BigInt(t.digest) ? null : `${d} != ${t.digest}`;
     });
   }
+  const encodeCase = (p: J) => (): string | null => {
+    const want = payloadFromJson(p);
+    if (p.tokenIds !== undefined && tokenDigest(p.tokenIds, p.numTokens) !== want.tokenDigest) return 'tokenDigest is not the digest of tokenIds';
+    const hex = Buffer.from(encodePayload(want)).toString('hex');
+    if (hex !== p.hex) return `encoded ${hex}`;
+    if (Buffer.from(hexBytes(p.hex)).toString('base64') !== p.base64) return 'base64 differs';
+    return payloadEquals(decodePayload(hexBytes(p.hex)), want);
+  };
+  for (const p of vectors.payload ?? []) add('payload', `encode ${p.hex.slice(0, 24)}…`, null, encodeCase(p));
+  for (const p of vectors.payloadV2 ?? []) add('payloadV2', `encode ${p.hex.slice(0, 24)}…`, null, encodeCase(p));
   for (const p of vectors.payloadAccepts ?? []) add('payloadAccepts', p.why, null, () => payloadEquals(decodePayload(hexBytes(p.hex)), payloadFromJson(p)));
-  for (const p of vectors.payloadRejects ?? []) {
-    add('payloadRejects', p.why, null, () => {
-      try {
-        decodePayload(hexBytes(p.hex));
-        return 'accepted';
-      } catch (e) {
-        return e instanceof PayloadError ? null : `threw ${(e as Error).name}, not PayloadError`;
-      }
-    });
-  }
-  for (const c of vectors.verification ?? []) {
-    add('verification', c.title, null, () => {
-      const payload = c.payload === null ? null : c.payload === 'malformed' ? 'malformed' : payloadFromJson(c.payload);
-      const got = verifyLoad(payload, consumerLoadFromJson(c.consumer));
-      const want = c.expected;
-      const g = JSON.stringify({ verdict: got.verdict, mismatches: got.mismatches, unverified: got.unverified });
-      const w = JSON.stringify({ verdict: want.verdict, mismatches: want.mismatches, unverified: want.unverified });
-      return g === w ? null : `got ${g}, expected ${w}`;
-    });
-  }
+  const rejectCase = (p: J) => (): string | null => {
+    try {
+      decodePayload(hexBytes(p.hex));
+      return 'accepted';
+    } catch (e) {
+      return e instanceof PayloadError ? null : `threw ${(e as Error).name}, not PayloadError`;
+    }
+  };
+  for (const p of vectors.payloadRejects ?? []) add('payloadRejects', p.why, null, rejectCase(p));
+  for (const p of vectors.payloadV2Rejects ?? []) add('payloadV2Rejects', p.why, null, rejectCase(p));
+  // `verificationV2` (identity-v2.json) also fixes `wrongRequest`, and `payload.version` says
+  // whether identity was checked (SPEC 8.0).
+  const verificationCase = (c: J, v2: boolean) => (): string | null => {
+    const payload = c.payload === null ? null : c.payload === 'malformed' ? 'malformed' : payloadFromJson(c.payload);
+    const got = verifyLoad(payload, consumerLoadFromJson(c.consumer));
+    const want = c.expected;
+    const pick = (v: J) => JSON.stringify({ verdict: v.verdict, mismatches: v.mismatches, unverified: v.unverified, ...(v2 ? { wrongRequest: v.wrongRequest } : {}) });
+    const g = pick(got);
+    const w = pick(want);
+    if (g !== w) return `got ${g}, expected ${w}`;
+    const identity = c.payload === null || c.payload === 'malformed' ? 'none' : c.payload.version === 2 ? 'checked' : 'unchecked';
+    return got.identity === identity ? null : `identity ${got.identity}, expected ${identity}`;
+  };
+  for (const c of vectors.verification ?? []) add('verification', c.title, null, verificationCase(c, false));
+  for (const c of vectors.verificationV2 ?? []) add('verificationV2', c.title, null, verificationCase(c, true));
   return results;
 }

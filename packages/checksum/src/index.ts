@@ -6,6 +6,7 @@
  */
 export * from './types.js';
 export * from './views.js';
+export { ReplicaCountError, replicaCount, globalHeads } from './replicas.js';
 export {
   HEADS_PER_LAYER,
   parseLayerName,

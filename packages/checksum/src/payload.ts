@@ -1,15 +1,17 @@
 /**
- * Checksum payload codec, version 1 (SPEC 6), and its base64 form for the NIXL pull carrier
- * (SPEC 7).
+ * Checksum payload codec, versions 1 (SPEC 6) and 2 (SPEC 6.1), the request token digest of
+ * version 2, and the base64 form for the NIXL pull carrier (SPEC 7).
  *
- * Wire shape (MessagePack arrays, not maps):
+ * Wire shapes (MessagePack arrays, not maps):
  *
  * ```
  * [1, [numTokens, producerTpSize, [[groupId, fingerprint, blockSize, start, values], ...]]]
+ * [2, [numTokens, producerTpSize, tokenDigest, [[groupId, fingerprint, blockSize, start, values], ...]]]
  * ```
  *
  * MessagePack integers and length headers are big-endian; `values` is a bin of `8 * n` bytes
- * holding the block values as little-endian uint64.
+ * holding the block values as little-endian uint64; `tokenDigest` is a uint64 ({@link tokenDigest}).
+ * Producers send version 2; decoders accept both.
  *
  * The decoder reads untrusted bytes from a peer (or from a client, through
  * `kv_transfer_params`). It is written by hand for this one fixed shape: it never recurses,
@@ -24,10 +26,14 @@
  * @module
  */
 
-import type { ChecksumPayload, PayloadGroup } from './types.js';
+import { createHash } from 'node:crypto';
+import type { ChecksumPayload, PayloadGroup, PayloadVersion } from './types.js';
 
-/** Payload version this module writes and the only one it reads (SPEC 6). */
-export const PAYLOAD_VERSION = 1;
+/** Payload version producers write (SPEC 6.1): 2, which binds the checksums to the request's tokens. */
+export const PAYLOAD_VERSION = 2;
+
+/** Payload versions the decoder accepts (SPEC 6.1: "Decoders accept versions 1 and 2"). */
+export const PAYLOAD_VERSIONS: readonly PayloadVersion[] = Object.freeze([1, 2] as const);
 
 /** Largest accepted payload, in bytes of raw MessagePack (SPEC 6): 16 MiB. */
 export const MAX_PAYLOAD_BYTES = 16 * 1024 * 1024;
@@ -38,12 +44,14 @@ export const MAX_PAYLOAD_GROUPS = 4096;
 /**
  * Why a payload was rejected; a stable, machine-friendly code for metrics and logs.
  *
- * - `version`: a version other than {@link PAYLOAD_VERSION};
- * - `arity`: an array with the wrong number of elements;
+ * - `version`: a version other than those of {@link PAYLOAD_VERSIONS};
+ * - `arity`: an array with the wrong number of elements (a version-1 body has 3, a version-2
+ *   body 4: SPEC 6.1);
  * - `type`: another MessagePack type (float, nil, bool, str, map, ext, ...) where an integer,
  *   array or bin is expected, or an input that is not bytes;
  * - `negative`: a negative integer;
- * - `integer-too-large`: an integer other than the fingerprint above `Number.MAX_SAFE_INTEGER`;
+ * - `integer-too-large`: an integer other than a fingerprint or the token digest above
+ *   `Number.MAX_SAFE_INTEGER`;
  * - `tp-size-zero`, `block-size-zero`: `producerTpSize` or a `blockSize` is 0;
  * - `duplicate-group`: a repeated `groupId`;
  * - `values-length`: a `values` bin whose length is not a multiple of 8;
@@ -98,46 +106,101 @@ const MAX_BASE64_CHARS = 4 * Math.ceil(MAX_PAYLOAD_BYTES / 3);
 const HOST_IS_LE = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 // ---------------------------------------------------------------------------------------------
+// Token digest (SPEC 6.1)
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * The request token digest of a version-2 payload (SPEC 6.1): SHA-256 over the first `numTokens`
+ * token ids, each written as a little-endian uint32, and the digest's first 8 bytes read as a
+ * little-endian uint64. `numTokens` 0 digests no bytes. Vectors: `identity-v2.json`, `tokenDigest[]`.
+ *
+ * Cost: one pass over the ids into a `4 * numTokens`-byte buffer, then one hash.
+ *
+ * @param tokenIds - the request's token ids (prompt order); only the first `numTokens` are read.
+ * @param numTokens - how many ids to digest; default all of them.
+ * @returns the digest, a bigint in [0, 2^64).
+ * @throws RangeError if `numTokens` is not a safe integer in `[0, tokenIds.length]`, or a digested
+ *   id is not an integer in [0, 2^32).
+ */
+export function tokenDigest(tokenIds: ArrayLike<number>, numTokens: number = tokenIds.length): bigint {
+  if (!Number.isSafeInteger(numTokens) || numTokens < 0 || numTokens > tokenIds.length) {
+    throw new RangeError(`numTokens must be an integer in [0, ${tokenIds.length}], got ${numTokens}`);
+  }
+  const bytes = new Uint8Array(4 * numTokens);
+  const view = new DataView(bytes.buffer);
+  for (let i = 0; i < numTokens; i++) {
+    const t = tokenIds[i];
+    if (!Number.isInteger(t) || t < 0 || t >= TWO_POW_32) throw new RangeError(`token id ${t} at ${i} is not a uint32`);
+    view.setUint32(4 * i, t, true);
+  }
+  const digest = createHash('sha256').update(bytes).digest();
+  return digest.readBigUInt64LE(0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Encoder
 // ---------------------------------------------------------------------------------------------
 
 /**
- * Encodes a payload with minimal MessagePack forms (SPEC 6): the shortest integer family
+ * The wire version a payload object stands for: `p.version`, else 2 when it has a `tokenDigest`,
+ * else 1 (SPEC 6.1). Not validated (see `encodePayload`).
+ */
+export function payloadVersionOf(p: Pick<ChecksumPayload, 'version' | 'tokenDigest'>): number {
+  return p.version ?? (p.tokenDigest !== undefined ? 2 : 1);
+}
+
+/**
+ * The version a payload is encoded as ({@link payloadVersionOf}).
+ * @throws TypeError for a version other than 1 and 2, a version 2 without a `tokenDigest` or a
+ *   version 1 with one (the digest would be dropped silently).
+ */
+function versionOf(p: ChecksumPayload): PayloadVersion {
+  const version = payloadVersionOf(p);
+  if (version !== 1 && version !== 2) throw new TypeError(`payload version ${String(version)} is not 1 or 2`);
+  if (version === 2 && typeof p.tokenDigest !== 'bigint') throw new TypeError('a version-2 payload needs a bigint tokenDigest');
+  if (version === 1 && p.tokenDigest !== undefined) throw new TypeError('a version-1 payload has no tokenDigest (SPEC 6)');
+  return version;
+}
+
+/**
+ * Encodes a payload with minimal MessagePack forms (SPEC 6, 6.1): the shortest integer family
  * (positive fixint, uint 8/16/32/64), fixarray or array 16, and bin 8/16/32 holding the
  * `values` as LE uint64. The result is a fresh `Uint8Array` (not a Node `Buffer`).
  *
  * Cost: one pass over the groups to validate and size, one to write; each group's values are
  * copied as one block of bytes.
  *
- * @param p - the payload; `groups` in the order they are to travel.
+ * @param p - the payload; `groups` in the order they are to travel. Version 2 (SPEC 6.1) when
+ *   `p.version` is 2, or is absent and `p.tokenDigest` is set; else version 1.
  * @returns the payload bytes, at most {@link MAX_PAYLOAD_BYTES}.
  * @throws TypeError if a field has the wrong JS type (a `number` field that is not a number,
- *   a `fingerprint` that is not a bigint, `values` that are not a `BigUint64Array`).
+ *   a `fingerprint` that is not a bigint, `values` that are not a `BigUint64Array`), or the
+ *   version and `tokenDigest` disagree (see `p`).
  * @throws RangeError if a number is negative or not a safe integer, `producerTpSize` or a
- *   `blockSize` is 0, a `fingerprint` is outside [0, 2^64), two groups share a `groupId`,
+ *   `blockSize` is 0, a `fingerprint` or the `tokenDigest` is outside [0, 2^64), two groups share a `groupId`,
  *   there are more than {@link MAX_PAYLOAD_GROUPS} groups, or the encoding would exceed
  *   {@link MAX_PAYLOAD_BYTES}.
  */
 export function encodePayload(p: ChecksumPayload): Uint8Array {
+  const version = versionOf(p);
   checkCount('numTokens', p.numTokens, 0);
   checkCount('producerTpSize', p.producerTpSize, 1);
+  if (version === 2) checkUint64('tokenDigest', p.tokenDigest!);
   if (!Array.isArray(p.groups)) throw new TypeError('groups must be an array');
   if (p.groups.length > MAX_PAYLOAD_GROUPS) {
     throw new RangeError(`${p.groups.length} groups: at most ${MAX_PAYLOAD_GROUPS} allowed`);
   }
 
-  // [version, [numTokens, producerTpSize, [groups...]]]: two one-byte fixarray headers.
-  let size = 2 + uintSize(PAYLOAD_VERSION) + uintSize(p.numTokens) + uintSize(p.producerTpSize);
+  // [version, [numTokens, producerTpSize, (tokenDigest,) [groups...]]]: two one-byte fixarray headers.
+  let size = 2 + uintSize(version) + uintSize(p.numTokens) + uintSize(p.producerTpSize);
+  if (version === 2) size += fingerprintSize(p.tokenDigest!);
   size += arrayHeaderSize(p.groups.length);
   const seen = new Set<number>();
   for (const [i, g] of p.groups.entries()) {
     checkCount(`groups[${i}].groupId`, g.groupId, 0);
     checkCount(`groups[${i}].blockSize`, g.blockSize, 1);
     checkCount(`groups[${i}].start`, g.start, 0);
-    if (typeof g.fingerprint !== 'bigint') throw new TypeError(`groups[${i}].fingerprint must be a bigint`);
-    if (g.fingerprint < 0n || g.fingerprint > UINT64_MAX) {
-      throw new RangeError(`groups[${i}].fingerprint ${g.fingerprint} is not a uint64`);
-    }
+    checkUint64(`groups[${i}].fingerprint`, g.fingerprint);
     if (!(g.values instanceof BigUint64Array)) throw new TypeError(`groups[${i}].values must be a BigUint64Array`);
     if (seen.has(g.groupId)) throw new RangeError(`groupId ${g.groupId} appears twice`);
     seen.add(g.groupId);
@@ -150,10 +213,11 @@ export function encodePayload(p: ChecksumPayload): Uint8Array {
 
   const w = new Writer(size);
   w.arrayHeader(2);
-  w.uint(PAYLOAD_VERSION);
-  w.arrayHeader(3);
+  w.uint(version);
+  w.arrayHeader(version === 2 ? 4 : 3);
   w.uint(p.numTokens);
   w.uint(p.producerTpSize);
+  if (version === 2) w.fingerprint(p.tokenDigest!);
   w.arrayHeader(p.groups.length);
   for (const g of p.groups) {
     w.arrayHeader(5);
@@ -182,6 +246,12 @@ function checkCount(field: string, v: number, min: number): void {
   if (!Number.isSafeInteger(v) || v < min) {
     throw new RangeError(`${field} must be a safe integer >= ${min}, got ${v}`);
   }
+}
+
+/** Throws unless `v` is a bigint in [0, 2^64). */
+function checkUint64(field: string, v: bigint): void {
+  if (typeof v !== 'bigint') throw new TypeError(`${field} must be a bigint`);
+  if (v < 0n || v > UINT64_MAX) throw new RangeError(`${field} ${v} is not a uint64`);
 }
 
 /** Bytes of the minimal MessagePack form of a non-negative safe integer. */
@@ -243,7 +313,7 @@ class Writer {
     }
   }
 
-  /** A uint64. */
+  /** A uint64 (a fingerprint or the token digest). */
   fingerprint(fp: bigint): void {
     if (fp < TWO_POW_32_N) {
       this.uint(Number(fp));
@@ -299,13 +369,15 @@ function swapUint64Bytes(b: Uint8Array): void {
 // ---------------------------------------------------------------------------------------------
 
 /**
- * Decodes and validates a payload from untrusted bytes (SPEC 6).
+ * Decodes and validates a payload from untrusted bytes, version 1 (SPEC 6) or 2 (SPEC 6.1).
  *
  * Accepts every MessagePack integer family (positive fixint, uint 8-64, int 8-64 holding a
  * value >= 0), every array family (fixarray, array 16/32) and every bin family (bin 8/16/32);
  * integers are big-endian as MessagePack defines them, `values` bytes are LE uint64.
  * `numTokens`, `producerTpSize`, `groupId`, `blockSize` and `start` must be at most
- * `Number.MAX_SAFE_INTEGER`; `fingerprint` is a full uint64.
+ * `Number.MAX_SAFE_INTEGER`; `fingerprint` and `tokenDigest` are full uint64. A version-2 body
+ * must have 4 elements and a version-1 body 3 (`arity`); the result's `version` says which, and
+ * `tokenDigest` is set for version 2 only.
  *
  * The size limit is checked before parsing; declared lengths are checked against the bytes
  * left before anything is allocated, so memory stays proportional to the input. Each group's
@@ -328,13 +400,14 @@ export function decodePayload(bytes: Uint8Array): ChecksumPayload {
 
   r.fixedArray('payload', 2);
   const version = r.int('version');
-  if (version !== PAYLOAD_VERSION) {
-    throw new PayloadError('version', `version ${version} is not supported (expected ${PAYLOAD_VERSION})`);
+  if (version !== 1 && version !== 2) {
+    throw new PayloadError('version', `version ${version} is not supported (expected ${PAYLOAD_VERSIONS.join(' or ')})`);
   }
-  r.fixedArray('body', 3);
+  r.fixedArray(`version-${version} body`, version === 2 ? 4 : 3);
   const numTokens = r.count('numTokens');
   const producerTpSize = r.count('producerTpSize');
   if (producerTpSize === 0) throw new PayloadError('tp-size-zero', 'producerTpSize is 0');
+  const digest = version === 2 ? r.uint64('tokenDigest') : undefined;
 
   const nGroups = r.arrayHeader('groups');
   if (nGroups > MAX_PAYLOAD_GROUPS) {
@@ -355,7 +428,7 @@ export function decodePayload(bytes: Uint8Array): ChecksumPayload {
     groups.push({ groupId, fingerprint, blockSize, start, values });
   }
   r.end();
-  return { numTokens, producerTpSize, groups };
+  return version === 2 ? { version, numTokens, producerTpSize, tokenDigest: digest, groups } : { version, numTokens, producerTpSize, groups };
 }
 
 /**

@@ -8,6 +8,7 @@
  */
 import { createHash } from 'node:crypto';
 import { ENTRY_ATTN, ENTRY_BYTES, ENTRY_ROWS, ENTRY_STREAM, type PackedTables } from './backend.js';
+import { ReplicaCountError, replicaCount } from './replicas.js';
 import { DTYPE_BYTES, isDtype, replicaKeyString, type GroupKind, type ReplicaKey } from './types.js';
 import { contiguousStrides, type AttentionCacheView, type CacheView, type StateCacheView, type StateTensor } from './views.js';
 
@@ -168,24 +169,14 @@ function memoryOf(c: CacheView): unknown {
   return c.kind === 'attention' ? [c.dtype, c.numBlocks, c.blockSize, c.localHeads, c.parts, c.replication ?? 1] : [c.numBlocks, c.states];
 }
 
+/** R of a cache (SPEC 1, {@link replicaCount}); a geometry it cannot tell skips the group (`replicas`). */
 function resolveReplicas(c: AttentionCacheView, tpSize: number): number {
-  const r = c.replication ?? 1;
-  let R: number;
-  if (r === 'all') R = tpSize;
-  else if (typeof r === 'number') R = r;
-  else {
-    const total = r.totalKvHeads;
-    if (!(Number.isSafeInteger(total) && total > 0)) throw new Skip('replicas', `${c.name}: totalKvHeads ${total}`);
-    if (total >= tpSize) {
-      if (total !== c.localHeads * tpSize) throw new Skip('replicas', `${c.name}: ${total} KV heads do not shard into ${c.localHeads} per rank at TP ${tpSize}`);
-      R = 1;
-    } else {
-      if (tpSize % total !== 0 || c.localHeads !== 1) throw new Skip('replicas', `${c.name}: cannot tell replicas of ${total} KV heads at TP ${tpSize}`);
-      R = tpSize / total;
-    }
+  try {
+    return replicaCount(c, tpSize);
+  } catch (e) {
+    if (e instanceof ReplicaCountError) throw new Skip('replicas', e.message);
+    throw e;
   }
-  if (!(Number.isSafeInteger(R) && R >= 1 && tpSize % R === 0)) throw new Skip('replicas', `${c.name}: R=${R} does not divide TP size ${tpSize}`);
-  return R;
 }
 
 function columnOf(columns: ReplicaKey[], key: ReplicaKey): number {

@@ -70,12 +70,25 @@ export interface PayloadGroup {
   values: BigUint64Array;
 }
 
-/** A decoded checksum payload, version 1 (SPEC 6). */
+/** Payload versions a decoder accepts (SPEC 6, 6.1). */
+export type PayloadVersion = 1 | 2;
+
+/** A decoded checksum payload, version 1 (SPEC 6) or 2 (SPEC 6.1). */
 export interface ChecksumPayload {
+  /**
+   * Wire version. Decoders always set it. Encoders: absent means 2 when `tokenDigest` is set,
+   * else 1 (producers set `tokenDigest`, so they send version 2).
+   */
+  version?: PayloadVersion;
   /** Tokens whose KV the producer's checksummed blocks hold. */
   numTokens: number;
   /** The producer's TP size (>= 1). */
   producerTpSize: number;
+  /**
+   * Version 2 only (SPEC 6.1): uint64, the first 8 bytes read LE of SHA-256 over the request's
+   * first `numTokens` token ids as LE uint32 (`tokenDigest()` in payload.ts). Absent in version 1.
+   */
+  tokenDigest?: bigint;
   /** At most 4096 groups, distinct group ids. */
   groups: PayloadGroup[];
 }
@@ -124,6 +137,12 @@ export interface ConsumerGroup {
 /** The consumer's side of a load, as its scheduler sees it (SPEC 8 input). */
 export interface ConsumerLoad {
   numTokens: number;
+  /**
+   * The consumer's prompt token ids (SPEC 8.0), checked against a version-2 payload's
+   * `tokenDigest`. Absent counts as an empty prompt (fail-safe: a version-2 payload with
+   * `numTokens > 0` is then a wrong request).
+   */
+  tokenIds?: ArrayLike<number>;
   tpSize: number;
   ppSize: number;
   groups: ConsumerGroup[];
@@ -153,6 +172,19 @@ export interface Verdict {
   unverified: Array<{ groupId: number | null; reason: UnverifiedReason }>;
   /** State-local groups left out because TP sizes differ (SPEC 8 step 2): logged once. */
   leftOut: number[];
+  /**
+   * SPEC 8.0: the payload is version 2 and its `tokenDigest` does not match the consumer's
+   * prompt (or the prompt is shorter than its `numTokens`): the KV belongs to another request.
+   * Then `verdict` is `mismatch` at every loaded block of every non-skipped group.
+   */
+  wrongRequest: boolean;
+  /**
+   * SPEC 8.0: `checked` when a version-2 payload's digest was compared with the consumer's
+   * prompt (whatever the result); `unchecked` for a version-1 payload (checked as before, but
+   * nothing tied the KV to the request's tokens: say so in logs and metrics); `none` when no
+   * payload decoded (`no-payload`, `malformed-payload`).
+   */
+  identity: 'checked' | 'unchecked' | 'none';
 }
 
 /**

@@ -8,6 +8,7 @@
  * @module
  */
 
+import { tokenDigest } from './payload.js';
 import {
   parseReplicaKey,
   type ChecksumPayload,
@@ -53,17 +54,23 @@ interface LoadContext {
 /**
  * Verifies one load (SPEC 8).
  *
- * @param payload - the producer's decoded payload (SPEC 6); `null` when none arrived, `'malformed'`
+ * @param payload - the producer's decoded payload (SPEC 6, 6.1); `null` when none arrived, `'malformed'`
  *   when the decoder rejected the bytes. Its `numTokens` is the producer's token count and its
- *   groups' `blockSize` the producer's block sizes.
- * @param load - the consumer's side: its own `numTokens`, TP x PP grid, the groups its scheduler
- *   scheduled (checked in this order) and one record per worker with, per group, the rows it summed
- *   and its partial block values per replica key `"R:r"`.
+ *   groups' `blockSize` the producer's block sizes. A version-2 payload (`version` 2 or a
+ *   `tokenDigest`) is checked against `load.tokenIds` (SPEC 8.0).
+ * @param load - the consumer's side: its own `numTokens`, its prompt `tokenIds`, TP x PP grid, the
+ *   groups its scheduler scheduled (checked in this order) and one record per worker with, per group,
+ *   the rows it summed and its partial block values per replica key `"R:r"`.
  * @returns the verdict; `mismatches` and `unverified` are in group check order, `leftOut` lists the
- *   state-local groups not compared because the TP sizes differ (the caller logs them once).
+ *   state-local groups not compared because the TP sizes differ (the caller logs them once);
+ *   `wrongRequest` and `identity` report SPEC 8.0.
  *
- * Load-level checks come first (`no-payload`, `malformed-payload`, `workers-missing`) and end the
- * check. Then each scheduled group gets at most one reason, or is compared: state groups by their
+ * Load-level checks come first (`no-payload`, `malformed-payload`, then identity (SPEC 8.0), then
+ * `workers-missing`) and end the check. Identity: a version-2 payload whose `tokenDigest` is not the
+ * digest of the consumer's first `numTokens` prompt tokens (or a prompt shorter than that) makes
+ * the verdict `mismatch` with `wrongRequest`, every loaded block position of every non-skipped
+ * scheduled group mismatched, nothing else checked. A version-1 payload is checked as before with
+ * `identity: 'unchecked'`. Then each scheduled group gets at most one reason, or is compared: state groups by their
  * one value at block position 0, attention groups in chunks of `max(Bp, Bd)` tokens, per replica
  * check. A group with a reason reports no mismatch.
  *
@@ -80,6 +87,11 @@ interface LoadContext {
  * - a block size that is not a positive integer is `block-size`;
  * - an attention group whose loaded blocks hold no valid consumer token compares nothing, so alone it
  *   gives `nothing-to-verify`;
+ * - identity: a payload with `version` 2 or a `tokenDigest` is checked (the decoder gives both or
+ *   neither); a version 2 without a digest cannot match and is a wrong request; a prompt token
+ *   that is not a uint32 cannot be digested and counts as a wrong request; a group counts as skipped
+ *   for the wrong-request mismatch as in step 1 (the group's or any grid worker's record says so);
+ *   a wrong request with no non-skipped group still reports `mismatch` (no positions to name);
  * - a mismatch names the loaded blocks of the chunk that hold valid consumer tokens (loaded blocks
  *   without one are ignored, SPEC 8 step 7).
  */
@@ -87,7 +99,11 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
   if (payload === null) return loadUnverified('no-payload');
   if (payload === 'malformed') return loadUnverified('malformed-payload');
   const workers = gridWorkers(load);
-  if (workers.length < load.tpSize * load.ppSize) return loadUnverified('workers-missing');
+  const identity: Verdict['identity'] = payload.version === 2 || payload.tokenDigest !== undefined ? 'checked' : 'unchecked';
+  if (identity === 'checked' && !sameTokens(payload.numTokens, payload.tokenDigest, load.tokenIds ?? [])) {
+    return wrongRequest(load, workers);
+  }
+  if (workers.length < load.tpSize * load.ppSize) return loadUnverified('workers-missing', identity);
 
   const ctx: LoadContext = {
     producerTokens: payload.numTokens,
@@ -99,7 +115,7 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
   const producerGroups = new Map<number, PayloadGroup>();
   for (const g of payload.groups) if (!producerGroups.has(g.groupId)) producerGroups.set(g.groupId, g);
 
-  const verdict: Verdict = { verdict: 'verified', mismatches: [], unverified: [], leftOut: [] };
+  const verdict: Verdict = { verdict: 'verified', mismatches: [], unverified: [], leftOut: [], wrongRequest: false, identity };
   let compared = false;
   for (const group of load.groups) {
     const outcome = checkGroup(group, producerGroups.get(group.groupId), ctx);
@@ -128,23 +144,56 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
 }
 
 /**
- * One line for logs: the verdict, then each mismatched group with its consumer block positions,
- * each unverified reason (with its group, if any) and each left-out group, in check order. For example
- * `mismatch: group 0 blocks [2,3]; group 1 fingerprint; group 4 left out (state-local across TP sizes)`
- * or `unverified: no-payload`.
+ * One line for logs: the verdict, `wrong request` (SPEC 8.0) when so, then each mismatched group
+ * with its consumer block positions, each unverified reason (with its group, if any) and each
+ * left-out group, in check order, and `identity unchecked` for a version-1 payload (SPEC 8.0).
+ * For example
+ * `mismatch: group 0 blocks [2,3]; group 1 fingerprint; group 4 left out (state-local across TP sizes)`,
+ * `mismatch: wrong request; group 0 blocks [0,1,2]`, `verified: identity unchecked` or `unverified: no-payload`.
  */
 export function verdictSummary(v: Verdict): string {
   const parts = [
+    ...(v.wrongRequest ? ['wrong request'] : []),
     ...v.mismatches.map((m) => `group ${m.groupId} blocks [${m.positions.join(',')}]`),
     ...v.unverified.map((u) => (u.groupId === null ? u.reason : `group ${u.groupId} ${u.reason}`)),
     ...v.leftOut.map((g) => `group ${g} left out (state-local across TP sizes)`),
+    ...(v.identity === 'unchecked' ? ['identity unchecked'] : []),
   ];
   return parts.length === 0 ? v.verdict : `${v.verdict}: ${parts.join('; ')}`;
 }
 
-/** A verdict ended by a load-level reason (SPEC 8, "Load level"). */
-function loadUnverified(reason: UnverifiedReason): Verdict {
-  return { verdict: 'unverified', mismatches: [], unverified: [{ groupId: null, reason }], leftOut: [] };
+/** A verdict ended by a load-level reason (SPEC 8, "Load level"); `identity` none until a payload decoded. */
+function loadUnverified(reason: UnverifiedReason, identity: Verdict['identity'] = 'none'): Verdict {
+  return { verdict: 'unverified', mismatches: [], unverified: [{ groupId: null, reason }], leftOut: [], wrongRequest: false, identity };
+}
+
+/**
+ * SPEC 8.0: true when the consumer's prompt holds at least `numTokens` tokens and the digest of the
+ * first `numTokens` of them is `digest`. A token id that is not a uint32 cannot be the producer's,
+ * so it (like a prompt too short) gives false.
+ */
+function sameTokens(numTokens: number, digest: bigint | undefined, tokenIds: ArrayLike<number>): boolean {
+  if (digest === undefined || tokenIds.length < numTokens) return false;
+  try {
+    return tokenDigest(tokenIds, numTokens) === digest;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * SPEC 8.0 wrong request: `mismatch` at every loaded block position (`start .. start + nBlocks - 1`)
+ * of every scheduled group that is not skipped (the consumer's flag, or any grid worker's record, as
+ * in step 1), in scheduled order; nothing else is checked.
+ */
+function wrongRequest(load: ConsumerLoad, workers: readonly WorkerRecord[]): Verdict {
+  const mismatches: Verdict['mismatches'] = [];
+  for (const g of load.groups) {
+    if (g.skipped || workers.some((w) => w.groups.get(g.groupId)?.skipped === true)) continue;
+    const n = Number.isSafeInteger(g.nBlocks) && g.nBlocks > 0 ? g.nBlocks : 0;
+    if (n > 0) mismatches.push({ groupId: g.groupId, positions: Array.from({ length: n }, (_, i) => g.start + i) });
+  }
+  return { verdict: 'mismatch', mismatches, unverified: [], leftOut: [], wrongRequest: true, identity: 'checked' };
 }
 
 /**

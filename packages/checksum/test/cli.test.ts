@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { main } from '../src/cli.js';
-import { loadVectors, VECTORS_PATH } from './vectors.js';
+import { IDENTITY_VECTORS_PATH, loadIdentityVectors, loadVectors, VECTORS_PATH } from './vectors.js';
 
 async function run(args: string[]) {
   const out: string[] = [];
@@ -20,6 +20,27 @@ describe('kvconnect-checksum', () => {
     expect(last).toMatch(/^\d+ passed, 0 failed$/);
     expect(Number(last.split(' ')[0])).toBe(r.out.length - 1);
     expect(r.code).toBe(0);
+  });
+
+  it('verify-vectors passes identity-v2.json (SPEC 6.1, 8.0) with a closing " 0 failed"', async () => {
+    const r = await run(['verify-vectors', IDENTITY_VECTORS_PATH]);
+    const last = r.out[r.out.length - 1];
+    expect(last).toMatch(/^\d+ passed, 0 failed$/);
+    expect(r.out.filter((l) => l.startsWith('ok   verificationV2:')).length).toBe(loadIdentityVectors().verificationV2.length);
+    expect(r.code).toBe(0);
+  });
+
+  it('decode-payload prints a version-2 payload with its version and token digest', async () => {
+    const p = loadIdentityVectors().payloadV2[0];
+    for (const data of [p.hex, p.base64]) {
+      const r = await run(['decode-payload', data]);
+      expect(r.code).toBe(0);
+      const j = JSON.parse(r.out.join('\n'));
+      expect([j.version, j.numTokens, j.producerTpSize, j.tokenDigest]).toEqual([2, p.numTokens, p.producerTpSize, p.tokenDigest]);
+    }
+    const v1 = JSON.parse((await run(['decode-payload', loadVectors().payload[1].hex])).out.join('\n'));
+    expect(v1.version).toBe(1);
+    expect('tokenDigest' in v1).toBe(false);
   });
 
   it('verify-vectors exits non-zero and names the case when a vector is wrong', async () => {

@@ -15,7 +15,6 @@ import { makeEntry, packEntryGroups, type Entry } from '../src/plan.js';
 import { Rng } from './layouts.js';
 
 const reason = cudaUnavailableReason();
-if (reason) console.log(`cuda backend tests skipped: ${reason}`);
 
 function entry(e: Partial<Entry> & Pick<Entry, 'kind' | 'numBlocks'>): Entry {
   return makeEntry(e.kind, e);
@@ -93,7 +92,7 @@ function cpuSums(f: Fixture): BigUint64Array {
   return want;
 }
 
-describe.skipIf(reason !== null)('cuda backend', () => {
+describe.skipIf(reason !== null)(`cuda backend${reason ? ` (skipped: ${reason})` : ''}`, () => {
   const withBackend = (fn: (b: CudaChecksumBackend) => void | Promise<void>) => async () => {
     const b = loadCudaBackend()!;
     try {

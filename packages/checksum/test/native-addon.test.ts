@@ -14,7 +14,9 @@ const { addon, loadError } = createRequire(import.meta.url)('@kvconnect/native')
   loadError: Error | null;
 };
 const missing = addon === null;
-if (missing) console.warn(`native addon tests skipped: the addon did not load (${loadError?.message ?? nativeUnavailableReason()})`);
+/** A test that needs the addon: skipped, with the reason in its title, when the addon did not load. */
+const nativeIt = (title: string, fn: () => void | Promise<void>) =>
+  it.skipIf(missing)(missing ? `${title} (skipped: the addon did not load: ${loadError?.message ?? nativeUnavailableReason()})` : title, fn);
 /** The addon, for tests that run only when it loaded. */
 const A = (): KvconnectNativeAddon => addon as KvconnectNativeAddon;
 
@@ -331,14 +333,14 @@ describe('native addon', () => {
     expect(loadNativeBackend() === null).toBe(nativeUnavailableReason() !== null);
   });
 
-  it.skipIf(missing)('exports its constants', () => {
+  nativeIt('exports its constants', () => {
     expect(A().abiVersion).toBe(1);
     expect(A().entryBytes).toBe(128);
     expect(A().rowWords).toBe(6);
     expect(typeof A().withCuda).toBe('boolean');
   });
 
-  it.skipIf(missing)('sums hand-built ATTN, ROWS and STREAM tables to the SPEC values', () => {
+  nativeIt('sums hand-built ATTN, ROWS and STREAM tables to the SPEC values', () => {
     const f = fixture();
     const out = new BigUint64Array(OUT_LEN);
     A().sumRows(f.entries, f.groupStart, f.regions, f.rows, out);
@@ -349,7 +351,7 @@ describe('native addon', () => {
     expect([...out]).toEqual(f.want.map((w) => u64(w + M64)));
   });
 
-  it.skipIf(missing)('reads every kind of byte source and misaligned entries', () => {
+  nativeIt('reads every kind of byte source and misaligned entries', () => {
     const f = fixture();
     const want = f.want;
     const asDataView = (b: Uint8Array) => new DataView(b.buffer, b.byteOffset, b.byteLength);
@@ -375,7 +377,7 @@ describe('native addon', () => {
     expect([...out]).toEqual(want);
   });
 
-  it.skipIf(missing)('the native backend sums PackedTables the same way', () => {
+  nativeIt('the native backend sums PackedTables the same way', () => {
     const f = fixture();
     const be = loadNativeBackend()!;
     expect(be.name).toBe('native');
@@ -386,7 +388,7 @@ describe('native addon', () => {
     expect(() => be.sumRows({ entries: f.entries, groupStart: f.groupStart, nGroups: 4 }, regions, f.rows, out)).toThrow(RangeError);
   });
 
-  it.skipIf(missing)('rejects arguments of the wrong type with TypeError, writing nothing', () => {
+  nativeIt('rejects arguments of the wrong type with TypeError, writing nothing', () => {
     const T = TypeError;
     expectRejected(T, /5 arguments/, (f) => [f.entries, f.groupStart, f.regions, f.rows]);
     expectRejected(T, /entries must be a Uint8Array/, (f) => [Array.from(f.entries), f.groupStart, f.regions, f.rows, f.out]);
@@ -404,7 +406,7 @@ describe('native addon', () => {
     expectRejected(T, /out must be a BigUint64Array/, (f) => [f.entries, f.groupStart, f.regions, f.rows, new Float64Array(6)]);
   });
 
-  it.skipIf(missing)('rejects malformed tables and rows with RangeError, writing nothing', () => {
+  nativeIt('rejects malformed tables and rows with RangeError, writing nothing', () => {
     const R = RangeError;
     const sub = (f: { entries: Uint8Array }, n: number) => f.entries.subarray(0, n);
     expectRejected(R, /not a multiple of 128/, (f) => [sub(f, f.entries.length - 1), f.groupStart, f.regions, f.rows, f.out]);
@@ -461,7 +463,7 @@ describe('native addon', () => {
     });
   });
 
-  it.skipIf(missing)('entryExtent gives [lo, hi) and rejects bad indexes and entries', () => {
+  nativeIt('entryExtent gives [lo, hi) and rejects bad indexes and entries', () => {
     const entries = pack([kPart.entry, { kind: 2, offset: 10, numBlocks: 2, blockStride: 100, outerCount: 3, outerStride: 20, elemCount: [2, 1, 5], elemStride: [-4, 0, 2], elemBytes: 2 }, { kind: 7, numBlocks: 1 }]);
     // K part: from its 3 leading bytes to the end of its last cell (8 bytes of padding follow it)
     expect(A().entryExtent(entries, 0)).toEqual([3n, BigInt(kPart.mem.length - 8)]);
@@ -475,7 +477,7 @@ describe('native addon', () => {
     expect(() => (A().entryExtent as (...a: unknown[]) => unknown)([1, 2], 0)).toThrow(TypeError);
   });
 
-  it.skipIf(missing)('plainSum64 and weightedSum64 wrap mod 2^64', () => {
+  nativeIt('plainSum64 and weightedSum64 wrap mod 2^64', () => {
     const w = [1n, M64, 5n, 7n, 1n << 63n];
     const buf = new BigUint64Array(w);
     const plain = u64(w.reduce((a, b) => a + b, 0n));

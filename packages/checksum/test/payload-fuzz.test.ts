@@ -1,25 +1,18 @@
-// Fuzz test of the payload decoder (SPEC 6): mutated, truncated and random bytes must either
-// decode into a payload that meets every invariant (and re-encodes and decodes stably) or be
-// rejected with a PayloadError. Anything else thrown fails the test.
+// Fuzz test of the payload decoder (SPEC 6, 6.1: versions 1 and 2): mutated, truncated and random
+// bytes must either decode into a payload that meets every invariant (and re-encodes and decodes
+// stably) or be rejected with a PayloadError. Anything else thrown fails the test.
 //
-// The run is seeded; the seed is printed first. Replay a failure with KVC_FUZZ_SEED=<seed>.
+// The run is seeded (default fixed); the seed is printed first. Replay or vary it with KVC_TEST_SEED=<seed>.
 import { readFileSync } from 'node:fs';
 import { expect, it } from 'vitest';
 import { MAX_PAYLOAD_GROUPS, PayloadError, decodePayload, encodePayload } from '../src/payload.js';
 import type { ChecksumPayload } from '../src/types.js';
+import { testSeed } from './seed.js';
 
 const CASES = 120_000;
 const UINT64_MAX = (1n << 64n) - 1n;
 
-const seed = parseSeed(process.env.KVC_FUZZ_SEED);
-console.log(`payload fuzz seed: ${seed} (replay with KVC_FUZZ_SEED=${seed})`);
-
-function parseSeed(env: string | undefined): number {
-  if (env === undefined || env === '') return (Date.now() ^ (Math.random() * 2 ** 32)) >>> 0;
-  const n = Number(env);
-  if (!Number.isInteger(n) || n < 0 || n >= 2 ** 32) throw new Error(`KVC_FUZZ_SEED must be a uint32, got ${env}`);
-  return n;
-}
+const seed = testSeed('payload fuzz');
 
 /** mulberry32: a small seeded 32-bit PRNG. */
 function prng(s: number) {
@@ -56,11 +49,15 @@ function randomCount(r: Rng, min: number): number {
   return Math.max(min, r.below(3) === 0 ? r.pick(EDGE_NUMBERS) : r.below(300));
 }
 
+/** A random valid payload; half of them version 2 (with a token digest). */
 function randomPayload(r: Rng): ChecksumPayload {
   const nGroups = r.below(8) === 0 ? r.below(40) : r.below(4);
   const ids = new Set<number>();
   while (ids.size < nGroups) ids.add(r.below(2) === 0 ? r.below(64) : randomCount(r, 0));
+  const v2 = r.below(2) === 0;
   return {
+    version: v2 ? 2 : 1,
+    ...(v2 ? { tokenDigest: r.below(2) === 0 ? r.pick(EDGE_U64) : r.u64() } : {}),
     numTokens: randomCount(r, 0),
     producerTpSize: randomCount(r, 1),
     groups: [...ids].map((groupId) => ({
@@ -105,11 +102,13 @@ function looseEncode(p: ChecksumPayload, r: Rng): Uint8Array {
     out.push(tag);
     be(BigInt(n), len);
   };
+  const v2 = p.tokenDigest !== undefined;
   array(2);
-  int(1);
-  array(3);
+  int(v2 ? 2 : 1);
+  array(v2 ? 4 : 3);
   int(p.numTokens);
   int(p.producerTpSize);
+  if (v2) int(p.tokenDigest!);
   array(p.groups.length);
   for (const g of p.groups) {
     array(5);
@@ -154,14 +153,26 @@ function mutate(input: Uint8Array, r: Rng): Uint8Array {
 const randomByte = (r: Rng): number => (r.below(2) ? r.pick(INTERESTING) : r.below(256));
 
 function randomBytes(r: Rng): Uint8Array {
-  const prefix = r.pick([[], [0x92], [0x92, 0x01], [0x92, 0x01, 0x93], [0x92, 0x01, 0x93, 0x28, 0x01]]);
+  const prefix = r.pick([
+    [],
+    [0x92],
+    [0x92, 0x01],
+    [0x92, 0x01, 0x93],
+    [0x92, 0x01, 0x93, 0x28, 0x01],
+    [0x92, 0x02],
+    [0x92, 0x02, 0x94],
+    [0x92, 0x02, 0x94, 0x28, 0x01],
+  ]);
   const tail = Array.from({ length: r.below(48) }, () => randomByte(r));
   return Uint8Array.from([...prefix, ...tail]);
 }
 
-/** Why `p` breaks a SPEC 6 invariant, or undefined if it meets them all. */
+/** Why `p` breaks a SPEC 6 / 6.1 invariant, or undefined if it meets them all. */
 function violation(p: ChecksumPayload): string | undefined {
   const count = (v: number, min: number): boolean => Number.isSafeInteger(v) && v >= min;
+  if (p.version !== 1 && p.version !== 2) return 'version';
+  if ((p.version === 2) !== (p.tokenDigest !== undefined)) return 'tokenDigest present iff version 2';
+  if (p.tokenDigest !== undefined && (typeof p.tokenDigest !== 'bigint' || p.tokenDigest < 0n || p.tokenDigest > UINT64_MAX)) return 'tokenDigest';
   if (!count(p.numTokens, 0)) return 'numTokens';
   if (!count(p.producerTpSize, 1)) return 'producerTpSize';
   if (!Array.isArray(p.groups) || p.groups.length > MAX_PAYLOAD_GROUPS) return 'groups';
@@ -177,6 +188,8 @@ function violation(p: ChecksumPayload): string | undefined {
 
 function samePayload(a: ChecksumPayload, b: ChecksumPayload): boolean {
   return (
+    (a.version ?? 1) === (b.version ?? 1) &&
+    a.tokenDigest === b.tokenDigest &&
     a.numTokens === b.numTokens &&
     a.producerTpSize === b.producerTpSize &&
     a.groups.length === b.groups.length &&
@@ -219,10 +232,11 @@ function check(bytes: Uint8Array): string | ChecksumPayload {
 }
 
 function loadCorpus(r: Rng): Uint8Array[] {
-  const url = new URL('../../../../shared/vectors/checksum-v1.json', import.meta.url);
+  const read = (name: string) => JSON.parse(readFileSync(new URL(`../../../../shared/vectors/${name}`, import.meta.url), 'utf8'));
   type Hex = Array<{ hex: string }>;
-  const v = JSON.parse(readFileSync(url, 'utf8')) as Record<'payload' | 'payloadAccepts' | 'payloadRejects', Hex>;
-  const small = [...v.payload, ...v.payloadAccepts, ...v.payloadRejects].filter((x) => x.hex.length <= 2048);
+  const v = read('checksum-v1.json') as Record<'payload' | 'payloadAccepts' | 'payloadRejects', Hex>;
+  const v2 = read('identity-v2.json') as Record<'payloadV2' | 'payloadV2Rejects', Hex>;
+  const small = [...v.payload, ...v.payloadAccepts, ...v.payloadRejects, ...v2.payloadV2, ...v2.payloadV2Rejects].filter((x) => x.hex.length <= 2048);
   const corpus: Uint8Array[] = small.map((x) => Uint8Array.from(Buffer.from(x.hex, 'hex')));
   for (let i = 0; i < 64; i++) {
     const p = randomPayload(r);

@@ -5,12 +5,14 @@ import {
   MAX_PAYLOAD_BYTES,
   MAX_PAYLOAD_GROUPS,
   PAYLOAD_VERSION,
+  PAYLOAD_VERSIONS,
   PayloadError,
   type PayloadErrorReason,
   decodePayload,
   decodePayloadBase64,
   encodePayload,
   encodePayloadBase64,
+  tokenDigest,
 } from '../src/payload.js';
 import type { ChecksumPayload, PayloadGroup } from '../src/types.js';
 
@@ -81,7 +83,7 @@ const reasonOf = (bytes: Uint8Array): PayloadErrorReason => payloadError(() => d
 
 /** The reason each reject vector must give, by its `why`. */
 const REJECT_REASONS: Record<string, PayloadErrorReason> = {
-  'version 2': 'version',
+  'version 2 with a version-1 body (arity 3; SPEC 6.1)': 'arity',
   'trailing byte': 'trailing-bytes',
   truncated: 'truncated',
   'values length not a multiple of 8': 'values-length',
@@ -256,7 +258,8 @@ describe('encodePayload', () => {
 
 describe('decodePayload', () => {
   it('exports the SPEC constants', () => {
-    expect([PAYLOAD_VERSION, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_GROUPS]).toEqual([1, 16 * 1024 * 1024, 4096]);
+    expect([PAYLOAD_VERSION, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_GROUPS]).toEqual([2, 16 * 1024 * 1024, 4096]);
+    expect(PAYLOAD_VERSIONS).toEqual([1, 2]);
   });
 
   it('returns values that own aligned memory, copied from an unaligned input', () => {
@@ -379,7 +382,7 @@ describe('decodePayload', () => {
 
   it.each([
     ['version 0', '92 00 93280190'],
-    ['version 2 with any body', '92 02 c0'],
+    ['version 3 with any body', '92 03 c0'],
     ['version 2^64-1', '92 cfffffffffffffffff 93280190'],
   ])('rejects %s', (_what, h) => {
     expect(reasonOf(unhex(h))).toBe('version');
@@ -466,7 +469,8 @@ describe('base64 carrier (SPEC 7)', () => {
 
   it('passes decoder errors through', () => {
     expect(payloadError(() => decodePayloadBase64('')).reason).toBe('truncated');
-    expect(payloadError(() => decodePayloadBase64('kgKTKAGQ')).reason).toBe('version');
+    expect(payloadError(() => decodePayloadBase64('kgKTKAGQ')).reason).toBe('arity'); // v2, 3-element body
+    expect(payloadError(() => decodePayloadBase64('kgOTKAGQ')).reason).toBe('version'); // version 3
   });
 });
 

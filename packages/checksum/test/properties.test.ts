@@ -3,19 +3,19 @@
  * TP shards sum to the TP1 value; PP stages sum; block size B adds up to 2B and 4B; every physical
  * layout of the same logical data gives the same values; a bit flip in a valid token always
  * changes the value and past numTokens never; swapped tokens, heads, layers or blocks change it;
- * native equals ts bit for bit. The seed is printed; set KVC_PROP_SEED to replay one.
+ * native equals ts bit for bit. The seed (default fixed) is printed; set KVC_TEST_SEED to replay or vary it.
  */
 import { describe, expect, it } from 'vitest';
 import { tsBackend } from '../src/backend-ts.js';
-import { loadNativeBackend } from '../src/backend-native.js';
+import { loadNativeBackend, nativeUnavailableReason } from '../src/backend-native.js';
 import type { ChecksumBackend } from '../src/backend.js';
 import { BlockChecksummer } from '../src/compute.js';
 import { DTYPE_BYTES, type Dtype } from '../src/types.js';
 import { pagedAttentionBytes, pagedAttentionCache, vectorCache, type AttentionCacheView, type CacheView } from '../src/views.js';
+import { testSeed } from './seed.js';
 import { layTokens, randomLayer, Rng, type LogicalLayer } from './layouts.js';
 
-const SEED = Number(process.env.KVC_PROP_SEED ?? Math.floor(Math.random() * 2 ** 31));
-console.log(`properties: seed ${SEED} (KVC_PROP_SEED=${SEED} replays)`);
+const SEED = testSeed('properties');
 const CASES = 25;
 
 const native = loadNativeBackend();
@@ -241,7 +241,7 @@ for (const backend of backends) {
   });
 }
 
-describe.skipIf(!native)('native backend equals ts bit for bit', () => {
+describe.skipIf(!native)(`native backend equals ts bit for bit${native ? '' : ` (skipped: ${nativeUnavailableReason()})`}`, () => {
   it('on random geometries, producer and consumer', () => {
     for (let c = 0; c < CASES * 2; c++) {
       const rng = new Rng(SEED + 4000 + c);

@@ -3,6 +3,7 @@
  * values are built here from a made-up per-token value (block values are sums of token values,
  * so they regroup across block sizes exactly as SPEC 2 block values do), without verify.ts.
  */
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
@@ -190,7 +191,8 @@ function tp1Load(numTokens: number, g: { blockSize: number; start?: number }, va
   );
 }
 
-const VERIFIED: Verdict = { verdict: 'verified', mismatches: [], unverified: [], leftOut: [] };
+/** Verdicts of version-1 payloads (these builders make no token digest): identity unchecked. */
+const VERIFIED: Verdict = { verdict: 'verified', mismatches: [], unverified: [], leftOut: [], wrongRequest: false, identity: 'unchecked' };
 
 function mismatch(...groups: Array<[number, number[]]>): Verdict {
   const mismatches = groups.map(([groupId, positions]) => ({ groupId, positions }));
@@ -433,8 +435,8 @@ describe('verifyLoad: workers (SPEC 8, load level and step 4)', () => {
 
   it('load-level reasons come in order and end the check', () => {
     const missing = load(N, [g], [rank(0)], { tpSize: 2 });
-    expect(verifyLoad(null, missing)).toEqual(unverified([null, 'no-payload']));
-    expect(verifyLoad('malformed', missing)).toEqual(unverified([null, 'malformed-payload']));
+    expect(verifyLoad(null, missing)).toEqual({ ...unverified([null, 'no-payload']), identity: 'none' });
+    expect(verifyLoad('malformed', missing)).toEqual({ ...unverified([null, 'malformed-payload']), identity: 'none' });
   });
 
   it('a worker without a record for a scheduled group, or with other rows, is rows-differ', () => {
@@ -474,6 +476,8 @@ describe('verifyLoad: groups and the final verdict (SPEC 8)', () => {
         { groupId: 3, reason: 'covered-one-side' },
       ],
       leftOut: [],
+      wrongRequest: false,
+      identity: 'unchecked',
     });
   });
 
@@ -618,18 +622,87 @@ describe('verifyLoad: fail-safety', () => {
 
 describe('verdictSummary', () => {
   it('names the verdict, groups, block positions and reasons on one line', () => {
-    expect(verdictSummary(VERIFIED)).toBe('verified');
+    expect(verdictSummary({ ...VERIFIED, identity: 'checked' })).toBe('verified');
     const v: Verdict = {
       verdict: 'mismatch',
       mismatches: [{ groupId: 0, positions: [2, 3] }],
       unverified: [{ groupId: 1, reason: 'fingerprint' }],
       leftOut: [4],
+      wrongRequest: false,
+      identity: 'checked',
     };
     const s = verdictSummary(v);
     expect(s).not.toContain('\n');
     expect(s).toBe(
       'mismatch: group 0 blocks [2,3]; group 1 fingerprint; group 4 left out (state-local across TP sizes)',
     );
-    expect(verdictSummary(unverified([null, 'no-payload']))).toBe('unverified: no-payload');
+    expect(verdictSummary({ ...unverified([null, 'no-payload']), identity: 'none' })).toBe('unverified: no-payload');
+  });
+
+  it('says when identity was unchecked (version 1) and when the KV is another request\'s (SPEC 8.0)', () => {
+    expect(verdictSummary(VERIFIED)).toBe('verified: identity unchecked');
+    expect(verdictSummary(unverified([null, 'workers-missing']))).toBe('unverified: workers-missing; identity unchecked');
+    expect(verdictSummary({ ...mismatch([0, [0, 1]]), wrongRequest: true, identity: 'checked' })).toBe('mismatch: wrong request; group 0 blocks [0,1]');
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Identity (SPEC 8.0)
+// ---------------------------------------------------------------------------------------------
+
+/** SPEC 6.1 digest, written here from the SPEC text (not payload.ts): SHA-256 of LE uint32 ids, first 8 bytes LE. */
+function digestOf(ids: readonly number[]): bigint {
+  const b = Buffer.alloc(4 * ids.length);
+  ids.forEach((t, i) => b.writeUInt32LE(t, 4 * i));
+  return createHash('sha256').update(b).digest().readBigUInt64LE(0);
+}
+
+describe('verifyLoad: identity (SPEC 8.0)', () => {
+  const N = 40;
+  const prompt = Array.from({ length: N + 2 }, (_, i) => 1000 + 7 * i); // consumer prompt (2 more than loaded)
+  const values = blocks(16, 0, 3, N);
+  const v2 = (digest: bigint): ChecksumPayload => ({ ...payload(N, [{ blockSize: 16, values }]), version: 2, tokenDigest: digest });
+  const withTokens = (l: ConsumerLoad, tokenIds?: number[]): ConsumerLoad => ({ ...l, tokenIds });
+  const CHECKED: Verdict = { ...VERIFIED, identity: 'checked' };
+  const wrong = (...groups: Array<[number, number[]]>): Verdict => ({ ...mismatch(...groups), wrongRequest: true, identity: 'checked' });
+
+  it('verifies a version-2 payload whose digest is that of the first numTokens prompt tokens', () => {
+    expect(verifyLoad(v2(digestOf(prompt.slice(0, N))), withTokens(tp1Load(N, { blockSize: 16 }, values), prompt))).toEqual(CHECKED);
+  });
+
+  it('another request\'s intact KV and checksums: mismatch at every loaded block, wrongRequest', () => {
+    const other = prompt.map((t, i) => (i === 5 ? t + 1 : t));
+    expect(verifyLoad(v2(digestOf(other.slice(0, N))), withTokens(tp1Load(N, { blockSize: 16 }, values), prompt))).toEqual(wrong([0, [0, 1, 2]]));
+  });
+
+  it('a prompt shorter than the producer\'s numTokens, or none given, is a wrong request', () => {
+    const d = digestOf(prompt.slice(0, N));
+    expect(verifyLoad(v2(d), withTokens(tp1Load(N, { blockSize: 16 }, values), prompt.slice(0, N - 1)))).toEqual(wrong([0, [0, 1, 2]]));
+    expect(verifyLoad(v2(d), tp1Load(N, { blockSize: 16 }, values))).toEqual(wrong([0, [0, 1, 2]]));
+    expect(verifyLoad({ ...v2(d), tokenDigest: undefined }, withTokens(tp1Load(N, { blockSize: 16 }, values), prompt))).toEqual(wrong([0, [0, 1, 2]]));
+  });
+
+  it('a prompt token that is not a uint32 is a wrong request, never an exception', () => {
+    const bad = prompt.map((t, i) => (i === 3 ? -1 : t));
+    expect(verifyLoad(v2(digestOf(prompt.slice(0, N))), withTokens(tp1Load(N, { blockSize: 16 }, values), bad))).toEqual(wrong([0, [0, 1, 2]]));
+  });
+
+  it('is checked before workers-missing, and names only loaded positions of non-skipped groups', () => {
+    const d = digestOf(prompt.slice(0, 10)); // not the digest of the first 40
+    const groups = [group({ groupId: 0, blockSize: 16, start: 1, nBlocks: 2 }), group({ groupId: 1, blockSize: 16, nBlocks: 3, skipped: true }), group({ groupId: 2, blockSize: 16, nBlocks: 3 })];
+    const w = worker(0, { 0: rec({ '1:0': values.slice(1) }, 1), 2: rec({}, 0, { nBlocks: 3, skipped: true }) });
+    const l = withTokens(load(N, groups, [w], { tpSize: 2 }), prompt); // rank 1 missing
+    expect(verifyLoad(v2(d), l)).toEqual(wrong([0, [1, 2]]));
+    expect(verifyLoad(v2(digestOf(prompt.slice(0, N))), l)).toEqual({ ...unverified([null, 'workers-missing']), identity: 'checked' });
+    expect(verifyLoad(null, l)).toEqual({ ...unverified([null, 'no-payload']), identity: 'none' });
+  });
+
+  it('checks a version-1 payload as before, identity unchecked, whatever the prompt', () => {
+    expect(verifyLoad(payload(N, [{ blockSize: 16, values }]), withTokens(tp1Load(N, { blockSize: 16 }, values), [1, 2, 3]))).toEqual(VERIFIED);
+    expect(verifyLoad(payload(N, [{ blockSize: 16, values }]), withTokens(tp1Load(N, { blockSize: 16 }, corrupt(values, 1)), prompt))).toEqual(mismatch([0, [1]]));
+  });
+
+  it('a right request with a corrupted block is a plain mismatch (wrongRequest false)', () => {
+    expect(verifyLoad(v2(digestOf(prompt.slice(0, N))), withTokens(tp1Load(N, { blockSize: 16 }, corrupt(values, 2)), prompt))).toEqual({ ...mismatch([0, [2]]), identity: 'checked' });
   });
 });

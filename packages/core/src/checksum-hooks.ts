@@ -6,19 +6,25 @@
  * @module
  */
 import type { Verdict } from '@kvconnect/checksum';
-import type { BlockIdsPerGroup, ConnectorRequest, FinishReason, KVConnectorOutput, KVTransferParams, RequestFinishedResult, TransferResults, WorkerKVCaches } from './connector.js';
+import type { BlockIdsPerGroup, ConnectorRequest, FinishReason, KVConnectorOutput, KVTransferParams, LoadError, RequestFinishedResult, TransferResults, WorkerKVCaches } from './connector.js';
 
-/** What the engine does with a finished load (after verification). */
+/**
+ * What the engine does with a finished load (after verification). `loadError` is set, and
+ * `verdict` null, when the transfer itself failed (outcome `transfer-failed`: nothing was verified,
+ * the load failure policy applies whether checksums fail open or closed).
+ */
 export type LoadDecision =
   /** Use the loaded KV (verified, checksums off, or fail-open). */
-  | { action: 'use'; verdict: Verdict | null }
+  | { action: 'use'; verdict: Verdict | null; loadError?: undefined }
   /** Fail-closed + `fail`: end the request with an error. */
-  | { action: 'fail'; verdict: Verdict }
+  | { action: 'fail'; verdict: Verdict; loadError?: undefined }
   /**
    * Fail-closed + `recompute`: discard the loaded tokens (numComputedTokens back to the local
    * prefix hit) and prefill them locally; the request then completes normally.
    */
-  | { action: 'recompute'; verdict: Verdict };
+  | { action: 'recompute'; verdict: Verdict; loadError?: undefined }
+  /** The transfer failed (`loadError`): `kv_load_failure_policy`, fail-open or fail-closed. */
+  | { action: 'fail' | 'recompute'; verdict: null; loadError: LoadError };
 
 /** Engine-facing hooks of the checksum scheduler (runs in the engine's scheduler; never blocks). */
 export interface KVChecksumSchedulerHooks {
@@ -41,11 +47,14 @@ export interface KVChecksumSchedulerHooks {
   /** Every worker's output of the step: aggregates records and connector-carried payloads. */
   updateFromOutputs(outputs: readonly KVConnectorOutput[]): void;
   /**
-   * Consumer: every worker reported `request` in `finishedRecving` (or the connector reported the
-   * load failed). Verifies (SPEC 8) and applies fail-open / fail-closed and the load failure policy.
-   * Emits events, metrics and a structured log naming request, groups, block positions, reason.
+   * Consumer: every worker reported `request` in `finishedRecving`. Verifies (SPEC 8, identity
+   * first: 8.0, against `request.promptTokenIds`) and applies fail-open / fail-closed and the load
+   * failure policy. When a worker reported the load failed (`loadError`: its cause, from
+   * `KVConnectorOutput.loadErrors`, or `invalid-blocks`), nothing is verified: the outcome is
+   * `transfer-failed` and the action `kv_load_failure_policy`. Emits events, metrics and a
+   * structured log naming request, groups, block positions, reason, identity.
    */
-  onLoadFinished(request: ConnectorRequest): LoadDecision;
+  onLoadFinished(request: ConnectorRequest, loadError?: LoadError): LoadDecision;
   /**
    * Producer: `request` finished and the connector returned `result`. Adds `kv_checksums` to the
    * returned params (carrier `kv_transfer_params`) or hands the payload to the connector's

@@ -4,12 +4,19 @@
  * Runs in the engine's scheduler and works with any connector through its checksum carrier.
  *
  * Producer: records a send entry when a request's prompt completes, adds the TP x PP workers'
- * replica-0 sums, and on a normal finish builds the SPEC 6 payload and hands it to the carrier
+ * replica-0 sums, and on a normal finish builds the payload (version 2, SPEC 6.1: with the digest of
+ * the request's first `numTokens` prompt token ids) and hands it to the carrier
  * (`kv_transfer_params.kv_checksums`, or the connector's `sendKvChecksums`).
  *
- * Consumer: records a receive entry of only the loaded blocks, takes the payload from the
- * request's params or the first connector-carried copy, and when the load finishes verifies it
- * (SPEC 8) and applies fail-open / fail-closed and the load failure policy.
+ * Consumer: records a receive entry of only the loaded blocks, takes the payload (version 1 or 2)
+ * from the request's params or the first connector-carried copy, and when the load finishes
+ * verifies it against the loaded blocks and the request's prompt tokens (SPEC 8, identity first:
+ * 8.0) and applies fail-open / fail-closed and the load failure policy. Verdict logs carry
+ * `identity: checked | unchecked | none`; a load checked against a version-1 payload counts in
+ * `kvconnect_kv_checksum_identity_unchecked_total`, another request's KV in
+ * `kvconnect_kv_checksum_wrong_request_total`. A load whose transfer failed (a worker's
+ * `loadErrors` entry, or invalid blocks) is not verified: outcome `transfer-failed` with its cause,
+ * `kv_load_failure_policy`, never a checksum mismatch.
  *
  * Nothing here blocks; per-request state is dropped when a request finishes, aborts or its load
  * is verified.
@@ -22,8 +29,10 @@
  * - the connector's `kvChecksumCarrier(request)` takes no direction, so send entries are recorded
  *   only on `kv_producer` engines, or on `kv_both` engines for requests whose params say
  *   `do_remote_decode`; receive entries only on `kv_consumer` / `kv_both` engines;
- * - "no carrier at all" at start is decided by asking the connector about three probe requests
- *   (params `{do_remote_decode: true}`, `{do_remote_prefill: true}`, none): all null = no carrier.
+ * - "no carrier at all" at start is decided from the factory's declared carriers
+ *   (`KVConnectorFactory.kvChecksumCarriers`, passed as `carriers`: empty = no carrier); only
+ *   without a declaration (a third-party factory) by asking the connector about three probe
+ *   requests (params `{do_remote_decode: true}`, `{do_remote_prefill: true}`, none): all null = no carrier.
  * @module
  */
 import {
@@ -31,6 +40,7 @@ import {
   decodePayloadBase64,
   encodePayload,
   parseReplicaKey,
+  tokenDigest,
   verdictSummary,
   verifyLoad,
   PayloadError,
@@ -49,11 +59,13 @@ import type {
   FinishReason,
   KVCacheGroupConfig,
   KVChecksumCarrier,
+  KVChecksumCarrierKind,
   KVConnectorOutput,
   KVConnectorScheduler,
   KVRole,
   KVTransferConfig,
   KVTransferParams,
+  LoadError,
   RequestFinishedResult,
 } from './connector.js';
 import { decodeReport, isReport, REPORT_JSON_FORMAT, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry, type StepGroupEntry } from './checksum-report.js';
@@ -83,6 +95,12 @@ export interface KVChecksumSchedulerOptions {
   groupConfigs: readonly KVCacheGroupConfig[];
   /** Default: a new one with an `info` logger and its own registry. */
   observability?: KVChecksumObservability;
+  /**
+   * The carriers the connector's factory declares (`KVConnectorFactory.kvChecksumCarriers(config)`);
+   * empty = the connector carries no KV checksums. Absent: unknown, decided by probing the
+   * connector's `kvChecksumCarrier` (third-party factories without a declaration).
+   */
+  carriers?: readonly KVChecksumCarrierKind[];
 }
 
 /** A producer request waiting for its workers' sums and its finish. */
@@ -168,7 +186,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     this.groupConfigs = o.groupConfigs;
     this.observability = o.observability ?? new KVChecksumObservability();
     this._enabled = o.config.enable_kv_checksum;
-    if (this._enabled && !this.connectorHasCarrier()) {
+    if (this._enabled && !this.connectorHasCarrier(o.carriers)) {
       if (o.config.kv_checksum_fail_closed) throw new KVChecksumCarrierError(o.config.kv_connector);
       const reason = `KV connector ${o.config.kv_connector} does not carry KV checksums; KV checksums are disabled`;
       this.observability.logger.warn({ connector: o.config.kv_connector }, reason);
@@ -187,7 +205,9 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     return { sends: this.sends.size, recvs: this.recvs.size };
   }
 
-  private connectorHasCarrier(): boolean {
+  /** From the factory's declaration when there is one; else (a third-party factory) from probe requests. */
+  private connectorHasCarrier(declared: readonly KVChecksumCarrierKind[] | undefined): boolean {
+    if (declared) return declared.length > 0;
     return PROBES.some((p) => {
       try {
         return this.connector.kvChecksumCarrier(p) !== null;
@@ -319,21 +339,41 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     this.observability.events.emit('checksum-payload-received', { requestId, bytes: bytes.byteLength });
   }
 
-  /** Consumer: verifies a finished load (SPEC 8) and applies fail-open / fail-closed and the failure policy. */
-  onLoadFinished(request: ConnectorRequest): LoadDecision {
+  /**
+   * Consumer: verifies a finished load (SPEC 8; identity against `request.promptTokenIds`, 8.0) and
+   * applies fail-open / fail-closed and the failure policy. With `loadError` (the transfer failed)
+   * nothing is verified: the decision is `kv_load_failure_policy` with the cause, fail-open or closed.
+   */
+  onLoadFinished(request: ConnectorRequest, loadError?: LoadError): LoadDecision {
     const p = this.recvs.get(request.requestId);
+    if (p) {
+      this.recvs.delete(request.requestId);
+      this.nextRecv.delete(request.requestId);
+      this.nextDrop.add(request.requestId);
+    }
+    if (loadError) return this.transferFailed(request.requestId, loadError, p?.entry.numTokens ?? request.numTokens);
     if (!this._enabled || !p) return { action: 'use', verdict: null };
-    this.recvs.delete(request.requestId);
-    this.nextRecv.delete(request.requestId);
-    this.nextDrop.add(request.requestId);
-    const load = this.consumerLoad(p);
+    const load = this.consumerLoad(p, request);
     const verdict = verifyLoad(p.payload ?? null, load);
     const action: LoadDecision['action'] = verdict.verdict === 'verified' || !this.config.kv_checksum_fail_closed ? 'use' : this.config.kv_load_failure_policy;
     this.report(request.requestId, verdict, action, load.numTokens);
     return { action, verdict };
   }
 
-  private consumerLoad(p: RecvPending): ConsumerLoad {
+  /** A load whose transfer failed: reported with its cause (never a checksum verdict); the failure policy applies. */
+  private transferFailed(requestId: string, loadError: LoadError, numTokens: number): LoadDecision {
+    const action = this.config.kv_load_failure_policy;
+    const obs = this.observability;
+    obs.recordTransferFailed(loadError, action);
+    obs.logger.error({ requestId, reason: loadError.reason, detail: loadError.message, action }, `KV load failed in transit (${loadError.reason}): ${action}`);
+    const ev = { requestId, loadError, action, numTokens };
+    obs.events.emit('load-transfer-failed', ev);
+    obs.events.emit(action === 'recompute' ? 'load-recomputed' : 'load-failed', ev);
+    return { action, verdict: null, loadError };
+  }
+
+  /** The consumer's side of a load (SPEC 8 input); `tokenIds` = the request's prompt (SPEC 8.0). */
+  private consumerLoad(p: RecvPending, request: ConnectorRequest): ConsumerLoad {
     const workers: WorkerRecord[] = [...p.reports].map(([key, e]) => {
       const [pp, tp] = key.split(':').map(Number);
       return { ppRank: pp, tpRank: tp, groups: new Map(e.groups.map((g) => [g.groupId, g])) };
@@ -355,7 +395,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
         skipped: kind === null || recs.some((x) => x.r?.skipped === true),
       };
     });
-    return { numTokens: p.entry.numTokens, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers };
+    return { numTokens: p.entry.numTokens, tokenIds: request.promptTokenIds, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers };
   }
 
   private report(requestId: string, verdict: Verdict, action: LoadDecision['action'], numTokens: number): void {
@@ -363,16 +403,21 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     const ev: LoadEvent = { requestId, verdict, action, numTokens };
     obs.recordLoad(verdict, action);
     const log = obs.logger;
+    const { identity } = verdict;
     for (const g of verdict.leftOut) {
       if (obs.once(`left-out:${g}`)) log.warn({ requestId, groupId: g }, 'KV cache group left out of KV checksums: state without a TP split across different TP sizes');
     }
+    if (identity === 'unchecked' && obs.once('identity-unchecked')) {
+      log.warn({ requestId }, 'KV checksum payload of version 1: the load is not checked against the request tokens (identity unchecked, SPEC 8.0); upgrade the producer to payload version 2');
+    }
+    if (verdict.wrongRequest) log.error({ requestId, action, identity }, 'KV load belongs to another request: the payload token digest differs from the prompt (SPEC 8.0)');
     if (verdict.verdict === 'verified') {
-      log.debug({ requestId, action }, 'KV load verified');
+      log.debug({ requestId, action, identity }, 'KV load verified');
       obs.events.emit('load-verified', ev);
     } else {
-      for (const m of verdict.mismatches) log.error({ requestId, groupId: m.groupId, positions: m.positions, action }, 'KV checksum mismatch');
+      for (const m of verdict.mismatches) log.error({ requestId, groupId: m.groupId, positions: m.positions, action, wrongRequest: verdict.wrongRequest }, 'KV checksum mismatch');
       for (const u of verdict.unverified) log.warn({ requestId, groupId: u.groupId, reason: u.reason, action }, 'KV checksums not verified');
-      log.info({ requestId, action, summary: verdictSummary(verdict) }, `KV load ${verdict.verdict}: ${action}`);
+      log.info({ requestId, action, identity, summary: verdictSummary(verdict) }, `KV load ${verdict.verdict}: ${action}`);
       obs.events.emit(verdict.verdict === 'mismatch' ? 'load-mismatch' : 'load-unverified', ev);
     }
     if (action === 'recompute') obs.events.emit('load-recomputed', ev);
@@ -434,9 +479,11 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
   }
 
   /**
-   * SPEC 6 payload of a producer request: every TP x PP worker must have reported; values = sum
-   * over workers of their replica-0 partials per block; fingerprint = sum over PP stages of one
-   * TP rank's; groups a worker skipped (or no worker holds) are left out.
+   * Payload (version 2, SPEC 6.1) of a producer request: every TP x PP worker must have reported;
+   * values = sum over workers of their replica-0 partials per block; fingerprint = sum over PP
+   * stages of one TP rank's; groups a worker skipped (or no worker holds) are left out;
+   * `tokenDigest` = digest of the first `numTokens` prompt token ids (`encode-error` when the
+   * prompt holds fewer, or an id is not a uint32).
    */
   private buildPayload(p: SendPending): { payload: ChecksumPayload } | { notSent: NotSentReason; detail: string } {
     const workers = [...p.reports.entries()]
@@ -480,6 +527,13 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
       if (skip || !anyKind) continue;
       groups.push({ groupId: g.groupId, fingerprint, blockSize: cfg.blockSize, start, values });
     }
-    return { payload: { numTokens: p.entry.numTokens, producerTpSize: this.tpSize, groups } };
+    const { numTokens } = p.entry;
+    let digest: bigint;
+    try {
+      digest = tokenDigest(p.request.promptTokenIds, numTokens);
+    } catch (e) {
+      return { notSent: 'encode-error', detail: `no token digest of ${numTokens} tokens: ${e instanceof Error ? e.message : String(e)}` };
+    }
+    return { payload: { version: 2, numTokens, producerTpSize: this.tpSize, tokenDigest: digest, groups } };
   }
 }

@@ -82,6 +82,9 @@ export interface KVCacheGroupConfig {
 /** How KV checksums travel for a request (SPEC 7). */
 export type KVChecksumCarrier = 'kv_transfer_params' | 'connector' | null;
 
+/** A carrier a connector can use (SPEC 7): {@link KVChecksumCarrier} without `null`. */
+export type KVChecksumCarrierKind = Exclude<KVChecksumCarrier, null>;
+
 /** Result of {@link KVConnectorScheduler.getNumNewMatchedTokens}. */
 export interface MatchedTokens {
   /** Tokens beyond `numComputedTokens` the connector can provide; null = not known yet (ask again next step). */
@@ -146,6 +149,8 @@ export interface KVConnectorOutput<W = unknown> {
   invalidBlockIds: Set<number>;
   /** Checksum payloads a connector carried (SPEC 7, `connector` carrier), by request id. */
   kvChecksums: Map<string, Uint8Array>;
+  /** Why loads failed, by request id ({@link TransferResults.loadErrors}). */
+  loadErrors?: Map<string, LoadError>;
   /** The KV checksum worker's report for this step (opaque here; see checksum-worker). */
   kvChecksumReport?: unknown;
   /** The connector's worker-to-scheduler metadata of this step ({@link TransferResults.workerMeta}). */
@@ -165,12 +170,30 @@ export interface WorkerKVCaches {
   readonly groupConfigs: readonly KVCacheGroupConfig[];
 }
 
+/**
+ * Why one load failed in transit, as a connector's worker saw it: the engine reports it (verdict
+ * `transfer-failed`, logs, metrics) and applies `kv_load_failure_policy`, never as a checksum
+ * mismatch.
+ */
+export interface LoadError {
+  /** A short stable code for metrics and logs (connector-defined, e.g. `timeout`, `unreachable`, `producer-error`, `lease-expired`). */
+  reason: string;
+  /** A human description of the cause (peer, status, error text). */
+  message: string;
+}
+
 /** Transfer results since the previous call ({@link KVConnectorWorker.getTransferResults}). */
 export interface TransferResults<W = unknown> {
   finishedSending: Set<string>;
   finishedRecving: Set<string>;
   invalidBlockIds: Set<number>;
   kvChecksums: Map<string, Uint8Array>;
+  /**
+   * Optional: why the loads reported failed in this result failed, by request id (the request is
+   * also in `finishedRecving` and its loaded blocks in `invalidBlockIds`). A failed load without an
+   * entry is reported with reason `invalid-blocks`.
+   */
+  loadErrors?: Map<string, LoadError>;
   /**
    * Connector-defined plain data for the scheduler half (e.g. leases a worker saw released, transfer
    * statistics); the engine passes it on in {@link KVConnectorOutput.kvConnectorWorkerMeta}.
@@ -254,6 +277,19 @@ export interface KVConnectorFactory<S = any, W = any, H = any> {
   readonly name: string;
   createScheduler(config: KVTransferConfig, ctx: SchedulerContext): KVConnectorScheduler<S, W, H>;
   createWorker(config: KVTransferConfig, ctx: WorkerContext): KVConnectorWorker<S, W, H>;
+  /**
+   * The KV checksum carriers (SPEC 7) the connector built from `config` uses for some requests
+   * (its scheduler's `kvChecksumCarrier` returns only these, or null); `[]` = it carries no KV
+   * checksums. A function of the config because wrapping connectors (MultiConnector, the fault
+   * injector) answer for the children their config names. The engine passes the answer to the
+   * KV checksum scheduler (`KVChecksumSchedulerOptions.carriers`), which decides from it whether
+   * checksums can run at all.
+   *
+   * Optional for third-party factories: absent, or `undefined` returned (e.g. a wrapper whose
+   * child does not declare), the checksum scheduler falls back to asking `kvChecksumCarrier` about
+   * three probe requests.
+   */
+  kvChecksumCarriers?(config: KVTransferConfig): readonly KVChecksumCarrierKind[] | undefined;
 }
 
 /** What a connector's scheduler half knows about its engine. */

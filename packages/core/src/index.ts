@@ -6,6 +6,7 @@
  */
 export type * from './connector.js';
 export { workerKey } from './connector.js';
+export { loadBlockIds } from './blocks.js';
 export type * from './checksum-hooks.js';
 export * from './config.js';
 export * from './registry.js';
@@ -14,3 +15,4 @@ export * from './observability.js';
 export * from './checksum-report.js';
 export { KVChecksumWorker, type KVChecksumWorkerOptions } from './checksum-worker.js';
 export * from './checksum-scheduler.js';
+export * from './unusable-params.js';

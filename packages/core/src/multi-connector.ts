@@ -35,6 +35,7 @@ import type {
   HandshakeMetadataByWorker,
   FinishReason,
   KVChecksumCarrier,
+  KVChecksumCarrierKind,
   KVConnectorFactory,
   KVConnectorMetadata,
   KVConnectorOutput,
@@ -132,6 +133,17 @@ export class MultiConnectorFactory implements MultiConnectorFactoryType {
   /** @throws KVTransferConfigError for a bad `connectors` list; UnknownConnectorError for an unknown child. */
   createWorker(config: KVTransferConfig, ctx: WorkerContext): MultiConnectorWorker {
     return new MultiConnectorWorker(multiConnectorChildConfigs(config).map((c) => this.lookup.get(c.kv_connector).createWorker(c, ctx)));
+  }
+
+  /** The union of the children's declared carriers; undefined when a child declares none (unknown: probe). */
+  kvChecksumCarriers(config: KVTransferConfig): readonly KVChecksumCarrierKind[] | undefined {
+    const out = new Set<KVChecksumCarrierKind>();
+    for (const c of multiConnectorChildConfigs(config)) {
+      const d = this.lookup.get(c.kv_connector).kvChecksumCarriers?.(c);
+      if (!d) return undefined;
+      for (const k of d) out.add(k);
+    }
+    return [...out];
   }
 }
 
@@ -334,7 +346,7 @@ export class MultiConnectorWorker implements KVConnectorWorker<MultiConnectorMet
 
   /**
    * Merged results: unions; a request is finished sending once every sending child said so; first
-   * checksum copy wins; `workerMeta` holds each child's (null for none), absent when no child gave any.
+   * checksum copy and first load error win; `workerMeta` holds each child's (null for none), absent when no child gave any.
    */
   getTransferResults(): TransferResults<MultiConnectorWorkerMeta> {
     const out: TransferResults<MultiConnectorWorkerMeta> = { finishedSending: new Set(), finishedRecving: new Set(), invalidBlockIds: new Set(), kvChecksums: new Map() };
@@ -345,6 +357,7 @@ export class MultiConnectorWorker implements KVConnectorWorker<MultiConnectorMet
       for (const id of r.finishedRecving) out.finishedRecving.add(id);
       for (const b of r.invalidBlockIds) out.invalidBlockIds.add(b);
       for (const [id, bytes] of r.kvChecksums) if (!out.kvChecksums.has(id)) out.kvChecksums.set(id, bytes);
+      for (const [id, e] of r.loadErrors ?? []) if (!(out.loadErrors ??= new Map()).has(id)) out.loadErrors.set(id, e);
       for (const id of r.finishedSending) {
         const seen = this.sendsSeen.get(id) ?? new Set<number>();
         seen.add(i);

@@ -12,11 +12,15 @@ import { EventEmitter } from 'eventemitter3';
 import { pino, type DestinationStream, type Logger, type LevelWithSilent } from 'pino';
 import { Counter, Histogram, Registry } from 'prom-client';
 import type { UnverifiedReason, Verdict } from '@kvconnect/checksum';
+import type { LoadError } from './connector.js';
 
 /** Metric names (all counters end in `_total`; the histogram is in seconds). */
 export const METRIC_NAMES = Object.freeze({
   loads: 'kvconnect_kv_checksum_loads_total',
   unverified: 'kvconnect_kv_checksum_unverified_total',
+  identityUnchecked: 'kvconnect_kv_checksum_identity_unchecked_total',
+  wrongRequest: 'kvconnect_kv_checksum_wrong_request_total',
+  transferFailed: 'kvconnect_kv_checksum_transfer_failed_total',
   recomputed: 'kvconnect_kv_checksum_recomputed_total',
   failed: 'kvconnect_kv_checksum_failed_total',
   seconds: 'kvconnect_kv_checksum_seconds',
@@ -35,6 +39,37 @@ export interface LoadEvent {
   verdict: Verdict;
   /** What the engine was told to do with the KV. */
   action: 'use' | 'fail' | 'recompute';
+  /** The consumer's numTokens of the load. */
+  numTokens: number;
+}
+
+/**
+ * What the consumer engine did with one finished KV load, whatever decided it: the checksum verdict
+ * (SPEC 8), the transport's invalid blocks (the engine's `kv_load_failure_policy`), or neither
+ * (a load without checksums). Emitted by the engine once per finished load, after the checksum
+ * events of that load.
+ */
+export interface LoadOutcomeEvent {
+  requestId: string;
+  /** The checksum verdict; null when the load was not checksummed. */
+  verdict: Verdict | null;
+  /** What the engine does with the loaded KV. */
+  action: 'use' | 'fail' | 'recompute';
+  /**
+   * What decided `action`: `invalid-blocks` (the connector reported the load failed; the load
+   * failure policy applies), `checksum` (the verdict, under the checksum config), `unchecked`
+   * (no verdict: the KV is used).
+   */
+  reason: 'invalid-blocks' | 'checksum' | 'unchecked';
+}
+
+/** A load whose transfer failed (a {@link LoadError}): nothing was verified; the load failure policy applies. */
+export interface TransferFailedEvent {
+  requestId: string;
+  /** The cause the connector's worker reported (`reason` `invalid-blocks` when it gave none). */
+  loadError: LoadError;
+  /** `kv_load_failure_policy`. */
+  action: 'fail' | 'recompute';
   /** The consumer's numTokens of the load. */
   numTokens: number;
 }
@@ -65,10 +100,14 @@ export interface KVChecksumEvents {
   'load-mismatch': [LoadEvent];
   /** A load could not be verified (emitted whatever the action). */
   'load-unverified': [LoadEvent];
-  /** Fail-closed + `recompute`: the consumer recomputes the prompt. */
-  'load-recomputed': [LoadEvent];
-  /** Fail-closed + `fail`: the request ends with an error. */
-  'load-failed': [LoadEvent];
+  /** A load's transfer failed (dead producer, refused connection, timeout...): not a checksum verdict. */
+  'load-transfer-failed': [TransferFailedEvent];
+  /** The consumer recomputes the prompt: fail-closed + `recompute`, or a failed transfer under `recompute`. */
+  'load-recomputed': [LoadEvent | TransferFailedEvent];
+  /** The request ends with an error: fail-closed + `fail`, or a failed transfer under `fail`. */
+  'load-failed': [LoadEvent | TransferFailedEvent];
+  /** A consumer engine finished a KV load and decided what to do with it (every load, checksummed or not). */
+  'load-outcome': [LoadOutcomeEvent];
   /** A producer handed a payload to its carrier. */
   'checksum-payload-sent': [PayloadSentEvent];
   /** A producer finished a checksummed request but sent no payload. */
@@ -97,11 +136,26 @@ export interface ObservabilityOptions {
 
 /** The Prometheus metrics of one engine's KV checksums. */
 export interface KVChecksumMetrics {
-  /** `kvconnect_kv_checksum_loads_total{verdict}`: verified loads by verdict (verified, mismatch, unverified). */
+  /**
+   * `kvconnect_kv_checksum_loads_total{verdict}`: finished loads by outcome: the SPEC 8 verdict
+   * (`verified`, `mismatch`, `unverified`), or `transfer-failed` (the transfer failed; nothing verified).
+   */
   loads: Counter<'verdict'>;
   /** `kvconnect_kv_checksum_unverified_total{reason}`: unverified reasons (SPEC 8 codes), one per reason reported. */
   unverified: Counter<'reason'>;
-  /** `kvconnect_kv_checksum_recomputed_total`: loads recomputed by the failure policy. */
+  /**
+   * `kvconnect_kv_checksum_identity_unchecked_total`: loads checked against a version-1 payload, which
+   * does not bind the KV to the request's tokens (SPEC 8.0; the producer predates payload version 2).
+   */
+  identityUnchecked: Counter<string>;
+  /**
+   * `kvconnect_kv_checksum_wrong_request_total`: loads whose version-2 payload belongs to other tokens
+   * than the request's prompt (SPEC 8.0 `wrongRequest`); each is also a `mismatch` in `loads`.
+   */
+  wrongRequest: Counter<string>;
+  /** `kvconnect_kv_checksum_transfer_failed_total{reason}`: loads whose transfer failed, by the cause's reason code. */
+  transferFailed: Counter<'reason'>;
+  /** `kvconnect_kv_checksum_recomputed_total`: loads recomputed by the failure policy (mismatch, unverified or transfer-failed). */
   recomputed: Counter<string>;
   /** `kvconnect_kv_checksum_failed_total`: loads failed by the failure policy. */
   failed: Counter<string>;
@@ -138,10 +192,13 @@ export class KVChecksumObservability {
     if (options.defaultLabels) this.registry.setDefaultLabels(options.defaultLabels);
     const registers = [this.registry];
     this.metrics = {
-      loads: new Counter({ name: METRIC_NAMES.loads, help: 'KV loads checked against the producer checksums, by verdict', labelNames: ['verdict'], registers }),
+      loads: new Counter({ name: METRIC_NAMES.loads, help: 'Finished KV loads by verdict (SPEC 8), or transfer-failed', labelNames: ['verdict'], registers }),
       unverified: new Counter({ name: METRIC_NAMES.unverified, help: 'Reasons KV loads could not be verified (SPEC 8 reason codes)', labelNames: ['reason'], registers }),
-      recomputed: new Counter({ name: METRIC_NAMES.recomputed, help: 'KV loads discarded and recomputed locally (fail-closed, policy recompute)', registers }),
-      failed: new Counter({ name: METRIC_NAMES.failed, help: 'KV loads that failed their request (fail-closed, policy fail)', registers }),
+      identityUnchecked: new Counter({ name: METRIC_NAMES.identityUnchecked, help: 'KV loads checked against a version-1 payload: not bound to the request tokens (SPEC 8.0)', registers }),
+      wrongRequest: new Counter({ name: METRIC_NAMES.wrongRequest, help: 'KV loads whose checksums belong to another request (SPEC 8.0 token digest differs)', registers }),
+      transferFailed: new Counter({ name: METRIC_NAMES.transferFailed, help: 'KV loads whose transfer failed (nothing verified), by cause', labelNames: ['reason'], registers }),
+      recomputed: new Counter({ name: METRIC_NAMES.recomputed, help: 'KV loads discarded and recomputed locally (load failure policy recompute: fail-closed verdicts and failed transfers)', registers }),
+      failed: new Counter({ name: METRIC_NAMES.failed, help: 'KV loads that failed their request (load failure policy fail: fail-closed verdicts and failed transfers)', registers }),
       seconds: new Histogram({
         name: METRIC_NAMES.seconds,
         help: 'Wall time of one worker checksum computation in one engine step, in seconds',
@@ -162,10 +219,23 @@ export class KVChecksumObservability {
     return true;
   }
 
-  /** Records a load outcome: counters by verdict and reason, policy counters. */
+  /** Records a load outcome: counters by verdict and reason, identity (SPEC 8.0), policy counters. */
   recordLoad(verdict: Verdict, action: LoadEvent['action']): void {
     this.metrics.loads.inc({ verdict: verdict.verdict });
     for (const u of verdict.unverified) this.metrics.unverified.inc({ reason: u.reason satisfies UnverifiedReason });
+    if (verdict.identity === 'unchecked') this.metrics.identityUnchecked.inc();
+    if (verdict.wrongRequest) this.metrics.wrongRequest.inc();
+    this.recordAction(action);
+  }
+
+  /** Records a load whose transfer failed: `loads{verdict="transfer-failed"}`, the cause's reason, the policy counter. */
+  recordTransferFailed(loadError: LoadError, action: TransferFailedEvent['action']): void {
+    this.metrics.loads.inc({ verdict: 'transfer-failed' });
+    this.metrics.transferFailed.inc({ reason: loadError.reason });
+    this.recordAction(action);
+  }
+
+  private recordAction(action: LoadEvent['action']): void {
     if (action === 'recompute') this.metrics.recomputed.inc();
     if (action === 'fail') this.metrics.failed.inc();
   }

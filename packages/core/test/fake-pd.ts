@@ -30,6 +30,7 @@ import type {
   KVConnectorOutput,
   KVConnectorScheduler,
   KVTransferConfig,
+  LoadError,
   MatchedTokens,
   RequestFinishedResult,
   TransferResults,
@@ -337,6 +338,8 @@ export function runProducer(o: {
   jsonReports?: boolean;
   /** Changes the workers' views before the run (they are planned again). */
   prepare?: (workers: FakeWorker[]) => void;
+  /** The request's prompt (default `0 .. tokens-1`). */
+  promptTokenIds?: number[];
 }): ProducerRun {
   const seed = o.seed ?? 1;
   const id = o.requestId ?? 'req-1';
@@ -348,7 +351,7 @@ export function runProducer(o: {
   if (o.prepare) replan(workers, o.shape, o.prepare);
   const blocks = blockTables(seed + 100, o.kv.tokens, o.shape.blockSize);
   for (const w of workers) layKV(w, o.shape, o.kv, blocks);
-  const req: ConnectorRequest = { requestId: id, promptTokenIds: [...Array(o.kv.tokens).keys()], numComputedTokens: 0, numTokens: o.kv.tokens, kvTransferParams: { do_remote_decode: true } };
+  const req: ConnectorRequest = { requestId: id, promptTokenIds: o.promptTokenIds ?? [...Array(o.kv.tokens).keys()], numComputedTokens: 0, numTokens: o.kv.tokens, kvTransferParams: { do_remote_decode: true } };
   scheduler.onPromptComplete(req, blocks, o.kv.tokens);
   const meta = scheduler.buildStepMeta();
   const outputs = workers.map((w, i) => {
@@ -398,6 +401,10 @@ export function runConsumer(o: {
   jsonReports?: boolean;
   /** Changes the workers' views before the run (they are planned again). */
   prepare?: (workers: FakeWorker[]) => void;
+  /** The request's prompt (default `0 .. tokens-1`, the producer's default). */
+  promptTokenIds?: number[];
+  /** The load failed in transit with this cause (passed to `onLoadFinished`). */
+  loadError?: LoadError;
 }): ConsumerRun {
   const seed = o.seed ?? 2;
   const id = o.requestId ?? 'req-1';
@@ -410,7 +417,7 @@ export function runConsumer(o: {
   const workers = buildWorkers(o.shape, seed);
   if (o.prepare) replan(workers, o.shape, o.prepare);
   const blocks = blockTables(seed + 100, o.kv.tokens, o.shape.blockSize);
-  const req: ConnectorRequest = { requestId: id, promptTokenIds: [...Array(o.kv.tokens).keys()], numComputedTokens: numLocal, numTokens: o.kv.tokens, kvTransferParams: o.params };
+  const req: ConnectorRequest = { requestId: id, promptTokenIds: o.promptTokenIds ?? [...Array(o.kv.tokens).keys()], numComputedTokens: numLocal, numTokens: o.kv.tokens, kvTransferParams: o.params };
   scheduler.onLoadScheduled(req, blocks, numLocal, o.kv.tokens - numLocal);
   const meta = scheduler.buildStepMeta();
   for (const w of workers) w.hooks.bindStepMeta(meta);
@@ -429,7 +436,7 @@ export function runConsumer(o: {
     return output(w, res, o.jsonReports && rep ? JSON.parse(JSON.stringify(encodeReport(rep))) : rep);
   });
   scheduler.updateFromOutputs(outputs);
-  const decision = scheduler.onLoadFinished(req);
+  const decision = scheduler.onLoadFinished(req, o.loadError);
   scheduler.onRequestFinished(req, { delayFree: false }, 'stop');
   return { decision, scheduler, obs, workers, logs, recvStarts };
 }

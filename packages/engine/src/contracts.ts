@@ -18,6 +18,7 @@ export type {
   KVTransferConfig,
   KVTransferParams,
   LoadDecision,
+  LoadError,
   MatchedTokens,
   RequestFinishedResult,
   SchedulerOutput,

@@ -251,6 +251,7 @@ export class Engine {
           ppSize: this.ppSize,
           groupConfigs: this.groupConfigs,
           observability: this.observability!,
+          carriers: registry.get(cfg.kv_connector).kvChecksumCarriers?.(cfg),
         });
       }
     }
@@ -270,6 +271,7 @@ export class Engine {
       checksum: this.checksumScheduler,
       loadFailurePolicy: cfg?.kv_load_failure_policy,
       warn: (msg, fields) => this.observability?.logger.warn({ engineId: this.engineId, ...fields }, msg),
+      onLoadOutcome: (e) => this.observability?.events.emit('load-outcome', e),
       onFinished: (r) => this.settle(r),
     });
   }

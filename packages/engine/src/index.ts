@@ -18,13 +18,19 @@ export { Worker, partAddress, stateAddress, type CacheLayout, type ForwardSegmen
 export { forward } from './executor.js';
 export { Engine, buildGroupConfigs, type EngineOptions, type GenerateResult, type StepResult } from './engine.js';
 export { PDProxy, type PDCallOptions, type PDEndpoint, type PDProxyOptions, type PDResult } from './proxy.js';
-export { startEngineServer, type EngineServer, type EngineServerOptions } from './server/engine-server.js';
-export { EngineClient, EngineClientError, type EngineCallOptions, type EngineClientOptions, type RemoteGenerateResult, type RemoteSamplingParams } from './server/engine-client.js';
+export { startEngineServer, type EngineServer, type EngineServerOptions, type ServerLogger } from './server/engine-server.js';
+export { EngineClient, EngineClientError, type EngineCallOptions, type EngineClientOptions, type RemoteGenerateResult, type RemoteSamplingParams, type StreamDelta } from './server/engine-client.js';
 export { startProxyServer, type ProxyServer, type ProxyServerOptions } from './server/proxy-server.js';
 export {
   parseCompletionRequest,
+  applyChatTemplate,
   findStop,
+  ResponseFormat,
+  type ChatMessage,
+  type CompletionKind,
   type CompletionRequest,
+  type ResponseExtras,
+  type Usage,
   type CompletionResponse,
   type CompletionLimits,
   type KVConnectInfo,

@@ -170,6 +170,8 @@ export class KVCacheManager {
   private readonly tables = new Map<string, number[][]>();
   private readonly hashes = new Map<string, string[]>();
   private readonly cachedUpTo = new Map<string, number>();
+  /** Requests whose blocks must not be cached ({@link neverCache}). */
+  private readonly uncacheable = new Set<string>();
   /** Prefix cache queries and hit tokens (metrics). */
   readonly stats = { queries: 0, queriedTokens: 0, hitTokens: 0 };
 
@@ -272,7 +274,7 @@ export class KVCacheManager {
    * their chained hashes. Call only for tokens whose KV is in the blocks (computed or verified).
    */
   cacheBlocks(req: CacheRequest, numTokens: number): void {
-    if (!this.enablePrefixCaching || this.hasState) return;
+    if (!this.enablePrefixCaching || this.hasState || this.uncacheable.has(req.requestId)) return;
     const table = this.tables.get(req.requestId);
     if (!table) return;
     const from = Math.floor((this.cachedUpTo.get(req.requestId) ?? 0) / this.blockSize);
@@ -286,10 +288,21 @@ export class KVCacheManager {
     this.cachedUpTo.set(req.requestId, to * this.blockSize);
   }
 
+  /**
+   * From now until the request's blocks are freed, {@link cacheBlocks} caches none of them: they
+   * hold KV that was not verified (a fail-open load that mismatched or could not be verified), and
+   * every later block of the request is computed from it. Blocks cached before (a local prefix hit)
+   * stay cached.
+   */
+  neverCache(reqId: string): void {
+    if (this.tables.has(reqId)) this.uncacheable.add(reqId);
+  }
+
   /** Frees the request's blocks (in reverse order, so its tail blocks are evicted first). */
   free(reqId: string): void {
     const table = this.tables.get(reqId);
     this.tables.delete(reqId);
+    this.uncacheable.delete(reqId);
     this.hashes.delete(reqId);
     this.cachedUpTo.delete(reqId);
     if (!table) return;

@@ -30,6 +30,18 @@ export interface PDCallOptions {
    * prefill is not sent to the consumer.
    */
   signal?: AbortSignal;
+  /**
+   * The consumer's output as it comes (endpoints that stream: `EngineClient`; an in-process
+   * `Engine` does not call it). Only the consumer's call gets it.
+   */
+  onDelta?: (delta: { text: string; tokenIds: number[] }) => void;
+  /**
+   * The request's id, carried by the client (e.g. the harness's `r<index>.…`, by which faults pick
+   * their requests): the producer's request is `<requestId>-p`, the consumer's `<requestId>-d`.
+   * Default `pd-<n>-<8 random hex>` (n counts this proxy's requests). The client keeps it unique
+   * among requests in flight (an engine answers 409 to an id in use).
+   */
+  requestId?: string;
 }
 
 /** Options of a {@link PDProxy}. */
@@ -62,13 +74,14 @@ export class PDProxy {
    * (the consumer is not asked). `call.signal`: see {@link PDCallOptions}.
    */
   async generate(prompt: string | readonly number[], sampling: SamplingParams = {}, call: PDCallOptions = {}): Promise<PDResult> {
-    const id = `pd-${this.n++}-${randomUUID().slice(0, 8)}`;
+    const id = call.requestId ?? `pd-${this.n++}-${randomUUID().slice(0, 8)}`;
     const signal = call.signal;
-    const side = (ep: PDEndpoint, p: string | readonly number[], s: SamplingParams, params: KVTransferParams, requestId: string): Promise<GenerateResult> => {
-      if (!signal) return ep.generate(p, s, params, requestId);
+    const side = (ep: PDEndpoint, p: string | readonly number[], s: SamplingParams, params: KVTransferParams, requestId: string, onDelta?: PDCallOptions['onDelta']): Promise<GenerateResult> => {
+      const opts: PDCallOptions | undefined = signal || onDelta ? { signal, onDelta } : undefined;
+      if (!signal) return opts ? ep.generate(p, s, params, requestId, opts) : ep.generate(p, s, params, requestId);
       const onAbort = () => void ep.abort?.(requestId);
       signal.addEventListener('abort', onAbort, { once: true });
-      return ep.generate(p, s, params, requestId, { signal }).finally(() => signal.removeEventListener('abort', onAbort));
+      return ep.generate(p, s, params, requestId, opts).finally(() => signal.removeEventListener('abort', onAbort));
     };
     const aborted = (r: GenerateResult): PDResult => ({ ...r, tokenIds: [], text: '', finishReason: 'abort', prefill: r });
     if (signal?.aborted) return aborted({ requestId: `${id}-p`, tokenIds: [], text: '', finishReason: 'abort', numPreemptions: 0 });
@@ -76,7 +89,7 @@ export class PDProxy {
       const transferId = randomUUID();
       const [p, d] = await Promise.all([
         side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, transfer_id: transferId }, `${id}-p`),
-        side(this.o.decode, prompt, sampling, { do_remote_prefill: true, transfer_id: transferId, remote_engine_id: this.o.prefill.engineId }, `${id}-d`),
+        side(this.o.decode, prompt, sampling, { do_remote_prefill: true, transfer_id: transferId, remote_engine_id: this.o.prefill.engineId }, `${id}-d`, call.onDelta),
       ]);
       return { ...d, prefill: p };
     }
@@ -86,7 +99,7 @@ export class PDProxy {
     // wait for their lease to expire, as for any consumer that never reads).
     if (signal?.aborted) return aborted(p);
     const params: KVTransferParams = { ...(p.kvTransferParams ?? {}), do_remote_prefill: true, do_remote_decode: false };
-    const d = await side(this.o.decode, prompt, sampling, params, `${id}-d`);
+    const d = await side(this.o.decode, prompt, sampling, params, `${id}-d`, call.onDelta);
     return { ...d, prefill: p };
   }
 }

@@ -2,7 +2,7 @@
  * Requests and sampling parameters.
  * @module
  */
-import type { ConnectorRequest, FinishReason, KVTransferParams } from './contracts.js';
+import type { ConnectorRequest, FinishReason, KVTransferParams, LoadError } from './contracts.js';
 import { SeededRng } from './rng.js';
 
 /** Sampling parameters of a request (vLLM `SamplingParams`, the subset this engine implements). */
@@ -39,8 +39,8 @@ export class Request implements ConnectorRequest {
   error: string | undefined;
   /** Returned `kv_transfer_params` (producer side). */
   outputKvTransferParams: KVTransferParams | undefined;
-  /** Remote load bookkeeping (consumer side). */
-  load: { numLocalTokens: number; numExternalTokens: number; recvWorkers: Set<string>; invalid: boolean } | null = null;
+  /** Remote load bookkeeping (consumer side); `loadError`: a worker reported the transfer failed (first cause kept). */
+  load: { numLocalTokens: number; numExternalTokens: number; recvWorkers: Set<string>; loadError: LoadError | null } | null = null;
   /** Set once the connector was asked for external tokens (a request asks once). */
   connectorAsked = false;
   /** The request is aborted but waits for its load to finish before its blocks are freed. */

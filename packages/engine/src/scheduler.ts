@@ -29,7 +29,7 @@ import type {
   LoadDecision,
   SchedulerOutput,
 } from './contracts.js';
-import type { Verdict } from '@kvconnect/checksum';
+import type { LoadOutcomeEvent } from '@kvconnect/core';
 import { KVCacheManager, type PrefixHit } from './kv-cache-manager.js';
 import type { Request } from './request.js';
 
@@ -62,6 +62,8 @@ export interface SchedulerOptions {
   onFinished?: (request: Request) => void;
   /** Warnings (load failures, aborted loads). */
   warn?: (msg: string, fields?: Record<string, unknown>) => void;
+  /** Called once per finished KV load with what was decided (the engine emits it as `load-outcome`). */
+  onLoadOutcome?: (e: LoadOutcomeEvent) => void;
 }
 
 /** One request's share of a step. */
@@ -235,7 +237,7 @@ export class Scheduler {
           r.status = 'WAITING_FOR_REMOTE_KVS';
           r.numComputedTokens = local;
           r.cacheFilled = local;
-          r.load = { numLocalTokens: local, numExternalTokens: external, recvWorkers: new Set(), invalid: false };
+          r.load = { numLocalTokens: local, numExternalTokens: external, recvWorkers: new Set(), loadError: null };
           skipped.push(r);
           continue;
         }
@@ -293,18 +295,25 @@ export class Scheduler {
     this.waiting.unshift(r);
   }
 
-  /** Applies the decision on a load every worker finished. */
+  /**
+   * Applies the decision on a load every worker finished. A load whose transfer failed is not
+   * verified: the checksum scheduler reports it (`transfer-failed`, with its cause) and
+   * `kv_load_failure_policy` applies, checksums on or off. KV used without a `verified` verdict
+   * (fail-open) never enters the prefix cache.
+   */
   private finishLoad(r: Request): void {
     const load = r.load!;
     r.load = null;
     const ck = this.checksum;
-    let decision: LoadDecision = ck ? ck.onLoadFinished(r) : { action: 'use', verdict: null };
-    if (load.invalid) {
+    const loadError = load.loadError ?? undefined;
+    let decision: LoadDecision = ck ? ck.onLoadFinished(r, loadError) : { action: 'use', verdict: null };
+    const checked = decision.verdict;
+    if (loadError) {
       const policy = this.o.loadFailurePolicy ?? 'recompute';
-      this.o.warn?.('KV load reported invalid blocks', { requestId: r.requestId, policy });
-      const verdict: Verdict = decision.verdict ?? { verdict: 'unverified', mismatches: [], unverified: [], leftOut: [] };
-      decision = { action: policy, verdict };
+      this.o.warn?.(`KV load failed in transit (${loadError.reason})`, { requestId: r.requestId, policy, reason: loadError.reason, detail: loadError.message });
+      decision = { action: policy, verdict: null, loadError };
     }
+    this.o.onLoadOutcome?.({ requestId: r.requestId, verdict: checked, action: decision.action, reason: loadError ? 'invalid-blocks' : checked ? 'checksum' : 'unchecked' });
     r.status = 'WAITING';
     if (r.abortPending) {
       this.finish(r, 'abort');
@@ -312,7 +321,7 @@ export class Scheduler {
     }
     if (decision.action === 'fail') {
       this.stats.loadsFailed++;
-      const why = load.invalid ? 'the KV load failed (invalid blocks)' : `KV checksum ${decision.verdict.verdict}`;
+      const why = decision.verdict === null ? `the KV load failed in transit (${decision.loadError.reason}: ${decision.loadError.message})` : `KV checksum ${decision.verdict.verdict}`;
       this.finish(r, 'error', `KV load rejected: ${why}`);
       return;
     }
@@ -327,6 +336,9 @@ export class Scheduler {
     r.cacheFilled = total;
     // vLLM: with every token loaded, the last one is recomputed to get its logits.
     r.numComputedTokens = Math.min(total, r.numTokens - 1);
+    // Fail-open KV that did not verify (mismatch, unverified) stays out of the prefix cache, and so
+    // does every later block of the request (computed from it). No verdict = checksums off: trusted.
+    if (decision.verdict !== null && decision.verdict.verdict !== 'verified') this.kv.neverCache(r.requestId);
     this.kv.cacheBlocks(r, total);
   }
 
@@ -370,11 +382,15 @@ export class Scheduler {
           this.requests.delete(id);
         }
       }
-      if (out.invalidBlockIds.size > 0) {
+      if (out.invalidBlockIds.size > 0 || (out.loadErrors?.size ?? 0) > 0) {
         for (const r of this.waiting) {
-          if (!r.load) continue;
+          if (!r.load || r.load.loadError) continue;
+          const cause = out.loadErrors?.get(r.requestId);
           const blocks = this.kv.blocksOf(r.requestId);
-          if (blocks.some((g) => g.some((b) => out.invalidBlockIds.has(b)))) r.load.invalid = true;
+          if (cause) r.load.loadError = cause;
+          else if (blocks.some((g) => g.some((b) => out.invalidBlockIds.has(b)))) {
+            r.load.loadError = { reason: 'invalid-blocks', message: `worker ${key} reported invalid blocks (no cause given)` };
+          }
         }
       }
     }

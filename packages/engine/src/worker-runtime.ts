@@ -97,6 +97,7 @@ export class WorkerRuntime {
       kvChecksums: res.kvChecksums,
       kvChecksumReport: w.checksum?.takeReport(),
     };
+    if (res.loadErrors !== undefined && res.loadErrors.size > 0) o.loadErrors = res.loadErrors;
     if (res.workerMeta !== undefined) o.kvConnectorWorkerMeta = res.workerMeta;
     return o;
   }

@@ -36,7 +36,7 @@ import {
   type StateTensor,
   type CacheView,
 } from '@kvconnect/checksum';
-import type { DeviceMemoryRegion } from '@kvconnect/checksum';
+import { replicaCount, type DeviceMemoryRegion } from '@kvconnect/checksum';
 import { EmulatedDeviceMemory, deviceMemoryOf, type DeviceMemory, type KVDeviceMode } from '@kvconnect/transfer';
 import type { KVCacheGroupConfig, KVChecksumWorkerHooks, KVConnectorWorker, WorkerKVCaches } from './contracts.js';
 import { readElem, writeElem, type KvDtype } from './dtype.js';
@@ -401,7 +401,7 @@ export class Worker {
     const H = m.hiddenSize;
     const hd = m.headDim;
     const local = view.localHeads;
-    const R = m.numKvHeads >= this.tpSize ? 1 : this.tpSize / m.numKvHeads;
+    const R = replicaCount(view, this.tpSize);
     const shard = Math.floor(this.tpRank / R);
     const [kp, vp] = view.parts;
     const B = view.blockSize;

@@ -86,15 +86,16 @@ describe('MultiProcessExecutor', () => {
     expect(b.metrics).toContain('kvconnect_kv_checksum_loads_total');
   });
 
-  const models: Array<[EngineOptions['preset'], number, number]> = [
-    ['hybrid-mamba2', 2, 2],
-    ['mla', 2, 1],
+  const models: Array<[EngineOptions['preset'], number, number, EngineOptions['device']]> = [
+    ['hybrid-mamba2', 2, 2, 'cpu'],
+    ['mla', 2, 1, 'cpu'],
+    ['dense-gqa', 2, 1, 'cuda-emulated'],
   ];
-  for (const [preset, tp, pp] of models) {
-    it(`${preset} TP${tp} x PP${pp}: chunked prefill and concurrent requests give the in-process outputs`, async () => {
+  for (const [preset, tp, pp, device] of models) {
+    it(`${preset} TP${tp} x PP${pp}${device !== 'cpu' ? `, KV in ${device} device memory` : ''}: chunked prefill and concurrent requests give the in-process outputs`, async () => {
       const prompts = ['one request in chunks,', 'another, longer request that spans several chunks of the step budget.', 'a third'];
       const run = async (executor: 'inprocess' | 'processes') => {
-        const e = new Engine({ preset, tpSize: tp, ppSize: pp, numBlocks: 64, maxNumBatchedTokens: 16, executor });
+        const e = new Engine({ preset, tpSize: tp, ppSize: pp, numBlocks: 64, maxNumBatchedTokens: 16, executor, device: executor === 'processes' ? device : 'cpu' });
         try {
           return (await Promise.all(prompts.map((p) => e.generate(p, { maxTokens: 5, ignoreEos: true })))).map((r) => r.tokenIds);
         } finally {

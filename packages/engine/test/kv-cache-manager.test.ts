@@ -71,6 +71,23 @@ describe('KVCacheManager', () => {
     expect(m.getComputedBlocks(req('d', [1, ...range(1, 12)])).numTokens).toBe(0);
   });
 
+  it('neverCache: a request\'s blocks stay out of the cache until freed; an earlier hit stays cached', () => {
+    const m = new KVCacheManager([full], 4, 32, true);
+    const a = req('a', range(0, 9));
+    m.allocateSlots(a, 9);
+    m.cacheBlocks(a, 4); // block 0 cached (say, a local prefix)
+    m.neverCache('a'); // the rest was loaded and did not verify
+    m.cacheBlocks(a, 9);
+    m.free('a');
+    expect(m.getComputedBlocks(req('b', range(0, 9))).numTokens).toBe(4);
+    // Freed: the flag goes with the blocks; a new request of the same id caches again.
+    const again = req('a', range(0, 9));
+    m.allocateSlots(again, 9);
+    m.cacheBlocks(again, 9);
+    m.free('a');
+    expect(m.getComputedBlocks(req('c', range(0, 9))).numTokens).toBe(8);
+  });
+
   it('prefix caching off, or a state group: never a hit', () => {
     for (const m of [new KVCacheManager([full], 4, 8, false), new KVCacheManager([full, state], 4, 8, true)]) {
       const r = req('a', range(0, 9));

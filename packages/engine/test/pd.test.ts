@@ -35,9 +35,47 @@ describe('P/D through the engine', () => {
         expect(pd.consumer.stats.loadsRecomputed).toBe(1);
       } else {
         expect(r.finishReason).toBe('error');
-        expect(r.error).toMatch(/invalid blocks/);
+        expect(r.error).toMatch(/failed in transit \(transfer-error: load failed \(failLoads\)\)/);
       }
       expect(pd.consumer.scheduler.kv.pool.numFree).toBe(pd.consumer.scheduler.kv.pool.numBlocks);
+    });
+  }
+
+  it('with checksums on, a failed load is transfer-failed with its cause (fail-open: still the policy), never a mismatch', async () => {
+    const ref = await single('dense-gqa').generate(PROMPT, S);
+    const pd = makePD({ model: 'dense-gqa', policy: 'recompute' });
+    pd.bus.failLoads = true;
+    const r = await pd.proxy.generate(PROMPT, S);
+    expect(r.tokenIds).toEqual(ref.tokenIds);
+    expect(pd.consumer.stats.loadsRecomputed).toBe(1);
+    expect(await counter(pd.obs, 'loads', { verdict: 'transfer-failed' })).toBe(1);
+    expect(await counter(pd.obs, 'loads', { verdict: 'mismatch' })).toBe(0);
+    expect(await counter(pd.obs, 'transferFailed', { reason: 'transfer-error' })).toBe(1);
+  });
+
+  for (const corrupt of [true, false]) {
+    it(corrupt ? 'fail-open mismatch: the loaded blocks never enter the prefix cache (an innocent request gets no hit)' : 'control: a verified load is cached, the same prompt hits', async () => {
+      const prompt = 'The quick brown fox jumps over the lazy dog, again and again, and then once more.';
+      const ref = await single('dense-gqa').generate(prompt, S);
+      const pd = makePD({ model: 'dense-gqa' }); // fail-open
+      if (corrupt) {
+        pd.bus.faultHook = (ctx, bytes) => {
+          if (ctx.groupId === 0 && ctx.token === 3 && ctx.head === 0 && ctx.part === 0) bytes[0] ^= 1;
+        };
+      }
+      await pd.proxy.generate(prompt, S);
+      expect(await counter(pd.obs, 'loads', { verdict: corrupt ? 'mismatch' : 'verified' })).toBe(1);
+      pd.bus.faultHook = null;
+      const kv = pd.consumer.scheduler.kv;
+      const before = kv.stats.hitTokens;
+      const innocent = await pd.consumer.generate(prompt, S); // same prompt, no remote load
+      const hit = kv.stats.hitTokens - before;
+      if (corrupt) {
+        expect(hit).toBe(0);
+        expect(innocent.tokenIds).toEqual(ref.tokenIds);
+      } else {
+        expect(hit).toBeGreaterThanOrEqual(64);
+      }
     });
   }
 
@@ -79,7 +117,7 @@ describe('P/D through the engine', () => {
     const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
     const r = await other.consumer.generate(PROMPT, S, { ...p.kvTransferParams, do_remote_prefill: true });
     expect(r.finishReason).toBe('error');
-    expect(r.error).toMatch(/invalid blocks/);
+    expect(r.error).toMatch(/failed in transit \(transfer-error: producer producer-\d+ not on the bus\)/);
     expect(pd.bus.copies).toBe(0);
     expect(other.bus.copies).toBe(0);
     // Nobody read the producer request: it keeps its blocks until its lease expires.

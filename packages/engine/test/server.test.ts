@@ -55,7 +55,7 @@ describe('engine server', () => {
     // Token id prompts, temperature sampling with a seed (deterministic), raw response shape.
     const ids = [256, ...Buffer.from(PROMPT)];
     const sampled = await single('dense-gqa').generate(ids, { maxTokens: 5, temperature: 0.8, seed: 7, ignoreEos: true });
-    const { status, body } = await post(`${server.url}/v1/completions`, { prompt: ids, max_tokens: 5, temperature: 0.8, seed: 7, ignore_eos: true, request_id: 'mine-1', model: 'x' });
+    const { status, body } = await post(`${server.url}/v1/completions`, { prompt: ids, max_tokens: 5, temperature: 0.8, seed: 7, ignore_eos: true, request_id: 'mine-1', model: 'dense-gqa' });
     expect(status).toBe(200);
     expect(body).toMatchObject({ id: 'cmpl-mine-1', object: 'text_completion', model: 'dense-gqa', kvconnect: { engine_id: client.engineId, request_id: 'mine-1', num_preemptions: 0 } });
     expect(body.choices).toEqual([{ index: 0, text: sampled.text, token_ids: sampled.tokenIds, finish_reason: 'length', logprobs: null }]);
@@ -100,9 +100,10 @@ describe('engine server', () => {
       [{ prompt: 'x', ignore_eos: 'yes' }, 400, /ignore_eos/],
       [{ prompt: 'x', kv_transfer_params: [1] }, 400, /kv_transfer_params: expected an object/],
       [{ prompt: 'x', request_id: 'a b' }, 400, /request_id/],
-      [{ prompt: 'x', stream: true }, 400, /no streaming/],
-      [{ prompt: 'x', n: 2 }, 400, /n: only 1/],
-      [{ prompt: 'x', top_k: 3, __proto__x: 1 }, 400, /top_k: unknown field.*__proto__x: unknown field/],
+      [{ prompt: 'x', stream: 'yes' }, 400, /stream: expected a boolean/],
+      [{ prompt: 'x', n: 2 }, 400, /n: 2 is not supported/],
+      [{ prompt: 'x', temperature: 0.5, top_k: 3, __proto__x: 1 }, 400, /top_k: 3 is not supported/],
+      [{ prompt: 'x', model: 'gpt-4' }, 404, /The model `gpt-4` does not exist/],
       // 256 blocks of 16 tokens, one KV cache group: 4096 tokens per request at most.
       [{ prompt: 'x'.repeat(10), max_tokens: 4090 }, 400, /prompt \(11 tokens\) plus max_tokens \(4090\) exceeds the engine's max model length 4096/],
       ['{"prompt":"x"}', 415, /content-type must be application\/json/, { 'content-type': 'text/plain' }],
@@ -370,6 +371,8 @@ describe('CLI parsing', () => {
     const lp = parseEngineArgs(['--preset', 'mla', '--long-prefill-token-threshold', '48']);
     expect(lp.help === false && engineOptionsOf(lp.config).longPrefillTokenThreshold).toBe(48);
     expect(() => parseEngineArgs(['--config-json', '{"preset":"mla","longPrefillTokenThreshold":-1}'])).toThrow(/longPrefillTokenThreshold/);
+    const named = parseEngineArgs(['--preset', 'mla', '--served-model-name', 'my-model', '--served-model-name', 'alias']);
+    expect(named.help === false && named.config.servedModelName).toEqual(['my-model', 'alias']);
     expect(() => parseEngineArgs([])).toThrow(/give a model/);
     expect(() => parseEngineArgs(['--preset', 'nope'])).toThrow(/preset: expected one of/);
     expect(() => parseEngineArgs(['--preset', 'mla', '--tp-size', 'x'])).toThrow(/--tp-size/);
@@ -391,6 +394,6 @@ describe('CLI parsing', () => {
   });
 
   it('parseCompletionRequest treats null optional fields as absent', () => {
-    expect(parseCompletionRequest({ prompt: 'x', max_tokens: null, stop: null, temperature: null })).toEqual({ prompt: 'x', maxTokens: 16, temperature: 0, seed: 0, stop: [], stopTokenIds: [], ignoreEos: false });
+    expect(parseCompletionRequest({ prompt: 'x', max_tokens: null, stop: null, temperature: null })).toEqual({ kind: 'completion', prompt: 'x', maxTokens: 16, temperature: 0, seed: 0, stop: [], stopTokenIds: [], ignoreEos: false, stream: false, includeUsage: false, ignored: [] });
   });
 });

@@ -4,7 +4,7 @@
  * @module
  */
 import { Command, InvalidArgumentError } from 'commander';
-import { DEMO_CONNECTORS, readPrompts, runDemo, type DemoOptions } from './demo.js';
+import { DEMO_CONNECTOR_ALIASES, DEMO_CONNECTORS, readPrompts, runDemo, type DemoOptions } from './demo.js';
 import { runFiles } from './run-files.js';
 
 function rate(v: string): number {
@@ -44,16 +44,16 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     .option('--prompts <file>', 'prompts, one per line (default examples/prompts/prompts.txt)')
     .option(
       '--faults <rate>',
-      'share of loads to inject a fault into (seeded). Multi-process connectors inject consumer-side faults only (bit flip, misplaced block, wrong layout, checksum payload truncated / dropped), by the FaultInjectingConnector in the consumer process; producer-side faults (stale blocks, producer payload) need the producer in this process: use --connector inprocess',
+      'share of loads to inject a fault into (seeded). Multi-process connectors inject consumer-side faults only (bit flip, misplaced block, wrong layout, checksum payload truncated / dropped), by the FaultInjectingConnector in the consumer process; producer-side faults (stale blocks, producer payload) need the producer in this process: use --connector in-process. Only faults that apply to the model are planned (no wrong-layout for MLA)',
       rate,
       0.25,
     )
-    .option('--connector <name>', 'pull: NixlConnector, sequential proxy | push: NixlPushConnector, sequential proxy | mooncake: MooncakeConnector, concurrent proxy (each: proxy, producer, consumer as separate processes) | inprocess: one process, the in-process connector', 'pull')
+    .option('--connector <name>', 'pull: NixlConnector, sequential proxy | push: NixlPushConnector, sequential proxy | mooncake: MooncakeConnector, concurrent proxy (each: proxy, producer, consumer as separate processes) | in-process: one process, the in-process connector (inprocess: deprecated spelling)', 'pull')
     .option('--out <dir>', 'report folder (default ./kvconnect-demo-report-<time>)')
     .option('--model <preset>', 'model preset', 'dense-gqa')
     .option('--max-tokens <n>', 'tokens to generate per prompt', posInt, 16)
     .option('--seed <n>', 'seed of the fault choice', posInt, 1)
-    .option('--concurrency <n>', 'requests in flight at once (multi-process: faults go to the proxy\'s n-th requests, so with more than 1 the arrival order decides which prompt gets which; 1 is fully reproducible)', posInt, 4)
+    .option('--concurrency <n>', 'requests in flight at once (each fault is planned for a prompt by its index, carried with the request, so the same prompts get the same faults at any concurrency)', posInt, 4)
     .option('--no-checksums', 'turn KV checksums off (faults then go undetected)')
     .option('--fail-open', 'use loads that do not verify (default: fail-closed)')
     .option('--policy <policy>', 'what a fail-closed consumer does with a load that does not verify: recompute | fail', policyArg, 'recompute')
@@ -77,7 +77,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
         workers?: string;
         progress: boolean;
       }) => {
-        if (!(o.connector in DEMO_CONNECTORS)) throw new InvalidArgumentError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}`);
+        if (!(o.connector in DEMO_CONNECTORS) && !(o.connector in DEMO_CONNECTOR_ALIASES)) throw new InvalidArgumentError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}`);
         const r = await runDemo({
           prompts: o.prompts ? readPrompts(o.prompts) : undefined,
           faultRate: o.faults,

@@ -8,7 +8,7 @@
  * moving through the connector's embedded transfer agent (NIXL pull, NIXL push or Mooncake); the
  * consumer's connector is the FaultInjectingConnector (loaded by module path) around the chosen
  * one, so only consumer-side faults are injected. Every output is compared token for token with a
- * single engine of this process (greedy). `--connector inprocess` runs producer and consumer as
+ * single engine of this process (greedy). `--connector in-process` runs producer and consumer as
  * engines of this process over the harness's in-process connector (every fault kind, with the
  * injector's ground truth); a custom {@link Topology} plugs into that path.
  * @module
@@ -18,9 +18,11 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import type { Verdict } from '@kvconnect/checksum';
-import { Engine, type LoadInfo } from '@kvconnect/engine';
+import type { KVTransferParams } from '@kvconnect/core';
+import { Engine, type LoadInfo, type ModelConfig } from '@kvconnect/engine';
 import cliProgress from 'cli-progress';
 import type { FaultSpec } from './faults.js';
+import { applyGroundTruth, faultReportOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
 import { prng } from './locate.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts } from './prompts.js';
@@ -29,8 +31,31 @@ import { checkExpectations, resolveConnector, runScenario, type RequestOutcome, 
 import { parseScenario, type ConnectorName, type Scenario, type VerdictKind } from './scenario.js';
 import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics, type WorkersMode } from './topology-multiprocess.js';
 
-/** `--connector` values and the scenario connector each means. */
-export const DEMO_CONNECTORS: Readonly<Record<string, ConnectorName>> = Object.freeze({ pull: 'nixl-pull', push: 'nixl-push', mooncake: 'mooncake', inprocess: 'in-process' });
+/** `--connector` values and the scenario connector each means (`in-process`: the name scenarios use). */
+export const DEMO_CONNECTORS: Readonly<Record<string, ConnectorName>> = Object.freeze({ pull: 'nixl-pull', push: 'nixl-push', mooncake: 'mooncake', 'in-process': 'in-process' });
+
+/** Deprecated `--connector` spellings, still accepted (with a note), and the value each stands for. */
+export const DEMO_CONNECTOR_ALIASES: Readonly<Record<string, keyof typeof DEMO_CONNECTORS>> = Object.freeze({ inprocess: 'in-process' });
+
+/**
+ * The note the demo prints for the model's weights: the presets' weights are seeded random
+ * (`packages/engine/src/model/`), so the generated text is arbitrary tokens; what the demo
+ * checks is that P/D gives the same tokens as a single instance.
+ */
+export function weightsNote(model: string): string {
+  return `model ${model} has seeded random weights (not trained): its outputs are arbitrary tokens; the demo checks that each equals a single instance's, token for token`;
+}
+
+/**
+ * Whether the demo's fault `f` applies to `model`: `wrong-layout` swaps NHD and HND within a
+ * block, so it needs paged attention with heads (`attention` or `sliding` layers, more than one KV
+ * head); an MLA cache (one latent vector per token) is neither NHD nor HND
+ * (`faults/kinds/wrong-layout.ts`). Every other demo fault applies to every preset.
+ */
+export function demoFaultApplies(f: Omit<FaultSpec, 'requests'>, model: ModelConfig): boolean {
+  if (f.kind === 'wrong-layout') return model.numKvHeads > 1 && model.layerTypes.some((t) => t === 'attention' || t === 'sliding');
+  return true;
+}
 
 /** Options of {@link runDemo}. */
 export interface DemoOptions {
@@ -41,7 +66,8 @@ export interface DemoOptions {
   /**
    * `pull` (default: NixlConnector, sequential proxy), `push` (NixlPushConnector, sequential
    * proxy), `mooncake` (MooncakeConnector, concurrent proxy): proxy, producer and consumer as
-   * separate processes; `inprocess`: one process, the harness's in-process connector.
+   * separate processes; `in-process`: one process, the harness's in-process connector
+   * (`inprocess`: deprecated spelling, see {@link DEMO_CONNECTOR_ALIASES}).
    */
   connector?: keyof typeof DEMO_CONNECTORS | string;
   /** Report folder (default a fresh `./kvconnect-demo-report-<time>`). */
@@ -149,7 +175,12 @@ export async function runDemo(o: DemoOptions = {}): Promise<DemoResult> {
     prompts = f ? readPrompts(f) : generatedPrompts({ count: 20, promptTokens: [40, 120], seed });
   }
   if (prompts.length === 0) throw new RangeError('no prompts');
-  const wanted = o.connector ?? 'pull';
+  let wanted = o.connector ?? 'pull';
+  const alias = DEMO_CONNECTOR_ALIASES[wanted];
+  if (alias !== undefined) {
+    print(`note: --connector ${wanted} is deprecated; use --connector ${alias}`);
+    wanted = alias;
+  }
   const connector = DEMO_CONNECTORS[wanted];
   if (!connector) throw new RangeError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}, got ${wanted}`);
   if (o.policy !== undefined && o.policy !== 'fail' && o.policy !== 'recompute') throw new RangeError(`--policy must be fail or recompute, got ${String(o.policy)}`);
@@ -195,7 +226,7 @@ function demoScenario(c: DemoContext, connector: ConnectorName, faults: FaultSpe
 function progressBar(c: DemoContext) {
   const showBar = c.o.progress ?? Boolean(process.stderr.isTTY);
   const bar = showBar ? new cliProgress.SingleBar({ format: 'P/D requests [{bar}] {value}/{total} | {verdicts}', hideCursor: true }, cliProgress.Presets.shades_classic) : null;
-  const counts = { verified: 0, mismatch: 0, unverified: 0, none: 0 };
+  const counts: Record<VerdictKind, number> = { verified: 0, mismatch: 0, unverified: 0, 'transfer-failed': 0, none: 0 };
   bar?.start(c.prompts.length, 0, { verdicts: '' });
   return {
     done(kind: VerdictKind) {
@@ -210,10 +241,15 @@ function requestLine(q: RequestOutcome): string {
   return `  r${q.index}: ${q.faultKinds.join('+') || 'no fault'} -> ${q.kind}${q.verdict?.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict?.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}, ${q.action ?? 'no load'}, output ${q.equalsReference ? 'identical' : 'DIFFERENT'}${q.error ? ` (error: ${q.error})` : ''}`;
 }
 
-function writeReport(c: DemoContext, result: ScenarioResult, summary: RunSummary, markdown: string, extra: Record<string, unknown> = {}) {
-  const run = result.runs[0];
+/** The report folder (created): `--out`, or a fresh `./kvconnect-demo-report-<time>`. */
+function reportDir(c: DemoContext): string {
   const outDir = resolve(c.o.out ?? `kvconnect-demo-report-${new Date().toISOString().replace(/[:.]/g, '-')}`);
   mkdirSync(outDir, { recursive: true });
+  return outDir;
+}
+
+function writeReport(c: DemoContext, result: ScenarioResult, summary: RunSummary, markdown: string, extra: Record<string, unknown> = {}, outDir = reportDir(c)) {
+  const run = result.runs[0];
   const reportPath = join(outDir, 'report.md');
   writeFileSync(reportPath, markdown);
   writeFileSync(
@@ -259,10 +295,12 @@ async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promi
   }
   // Faulted loads: an exact share of the requests, chosen from the seed; kinds in turn.
   const hit = faultedRequests(prompts.length, c.rate, seed);
-  const faults = hit.map((i, k) => ({ ...DEMO_FAULTS[k % DEMO_FAULTS.length], requests: [i], seed: seed + i }));
+  const kinds = DEMO_FAULTS.filter((f) => demoFaultApplies(f, resolveModelSpec(c.model)));
+  const faults = hit.map((i, k) => ({ ...kinds[k % kinds.length], requests: [i], seed: seed + i }));
   const scenario = demoScenario(c, connector, faults as FaultSpec[], hit.length);
   const setup = [
     `one process: model ${c.model}; producer TP2, block 16, NHD; consumer TP1, block 32, HND`,
+    weightsNote(c.model),
     `connector ${connector} (wrapped by FaultInjectingConnector, loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed})`,
     `faulted requests: ${faults.map((f) => `r${f.requests[0]} ${faultLabel(f)}`).join(', ') || 'none'}`,
@@ -279,7 +317,8 @@ async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promi
   const summary = summarize(run);
   for (const l of summaryLines(summary)) print(l);
   for (const q of run.requests) print(requestLine(q));
-  const md = markdownReport(result, { title: 'kvconnect demo: P/D with KV checksums under injected faults', setup, prompts });
+  print(`note: ${weightsNote(c.model)}`);
+  const md = replaceSummaryTable(markdownReport(result, { title: 'kvconnect demo: P/D with KV checksums under injected faults', setup, prompts }), [...summaryLines(summary), `note: ${weightsNote(c.model)}`]);
   const { outDir, reportPath } = writeReport(c, result, summary, md);
   return { result, summary, outDir, reportPath, connector, topology: 'in-process' };
 }
@@ -288,7 +327,7 @@ async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promi
 interface ProxyAnswer {
   choices?: Array<{ token_ids?: number[]; text?: string; finish_reason?: string }>;
   error?: { message?: string };
-  kvconnect?: { decode?: { request_id?: string; load?: LoadInfo; error?: string } };
+  kvconnect?: { decode?: { request_id?: string; engine_id?: string; load?: LoadInfo; error?: string; kv_transfer_params?: KVTransferParams } };
 }
 
 const fmt = (x: number, d = 1) => x.toFixed(d);
@@ -306,7 +345,7 @@ export function processSummaryLines(s: RunSummary, m: ProcessMetrics | null, fau
   const cs = (sec: number | null, b: number | null) => (sec === null ? 'n/a' : `${fmt(sec * 1000, 2)} ms${b === null ? '' : ` over ${bytesText(b)}`}`);
   return [
     `requests: ${s.requests} (${faulted} with a consumer-side fault injected)`,
-    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts['transfer-failed'] ? `, load failed in transit ${s.verdicts['transfer-failed']}` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
     `transfer time: ${transfer}`,
@@ -334,33 +373,36 @@ function replaceSummaryTable(md: string, lines: string[]): string {
   return out.join('\n');
 }
 
-/** The proxy's sequence number of a consumer request id (`pd-<n>-<uuid>-d`). */
-function proxySeq(requestId: string | undefined): number | undefined {
-  const m = requestId ? /^pd-(\d+)-/.exec(requestId) : null;
-  return m ? Number(m[1]) : undefined;
-}
+/** The consumer's block size in the demo (every group; see `demoScenario` and `startPDProcesses`). */
+const CONSUMER_BLOCK_SIZE = 32;
 
 /** The default demo: proxy, producer and consumer as separate processes on 127.0.0.1. */
 async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 'in-process'>): Promise<DemoResult> {
   const { print, seed, prompts } = c;
   const t0 = performance.now();
   const spec = PROCESS_CONNECTORS[connector];
-  // Faults are chosen by the proxy's request sequence number (its consumer request ids are
-  // `pd-<n>-...-d`, n = 0, 1, ... in arrival order): an exact, seeded share of the requests.
-  const hit = faultedRequests(prompts.length, c.rate, seed);
-  const planned = new Map(hit.map((n, k) => [n, DEMO_PROCESS_FAULTS[k % DEMO_PROCESS_FAULTS.length]]));
-  const faults = hit.map((n) => ({ ...planned.get(n)!, requestIds: [`pd-${n}-`], seed: seed + n }) as FaultSpec);
-  const scenario = demoScenario(c, connector, [], hit.length, false);
+  // Faults pick their request by its index, carried with the request: prompt i goes to the proxy
+  // with request_id `r<i>.<run>`, so the consumer's request is `r<i>.<run>-d` (`requests: [i]`),
+  // whatever the order requests arrive in. An exact, seeded share of the requests.
   const model = resolveModelSpec(c.model);
   if (c.o.workers !== undefined && c.o.workers !== 'processes' && c.o.workers !== 'inprocess') throw new RangeError(`--workers must be processes or inprocess, got ${String(c.o.workers)}`);
   const workers = c.o.workers === undefined ? spec.workers : { producer: c.o.workers, consumer: c.o.workers };
   const where = (w: WorkersMode, tp: number) => (w === 'processes' ? `${tp} worker process${tp > 1 ? 'es' : ''}` : 'in the engine process');
+  const kinds = DEMO_PROCESS_FAULTS.filter((f) => demoFaultApplies(f, model));
+  const hit = faultedRequests(prompts.length, c.rate, seed);
+  const planned = new Map(hit.map((n, k) => [n, kinds[k % kinds.length]]));
+  const faults = hit.map((n) => ({ ...planned.get(n)!, requests: [n], seed: seed + n }) as FaultSpec);
+  const scenario = demoScenario(c, connector, [], hit.length);
+  const runId = `demo-${process.pid}-${Date.now().toString(36)}`;
+  const outDir = reportDir(c);
   const setup = [
     `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
     `workers: producer ${where(workers.producer, 2)}, consumer ${where(workers.consumer, 1)}`,
     `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
-    `faulted proxy requests (numbered in arrival order at the proxy; the prompt rN each one landed on is listed after the run): ${hit.map((n) => `#${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
+    `faulted requests: ${hit.map((n) => `r${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
+    weightsNote(c.model),
+    `each process's stdout and stderr: proxy.log, producer.log, consumer.log in ${outDir}`,
   ];
   for (const l of setup) print(l);
   // The single instance: a greedy engine of this process, on the same prompts.
@@ -378,13 +420,15 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   try {
     const refP = Promise.all(prompts.map((p) => reference.generate(p, { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true })));
     refP.catch(() => {});
-    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr });
+    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr, logDir: outDir });
     if (interrupted) throw new Error(`interrupted (${interrupted})`);
     print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
     const workerProcesses = await pd.workerPids();
     const references = (await refP).map((r) => r.tokenIds);
     const tRun = performance.now();
     const outcomes: RequestOutcome[] = new Array(prompts.length);
+    const injections: InjectionRecord[] = [];
+    const loadRecords: LoadRecord[] = [];
     bar = progressBar(c);
     let next = 0;
     const url = `${pd.url}/v1/completions`;
@@ -398,7 +442,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
           const res = await fetch(url, {
             method: 'POST',
             headers: { 'content-type': 'application/json' },
-            body: JSON.stringify({ prompt: prompts[i], max_tokens: c.maxTokens, temperature: 0, ignore_eos: true }),
+            body: JSON.stringify({ prompt: prompts[i], max_tokens: c.maxTokens, temperature: 0, ignore_eos: true, request_id: `r${i}.${runId}` }),
             signal: AbortSignal.timeout(scenario.timeoutMs),
           });
           body = (await res.json().catch(() => ({}))) as ProxyAnswer;
@@ -410,10 +454,19 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
         const tokenIds = choice?.token_ids ?? [];
         const dec = body.kvconnect?.decode;
         const load = dec?.load;
-        const n = proxySeq(dec?.request_id);
-        const fault = n !== undefined ? planned.get(n) : undefined;
+        // The consumer's ground truth (what its fault connector injected and loaded), with the answer.
+        let report: ReturnType<typeof faultReportOf> = null;
+        try {
+          report = faultReportOf(dec?.kv_transfer_params);
+        } catch (e) {
+          error ??= `consumer fault report: ${e instanceof Error ? e.message : String(e)}`;
+        }
+        if (report && report.engineId === pd!.consumer.engineId) {
+          injections.push(...report.injections);
+          loadRecords.push(...report.loads);
+        }
         const verdict: Verdict | null = load
-          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [] }
+          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [], wrongRequest: load.wrong_request ?? false, identity: load.identity ?? 'none' }
           : null;
         const o: RequestOutcome = {
           index: i,
@@ -429,11 +482,15 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
           reference: references[i],
           equalsReference: tokenIds.length === references[i].length && tokenIds.every((t, k) => t === references[i][k]),
           injected: new Map(),
-          faultKinds: fault ? [faultLabel(fault)] : [],
+          faultKinds: [],
           transferMs: null,
           loadBytes: 0,
           latencyMs: performance.now() - started,
         };
+        applyGroundTruth(o, injections, loadRecords, new Set([pd!.consumer.engineId]), () => CONSUMER_BLOCK_SIZE);
+        // The planned fault's label (with its payload mode) for the kind the consumer recorded.
+        const fault = planned.get(i);
+        if (fault) o.faultKinds = o.faultKinds.map((k) => (k === fault.kind ? faultLabel(fault) : k));
         outcomes[i] = o;
         bar!.done(o.kind);
       }
@@ -449,11 +506,15 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
       requests: outcomes,
       checksumSeconds: { send: metrics.checksumSeconds.send ?? 0, recv: metrics.checksumSeconds.recv ?? 0 },
       checksumBytes: { send: metrics.checksumBytes.send ?? 0, recv: metrics.checksumBytes.recv ?? 0 },
-      records: [],
-      loads: [],
+      records: injections,
+      loads: loadRecords,
       wallMs,
     };
     const expectations = checkExpectations(scenario, [run]);
+    // Every planned fault landed on the request it was planned for (the consumer's ground truth).
+    const missing = hit.filter((n) => !outcomes[n].faultKinds.includes(faultLabel(planned.get(n)!))).map((n) => `r${n} ${faultLabel(planned.get(n)!)}: not injected`);
+    const stray = outcomes.filter((q) => !planned.has(q.index) && q.faultKinds.length > 0).map((q) => `r${q.index}: ${q.faultKinds.join('+')} injected, none planned`);
+    expectations.push({ ok: missing.length + stray.length === 0, line: `${missing.length + stray.length === 0 ? 'PASS' : 'FAIL'} demo: each of the ${hit.length} planned fault(s) injected into its own request, no other${missing.length + stray.length ? ` -- ${[...missing, ...stray].slice(0, 4).join('; ')}` : ''}` });
     if (c.checksums) {
       const missed = outcomes.filter((q) => q.faultKinds.length > 0 && q.kind === 'verified').map((q) => `r${q.index} (${q.faultKinds.join('+')}) verified`);
       const n = outcomes.filter((q) => q.faultKinds.length > 0).length;
@@ -462,7 +523,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
     const result: ScenarioResult = { scenario, runs: [run], expectations, durationMs: performance.now() - t0 };
     const summary = summarize(run);
     const faulted = outcomes.filter((q) => q.faultKinds.length > 0).length;
-    const lines = processSummaryLines(summary, metrics, faulted);
+    const lines = [...processSummaryLines(summary, metrics, faulted), `note: ${weightsNote(c.model)}`];
     for (const l of lines) print(l);
     for (const q of run.requests) print(requestLine(q));
     const fullSetup = [
@@ -488,10 +549,10 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
       `| connector transfer time, ms / transfers / bytes | ${ms(metrics.transferSeconds)} / ${metrics.transfers ?? 'n/a'} / ${metrics.transferBytes ?? 'n/a'} |`,
       `| connector metrics found | ${metrics.connectorMetrics.join(', ') || 'none'} |`,
       '',
-      'Faults were injected by the consumer process, so the injector\'s ground truth (which blocks really changed) and per-load transfer times stay there: the Requests table shows the fault planned for each request, and no changed blocks or load time. Producer-side faults (`stale`, producer-side `payload`) are not injected here (only the consumer is wrapped): run `--connector inprocess` for them.',
+      'Faults were injected by the consumer process; its fault connector returned each request\'s ground truth (fault kinds, the blocks whose bytes really changed, load time and bytes) with the request, which the Requests table shows. Producer-side faults (`stale`, producer-side `payload`) are not injected here (only the consumer is wrapped): run `--connector in-process` for them.',
       '',
     ].join('\n');
-    const { outDir, reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid }, workerProcesses });
+    const { reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid }, workerProcesses, logs: ['proxy.log', 'producer.log', 'consumer.log'] }, outDir);
     return { result, summary, outDir, reportPath, connector, topology: 'processes', metrics };
   } finally {
     bar?.stop();

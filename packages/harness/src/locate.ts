@@ -5,7 +5,7 @@
  * them back to know the ground truth (which block positions really changed).
  * @module
  */
-import { DTYPE_BYTES, contiguousStrides, type AttentionCacheView, type StateCacheView, type StateTensor } from '@kvconnect/checksum';
+import { DTYPE_BYTES, contiguousStrides, replicaCount, type AttentionCacheView, type StateCacheView, type StateTensor } from '@kvconnect/checksum';
 import type { WorkerKVCaches } from '@kvconnect/core';
 import { partAddress } from '@kvconnect/engine';
 
@@ -13,14 +13,6 @@ import { partAddress } from '@kvconnect/engine';
 export function layerNumber(name: string): number {
   const nums = name.split('.').filter((c) => /^[0-9]+$/.test(c));
   return nums.length === 1 ? Number(nums[0]) : -1;
-}
-
-/** Replicas R of an attention view at a TP size (SPEC 1). */
-export function attentionReplicas(v: AttentionCacheView, tpSize: number): number {
-  const r = v.replication ?? 1;
-  if (r === 'all') return tpSize;
-  if (typeof r === 'number') return r;
-  return r.totalKvHeads >= tpSize ? 1 : tpSize / r.totalKvHeads;
 }
 
 /** One byte run of a cell part: `len` bytes at `addr` in region `region`. */
@@ -77,7 +69,7 @@ export function forEachAttentionCell(caches: WorkerKVCaches, table: readonly (re
       if (v.kind !== 'attention') continue;
       const layer = layerNumber(v.name);
       if (!within(layer, sel.layers)) continue;
-      const R = attentionReplicas(v, tp);
+      const R = replicaCount(v, tp);
       const shard = Math.floor(caches.rank.tpRank / R);
       const replica = caches.rank.tpRank % R;
       const B = v.blockSize;

@@ -9,7 +9,7 @@ import type { RunOutcome, ScenarioResult } from './runner.js';
 /** The numbers of one run. */
 export interface RunSummary {
   requests: number;
-  verdicts: { verified: number; mismatch: number; unverified: number; none: number };
+  verdicts: { verified: number; mismatch: number; unverified: number; 'transfer-failed': number; none: number };
   /** Unverified (and mismatch-side unverified) reasons, by SPEC 8 code. */
   unverifiedReasons: Record<string, number>;
   recomputed: number;
@@ -39,6 +39,7 @@ export function summarize(run: RunOutcome): RunSummary {
       verified: r.filter((o) => o.kind === 'verified').length,
       mismatch: r.filter((o) => o.kind === 'mismatch').length,
       unverified: r.filter((o) => o.kind === 'unverified').length,
+      'transfer-failed': r.filter((o) => o.kind === 'transfer-failed').length,
       none: r.filter((o) => o.kind === 'none').length,
     },
     unverifiedReasons: reasons,
@@ -66,7 +67,7 @@ export function summaryLines(s: RunSummary): string[] {
     .join(', ');
   return [
     `requests: ${s.requests} (${s.faulted} hit by a fault, ${s.injected} with changed KV bytes)`,
-    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts['transfer-failed'] ? `, load failed in transit ${s.verdicts['transfer-failed']}` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
     `transfer time: ${fmt(s.transferMs)} ms over ${bytes(s.loadBytes)} loaded; checksum time: producer ${fmt(s.checksumMs.send, 2)} ms over ${bytes(s.checksumBytes.send)}, consumer ${fmt(s.checksumMs.recv, 2)} ms over ${bytes(s.checksumBytes.recv)}`,
@@ -87,6 +88,24 @@ function mermaidBar(title: string, labels: string[], values: number[], yLabel: s
   ].join('\n');
 }
 
+/**
+ * A Mermaid bar chart of counts: integer bars, the y axis from 0 to the largest count (at least 1),
+ * so that its ticks are whole numbers of `yLabel`.
+ * @throws RangeError for a count that is not a non-negative integer.
+ */
+export function mermaidCountBar(title: string, labels: string[], counts: number[], yLabel: string): string {
+  for (const c of counts) if (!(Number.isSafeInteger(c) && c >= 0)) throw new RangeError(`${title}: count ${c} is not a non-negative integer`);
+  return [
+    '```mermaid',
+    'xychart-beta',
+    `    title "${title}"`,
+    `    x-axis [${labels.map((l) => JSON.stringify(l)).join(', ')}]`,
+    `    y-axis "${yLabel}" 0 --> ${Math.max(1, ...counts)}`,
+    `    bar [${counts.join(', ')}]`,
+    '```',
+  ].join('\n');
+}
+
 const esc = (s: string) => s.replace(/\|/g, '\\|').replace(/\n/g, ' ');
 
 /** A Markdown report of a scenario result (first run, or every run with a heading each). */
@@ -102,9 +121,15 @@ export function markdownReport(r: ScenarioResult, o: { title?: string; setup?: s
       const [k, ...v] = l.split(': ');
       out.push(`| ${esc(k)} | ${esc(v.join(': '))} |`);
     }
-    out.push('', '## Verdicts', '', mermaidBar('Loads by verdict', ['verified', 'mismatch', 'unverified', 'recomputed', 'failed', 'identical output'], [s.verdicts.verified, s.verdicts.mismatch, s.verdicts.unverified, s.recomputed, s.failed, s.identical], 'requests'), '');
+    // Verdicts (what the checksums said), actions (what the consumer did) and outputs: one chart each.
+    const verdictLabels = ['verified', 'mismatch', 'unverified', ...(s.verdicts.none ? ['no load'] : [])];
+    const verdictCounts = [s.verdicts.verified, s.verdicts.mismatch, s.verdicts.unverified, ...(s.verdicts.none ? [s.verdicts.none] : [])];
+    out.push('', '## Verdicts', '', mermaidCountBar('Loads by verdict', verdictLabels, verdictCounts, 'requests'), '');
+    const used = run.requests.filter((q) => q.action === 'use').length;
+    out.push('## Actions', '', mermaidCountBar('Loads by action', ['used', 'recomputed', 'failed'], [used, s.recomputed, s.failed], 'requests'), '');
+    out.push(mermaidCountBar('Outputs against a single instance', ['identical', 'different'], [s.identical, s.requests - s.identical], 'requests'), '');
     const reasons = Object.entries(s.unverifiedReasons);
-    if (reasons.length) out.push(mermaidBar('Unverified reasons', reasons.map(([k]) => k), reasons.map(([, v]) => v), 'loads'), '');
+    if (reasons.length) out.push(mermaidCountBar('Unverified reasons', reasons.map(([k]) => k), reasons.map(([, v]) => v), 'loads'), '');
     out.push('## Transfer and checksum time per request', '');
     // Per-load figures exist only where the loads ran in this process; no chart of zeros otherwise.
     if (run.requests.some((q) => q.transferMs !== null && q.transferMs !== undefined)) {

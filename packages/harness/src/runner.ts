@@ -7,14 +7,14 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Verdict } from '@kvconnect/checksum';
-import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig } from '@kvconnect/core';
+import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig, type LoadError, type LoadOutcomeEvent } from '@kvconnect/core';
 import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type PDResult, type SamplingParams } from '@kvconnect/engine';
 
 /** What the P/D proxy needs of an engine (its `generate` and id). */
 export type PDEndpoint = PDProxyOptions['prefill'];
 import { FAULT_CONNECTOR_MODULE } from './fault-connector.js';
 import type { FaultSpec } from './faults.js';
-import { FAULT_INJECTING_CONNECTOR, faultReportOf, registerFaultInjectingConnector, requestIndexOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
+import { FAULT_INJECTING_CONNECTOR, applyGroundTruth, faultReportOf, registerFaultInjectingConnector, requestIndexOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
 import { IN_PROCESS_CONNECTOR, InProcessBus } from './in-process-connector.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts, promptText } from './prompts.js';
@@ -85,8 +85,6 @@ export interface TopologyContext {
   /** The inner connector's registered name. */
   innerConnector: string;
   faults: FaultSpec[];
-  /** Receives every consumer log line (JSON). */
-  onConsumerLog: (consumer: number, line: string) => void;
 }
 
 /** Builds the engines of a run (in process, or processes of an engine server). */
@@ -168,7 +166,7 @@ export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnec
   const consumers: Engine[] = [];
   const cObs: KVChecksumObservability[] = [];
   for (let k = 0; k < (s.consumer.dp ?? 1); k++) {
-    const obs = new KVChecksumObservability({ level: 'warn', destination: { write: (line: string) => ctx.onConsumerLog(k, line) } });
+    const obs = new KVChecksumObservability({ level: 'silent' });
     cObs.push(obs);
     consumers.push(
       new Engine({
@@ -225,6 +223,8 @@ export interface RequestOutcome {
   action: 'use' | 'recompute' | 'fail' | null;
   /** The transport reported invalid blocks for the load. */
   invalidBlocks: boolean;
+  /** Why the load failed in transit (kind `transfer-failed`), when it did. */
+  loadError?: LoadError;
   reference: number[];
   equalsReference: boolean;
   /** Consumer block positions whose loaded bytes the injector really changed, per group id. */
@@ -331,62 +331,32 @@ async function metricSum(obs: KVChecksumObservability[], which: 'seconds' | 'byt
 async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[], references: number[][], runIndex: number, inner: string, topology: Topology, onDone?: RunScenarioOptions['onRequestDone']): Promise<RunOutcome> {
   const spec = s.runs[runIndex];
   const faults = spec.faults === false ? [] : s.faults;
-  const invalid = new Map<string, string>();
-  const topo = await topology({
-    scenario: s,
-    model,
-    run: spec,
-    runIndex,
-    innerConnector: inner,
-    faults,
-    onConsumerLog: (_k, line) => {
-      try {
-        const j = JSON.parse(line) as { msg?: string; requestId?: string; policy?: string };
-        if (j.msg === 'KV load reported invalid blocks' && j.requestId) invalid.set(j.requestId, j.policy ?? 'recompute');
-      } catch {
-        /* not JSON */
-      }
-    },
-  });
+  const topo = await topology({ scenario: s, model, run: spec, runIndex, innerConnector: inner, faults });
   const t0 = performance.now();
-  const verdicts = new Map<number, { verdict: Verdict; action: 'use' | 'recompute' | 'fail'; requestId: string }>();
+  // What each consumer engine decided per load (typed `load-outcome` events), by request index.
+  const outcomes = new Map<number, LoadOutcomeEvent>();
+  // Loads whose transfer failed, with the cause the connector gave (`load-transfer-failed`).
+  const transferFailures = new Map<number, LoadError>();
   for (const obs of topo.consumerObservability) {
-    for (const ev of ['load-verified', 'load-mismatch', 'load-unverified'] as const) {
-      obs.events.on(ev, (e) => {
-        const i = requestIndexOf(e.requestId);
-        if (i !== undefined) verdicts.set(i, { verdict: e.verdict, action: e.action, requestId: e.requestId });
-      });
-    }
+    obs.events.on('load-outcome', (e) => {
+      const i = requestIndexOf(e.requestId);
+      if (i !== undefined) outcomes.set(i, e);
+    });
+    obs.events.on('load-transfer-failed', (e) => {
+      const i = requestIndexOf(e.requestId);
+      if (i !== undefined) transferFailures.set(i, e.loadError);
+    });
   }
-  const indexOfBase = new Map<string, number>();
-  let current = -1;
-  const prefill: PDEndpoint = {
-    engineId: topo.prefill.engineId,
-    generate: (prompt, sampling, params, requestId) => {
-      const id = requestId ?? `x${current}`;
-      indexOfBase.set(id.replace(/-p$/, ''), current);
-      return topo.prefill.generate(prompt, sampling, params, `r${current}.${id}`);
-    },
-  };
-  const consumerRequestIds = new Map<number, string>();
-  const proxies = topo.decode.map(
-    (d) =>
-      new PDProxy({
-        prefill,
-        decode: {
-          engineId: d.engineId,
-          generate: (prompt, sampling, params, requestId) => {
-            const id = requestId ?? `x${current}`;
-            const i = indexOfBase.get(id.replace(/-d$/, '')) ?? current;
-            consumerRequestIds.set(i, `r${i}.${id}`);
-            return d.generate(reqs[i].consumerPrompt ?? prompt, sampling, params, `r${i}.${id}`);
-          },
-        },
-        mode: s.mode,
-      }),
-  );
+  // Request i goes through its own proxy whose endpoints name it `r<i>.<proxy id>` on both sides
+  // (faults/records.ts requestIndexOf reads the index back): no shared cursor.
+  const indexed = (ep: PDEndpoint, i: number, prompt?: readonly number[]): PDEndpoint => ({
+    engineId: ep.engineId,
+    generate: (p, sampling, params, requestId, call) => ep.generate(prompt ?? p, sampling, params, `r${i}.${requestId ?? 'x'}`, call),
+    abort: ep.abort ? (requestId) => ep.abort!(`r${i}.${requestId}`) : undefined,
+  });
+  const proxyFor = (k: number, q: PreparedRequest) => new PDProxy({ prefill: indexed(topo.prefill, q.index), decode: indexed(topo.decode[k], q.index, q.consumerPrompt), mode: s.mode });
   const results = new Map<number, { r: GenerateResult | 'timeout'; ms: number }>();
-  const dp = proxies.length;
+  const dp = topo.decode.length;
   let next = 0;
   const worker = async () => {
     while (next < reqs.length) {
@@ -397,8 +367,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       if (prefixP > 0) await topo.warm('producer', 0, q.prompt.slice(0, prefixP));
       if (prefixD > 0) await topo.warm('consumer', k, (q.consumerPrompt ?? q.prompt).slice(0, prefixD));
       const started = performance.now();
-      current = q.index;
-      const p = proxies[k].generate(q.prompt, q.sampling);
+      const p = proxyFor(k, q).generate(q.prompt, q.sampling);
       let timer: NodeJS.Timeout | undefined;
       const r = await Promise.race([p, new Promise<'timeout'>((res) => (timer = setTimeout(() => res('timeout'), s.timeoutMs)))]);
       clearTimeout(timer);
@@ -411,9 +380,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
     const res = results.get(i);
     if (!res) return null;
     const r = res.r;
-    const v = verdicts.get(i);
-    const dId = consumerRequestIds.get(i);
-    const inv = dId ? invalid.get(dId) : undefined;
+    const v = outcomes.get(i);
     const tokenIds = r === 'timeout' ? [] : r.tokenIds;
     return {
       index: i,
@@ -423,9 +390,10 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       finishReason: r === 'timeout' ? 'timeout' : r.finishReason,
       error: r === 'timeout' ? `no answer within ${s.timeoutMs} ms` : r.error,
       verdict: v?.verdict ?? null,
-      kind: v ? v.verdict.verdict : 'none',
-      action: inv ? (inv as 'fail' | 'recompute') : (v?.action ?? null),
-      invalidBlocks: inv !== undefined,
+      kind: v?.verdict ? v.verdict.verdict : transferFailures.has(i) ? 'transfer-failed' : 'none',
+      loadError: transferFailures.get(i),
+      action: v?.action ?? null,
+      invalidBlocks: v?.reason === 'invalid-blocks',
       reference: references[i],
       equalsReference: sameIds(tokenIds, references[i]),
       injected: new Map(),
@@ -447,29 +415,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   const loads = reports.flatMap((x) => (x && ids.has(x.engineId) ? x.loads : []));
   const requests = reqs.map((q) => outcome(q.index)!);
   const consumerIds = new Set(topo.consumerIds);
-  for (const o of requests) {
-    const mine = loads.filter((l) => l.index === o.index && consumerIds.has(l.engineId));
-    if (mine.length > 0) {
-      o.transferMs = Math.max(...mine.map((l) => l.finishedAt)) - Math.min(...mine.map((l) => l.startedAt));
-      o.loadBytes = mine.reduce((a, l) => a + l.bytes, 0);
-    }
-    const first = mine.length ? Math.min(...mine.map((l) => l.firstToken)) : 0;
-    const numTokens = mine.length ? Math.max(...mine.map((l) => l.numTokens)) : Infinity;
-    const pos = new Map<number, Set<number>>();
-    for (const rec of records.filter((x) => x.index === o.index)) {
-      if (!o.faultKinds.includes(rec.kind)) o.faultKinds.push(rec.kind);
-      if (rec.side === 'producer' && mine.length === 0) continue;
-      for (const g of rec.changed) {
-        const B = topo.consumerBlockSizes.get(g.groupId) ?? 16;
-        let set = pos.get(g.groupId);
-        if (!set) pos.set(g.groupId, (set = new Set()));
-        if (g.state) set.add(0);
-        for (const t of g.tokens) if (t >= first && t < numTokens) set.add(Math.floor(t / B));
-        if (set.size === 0) pos.delete(g.groupId);
-      }
-    }
-    for (const [g, set] of [...pos].sort((a, b) => a[0] - b[0])) o.injected.set(g, [...set].sort((a, b) => a - b));
-  }
+  for (const o of requests) applyGroundTruth(o, records, loads, consumerIds, (g) => topo.consumerBlockSizes.get(g) ?? 16);
   return { label: spec.label ?? (s.runs.length > 1 ? `run ${runIndex}` : ''), spec, requests, checksumSeconds, checksumBytes, records, loads, wallMs };
 }
 
@@ -537,7 +483,9 @@ export function describeOutcome(o: RequestOutcome): string {
   const parts = [`verdict ${o.kind}`];
   if (v && v.mismatches.length) parts.push(`mismatch ${fmtMismatches(v.mismatches)}`);
   if (v && v.unverified.length) parts.push(`reasons ${v.unverified.map((u) => (u.groupId === null ? u.reason : `g${u.groupId}:${u.reason}`)).join(',')}`);
-  if (o.invalidBlocks) parts.push('transport reported invalid blocks');
+  if (v?.wrongRequest) parts.push('wrong request (SPEC 8.0)');
+  if (o.loadError) parts.push(`load failed in transit (${o.loadError.reason}: ${o.loadError.message})`);
+  else if (o.invalidBlocks) parts.push('transport reported invalid blocks');
   parts.push(`action ${o.action ?? '-'}`, `finish ${o.finishReason}`, o.equalsReference ? 'output = reference' : o.tokenIds.length ? 'output differs' : 'no output');
   return parts.join(', ');
 }
@@ -551,6 +499,7 @@ function checkRequest(e: RequestExpectation, o: RequestOutcome): string[] {
     const want = e.mismatches.map((m) => ({ group: m.group, positions: [...m.positions].sort((a, b) => a - b) })).sort((a, b) => a.group - b.group);
     if (JSON.stringify(got.sort((a, b) => a.group - b.group)) !== JSON.stringify(want)) bad.push(`mismatches ${fmtMismatches(got)}, expected ${fmtMismatches(want)}`);
   }
+  if (e.wrongRequest !== undefined && (o.verdict?.wrongRequest ?? false) !== e.wrongRequest) bad.push(e.wrongRequest ? 'not reported as another request\'s KV (wrongRequest)' : 'reported as another request\'s KV (wrongRequest)');
   if (e.reasons && (verdicts === undefined || o.kind === 'unverified' || o.kind === 'mismatch')) {
     const got = o.verdict?.unverified ?? [];
     for (const r of e.reasons) {
@@ -573,6 +522,7 @@ function describeExpectation(e: RequestExpectation): string {
   const parts: string[] = [];
   if (e.verdict) parts.push(`verdict ${asList(e.verdict)!.join('|')}`);
   if (e.mismatches) parts.push(`mismatch ${fmtMismatches(e.mismatches)}`);
+  if (e.wrongRequest !== undefined) parts.push(e.wrongRequest ? 'wrong request' : 'not a wrong request');
   if (e.reasons) parts.push(`reasons ${e.reasons.map((r) => (typeof r === 'string' ? r : `${r.group === null ? 'load' : `g${r.group}`}:${r.reason}`)).join(',')}`);
   if (e.action) parts.push(`action ${asList(e.action)!.join('|')}`);
   if (e.finishReason) parts.push(`finish ${asList(e.finishReason)!.join('|')}`);
@@ -638,6 +588,7 @@ export function checkExpectations(s: Scenario, runs: RunOutcome[]): ExpectationR
       verified: all.filter((o) => o.kind === 'verified').length,
       mismatch: all.filter((o) => o.kind === 'mismatch').length,
       unverified: all.filter((o) => o.kind === 'unverified').length,
+      'transfer-failed': all.filter((o) => o.kind === 'transfer-failed').length,
       none: all.filter((o) => o.kind === 'none').length,
       recomputed: all.filter((o) => o.action === 'recompute').length,
       failed: all.filter((o) => o.action === 'fail').length,

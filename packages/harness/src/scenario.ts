@@ -79,8 +79,11 @@ export interface GenerateSpec {
   seed?: number;
 }
 
-/** A verdict kind, or `none` when the consumer did not load (nothing to verify). */
-export type VerdictKind = 'verified' | 'mismatch' | 'unverified' | 'none';
+/**
+ * A verdict kind (SPEC 8), `transfer-failed` when the load failed in transit (nothing verified), or
+ * `none` when the consumer did not load (nothing to verify).
+ */
+export type VerdictKind = 'verified' | 'mismatch' | 'unverified' | 'transfer-failed' | 'none';
 /** How a request finished (`timeout`: the harness stopped waiting). */
 export type FinishKind = 'stop' | 'length' | 'error' | 'abort' | 'timeout';
 
@@ -94,6 +97,8 @@ export interface RequestExpectation {
   verdict?: VerdictKind | VerdictKind[];
   /** With a mismatch: exactly these groups and consumer block positions. */
   mismatches?: Array<{ group: number; positions: number[] }>;
+  /** SPEC 8.0: the verdict says the KV and checksums belong to another request (true), or not (false). */
+  wrongRequest?: boolean;
   /** Unverified reasons that must all be reported (a string: any group; an object: that group, null = load level). */
   reasons?: Array<UnverifiedReason | { group: number | null; reason: UnverifiedReason }>;
   /** What the consumer did with the load. */
@@ -159,8 +164,8 @@ const CONSUMER = [...SIDE, 'failClosed', 'policy', 'dp'];
 const REQUEST = ['prompt', 'promptTokens', 'promptSeed', 'continueFrom', 'appendFirstToken', 'maxTokens', 'temperature', 'seed', 'ignoreEos'];
 const GENERATE = ['count', 'promptTokens', 'sharedPrefix', 'prefixTokens', 'maxTokens', 'seed'];
 const EXPECT = ['requests', 'noFalseVerify', 'noTokensFromUnverified', 'mismatchesAtInjections', 'counts', 'sameOutputsAcrossRuns'];
-const REQ_EXPECT = ['request', 'run', 'verdict', 'mismatches', 'reasons', 'action', 'output', 'finishReason', 'error'];
-const VERDICTS: VerdictKind[] = ['verified', 'mismatch', 'unverified', 'none'];
+const REQ_EXPECT = ['request', 'run', 'verdict', 'mismatches', 'wrongRequest', 'reasons', 'action', 'output', 'finishReason', 'error'];
+const VERDICTS: VerdictKind[] = ['verified', 'mismatch', 'unverified', 'transfer-failed', 'none'];
 const FINISH: FinishKind[] = ['stop', 'length', 'error', 'abort', 'timeout'];
 const ACTIONS = ['use', 'recompute', 'fail'] as const;
 /** SPEC 8 reason codes. */
@@ -248,6 +253,7 @@ function checkExpect(c: Checker, raw: unknown, path: string, numRequests: number
         if (x.finishReason !== undefined) list(x.finishReason, at(p, 'finishReason'), FINISH);
         if (x.output !== undefined) c.oneOf(x.output, at(p, 'output'), ['reference', 'different', 'empty', 'any']);
         if (x.error !== undefined) c.boolean(x.error, at(p, 'error'));
+        if (x.wrongRequest !== undefined) c.boolean(x.wrongRequest, at(p, 'wrongRequest'));
         if (x.mismatches !== undefined) {
           if (!Array.isArray(x.mismatches)) c.fail(at(p, 'mismatches'), 'expected an array of { group, positions }');
           else

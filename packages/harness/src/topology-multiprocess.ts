@@ -110,6 +110,8 @@ export interface PDProcessOptions {
   idPrefix?: string;
   /** Copy the children's stderr to this process's stderr (default false). */
   echoStderr?: boolean;
+  /** A folder that gets each process's stdout and stderr: `producer.log`, `consumer.log`, `proxy.log` (default none). */
+  logDir?: string;
   readyTimeoutMs?: number;
   /**
    * The cluster secret both engines get in `KVCONNECT_CLUSTER_SECRET` (default: a fresh one from
@@ -196,6 +198,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     kv_connector_extra_config: { inner: { kv_connector: spec.name, kv_connector_extra_config: consumerExtra }, faults: o.faults ?? [] },
   };
   const launch = { echoStderr: o.echoStderr, readyTimeoutMs: o.readyTimeoutMs };
+  const logFile = (name: string) => (o.logDir !== undefined ? { logFile: join(o.logDir, `${name}.log`) } : {});
   const engineEnv = { ...process.env, [CLUSTER_SECRET_ENV]: o.clusterSecret ?? generateClusterSecret() };
   const started: LaunchedProcess[] = [];
   const stopAll = async () => {
@@ -205,11 +208,13 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     const [p, d] = await Promise.allSettled([
       launchEngineProcess({
         ...launch,
+        ...logFile('producer'),
         env: engineEnv,
         config: { ...engineConfig(o.model, o.producer ?? {}, { tp: 2, blockSize: 16, layout: 'NHD', maxBatchedTokens: 128, numBlocks: 512 }, workers.producer), engineId: `${prefix}-producer`, imports: [module], kvTransferConfig: producerTransfer },
       }),
       launchEngineProcess({
         ...launch,
+        ...logFile('consumer'),
         env: engineEnv,
         config: { ...engineConfig(o.model, o.consumer ?? {}, { tp: 1, blockSize: 32, layout: 'HND', maxBatchedTokens: 256, numBlocks: 256 }, workers.consumer), engineId: `${prefix}-consumer`, imports: [module], kvTransferConfig: consumerTransfer },
       }),
@@ -219,7 +224,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     if (d.status === 'rejected') throw d.reason;
     const producer = p.value;
     const consumer = d.value;
-    const proxy = await launchProxyProcess({ ...launch, config: { prefill: [producer.url], decode: [consumer.url], mode: spec.mode, host: '127.0.0.1', port: 0 } });
+    const proxy = await launchProxyProcess({ ...launch, ...logFile('proxy'), config: { prefill: [producer.url], decode: [consumer.url], mode: spec.mode, host: '127.0.0.1', port: 0 } });
     started.push(proxy);
     let down: Promise<void> | null = null;
     return {

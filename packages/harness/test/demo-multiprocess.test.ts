@@ -52,7 +52,9 @@ interface SummaryJson {
   topology: string;
   processes: { proxy: number; producer: number; consumer: number };
   workerProcesses: { producer: number[]; consumer: number[] };
-  requests: Array<{ index: number; faults: string[]; verdict: string; action: string | null; identical: boolean; error?: string }>;
+  summary: { injected: number; faulted: number; transferMs: number; loadBytes: number };
+  logs: string[];
+  requests: Array<{ index: number; faults: string[]; changed: Record<string, number[]>; verdict: string; action: string | null; identical: boolean; error?: string; transferMs: number | null; loadBytes: number }>;
   checks: Array<{ ok: boolean; line: string }>;
 }
 
@@ -85,7 +87,28 @@ describe('kvconnect demo, multi-process topology', () => {
       if (q.faults.length > 0) expect(q.verdict, `r${q.index} ${q.faults.join('+')}`).not.toBe('verified');
     }
     expect(s.checks.every((c) => c.ok)).toBe(true);
+    // Faults planned by prompt index (carried with the request, concurrency 4): the setup line's
+    // plan is what the consumer's ground truth says landed on each prompt.
+    const plan = lines.find((l) => l.startsWith('faulted requests: '))!;
+    const planned = [...plan.matchAll(/r(\d+) ([a-z-]+)/g)].map((m) => [Number(m[1]), m[2]] as const);
+    expect(planned.map(([, k]) => k)).toEqual(['bit-flip', 'misplaced-block']);
+    for (const [i, kind] of planned) expect(s.requests[i].faults, `r${i}`).toEqual([kind]);
+    // The consumer's ground truth: changed blocks of the byte faults, load time and bytes of every load.
+    expect(s.summary.injected).toBe(2);
+    for (const [i] of planned) expect(Object.keys(s.requests[i].changed).length, `r${i} changed blocks`).toBeGreaterThan(0);
+    for (const q of s.requests) {
+      expect(q.transferMs, `r${q.index} load ms`).toBeGreaterThan(0);
+      expect(q.loadBytes, `r${q.index} load bytes`).toBeGreaterThan(0);
+    }
+    expect(s.summary.loadBytes).toBe(s.requests.reduce((a, q) => a + q.loadBytes, 0));
+    // Every process's output in the report folder.
+    expect(s.logs).toEqual(['proxy.log', 'producer.log', 'consumer.log']);
+    for (const f of s.logs) expect(readFileSync(join(out, f), 'utf8'), f).toMatch(/"event":"ready"/);
+    expect(readFileSync(join(out, 'consumer.log'), 'utf8')).toMatch(/KV checksum mismatch/);
     const md = readFileSync(join(out, 'report.md'), 'utf8');
+    expect(md).toContain('x-axis ["verified", "mismatch", "unverified"]');
+    expect(md).toContain('x-axis ["used", "recomputed", "failed"]');
+    expect(md).toMatch(/\| note \| model dense-gqa has seeded random weights/);
     expect(md).toContain('## Summary');
     expect(md).toContain('## Process metrics');
     expect(md).toContain('| outputs identical to a single instance | 4/4 |');

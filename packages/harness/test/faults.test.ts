@@ -101,6 +101,10 @@ describe('fault kinds are detected by the checksums', () => {
   it('transport error: invalid blocks go to the failure policy', async () => {
     const o = await one({ kind: 'transport-error', tokens: [16, 39] }, { consumer: { policy: 'fail' } });
     expect(o.invalidBlocks).toBe(true);
+    // Named truthfully: a failed transfer with its cause, not a checksum verdict.
+    expect(o.kind).toBe('transfer-failed');
+    expect(o.verdict).toBeNull();
+    expect(o.loadError?.reason).toBe('transport-error');
     expect(o.action).toBe('fail');
     expect(o.finishReason).toBe('error');
     expect(o.tokenIds).toEqual([]);

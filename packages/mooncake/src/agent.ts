@@ -45,7 +45,7 @@ export function mooncakeUnavailableReason(): string | null {
  * `local_server_name`: the host of its segment name, which peers connect to). The bind rule
  * applies to `host` first (`checkBindHost`: loopback, or any host with a cluster secret). The real
  * Transfer Engine's handshake and data listeners bind to every interface whatever `host` says
- * (Mooncake has no bind-address setting for them; `docs/security-mooncake.md`).
+ * (Mooncake has no bind-address setting for them; `docs/security.md (Mooncake)`).
  * @throws ClusterSecretError for a non-loopback `host` without `secret`; MooncakeUnavailableError
  *   for `mooncake` when the library is missing or the engine fails to start.
  */

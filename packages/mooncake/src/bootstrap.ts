@@ -12,7 +12,7 @@
  *   addr}}}` (`complete` once every TP x PP worker registered), 404 for an unknown engine.
  *   `GET /query` without an engine id: every engine, `{ID: {...}}`.
  *
- * Authentication (`docs/security-mooncake.md`). With a cluster secret (`@kvconnect/transfer`'s
+ * Authentication (`docs/security.md (Mooncake)`). With a cluster secret (`@kvconnect/transfer`'s
  * `auth.ts`), every request carries the header {@link BOOTSTRAP_AUTH_HEADER}
  * `<ts>.<nonce>.<proof>`: `ts` milliseconds since the epoch (decimal), `nonce` 16 random bytes
  * and `proof` the HMAC of {@link requestProof} (both hex). The server checks the header's form,

@@ -1,6 +1,6 @@
 /**
  * Authentication and sessions of the MooncakeConnector side channel (protocol version 2, the
- * envelopes of `protocol.ts`). `docs/security-mooncake.md` describes the model; the proofs are
+ * envelopes of `protocol.ts`). `docs/security.md (Mooncake)` describes the model; the proofs are
  * `@kvconnect/transfer`'s `makeProof` / `checkProof` (HMAC-SHA256 with the cluster secret).
  *
  * Per connection (a consumer worker's DEALER to a producer worker's ROUTER):

@@ -39,7 +39,7 @@ export interface MooncakeOptions {
   /**
    * [`cluster_secret`, else the environment variable `KVCONNECT_CLUSTER_SECRET`] The cluster
    * secret (`@kvconnect/transfer`'s `resolveClusterSecret`), or null: every bootstrap and
-   * side-channel exchange is then proven (`docs/security-mooncake.md`); without one every
+   * side-channel exchange is then proven (`docs/security.md (Mooncake)`); without one every
    * listener must be on loopback.
    */
   clusterSecret: Buffer | null;

@@ -37,6 +37,8 @@ export function createMooncakeConnectorFactory(hooks: MooncakeConnectorHooks = {
       check(o.backend);
       return new MooncakeWorker(config.kv_role, ctx, o, hooks);
     },
+    // The payload travels with the written KV (MooncakeScheduler.kvChecksumCarrier).
+    kvChecksumCarriers: () => ['connector'],
   };
 }
 

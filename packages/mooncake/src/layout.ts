@@ -16,7 +16,7 @@
  * source and the destination are contiguous.
  * @module
  */
-import { DTYPE_BYTES, contiguousStrides, type AttentionPart, type Replication, type StateTensor } from '@kvconnect/checksum';
+import { DTYPE_BYTES, ReplicaCountError, contiguousStrides, replicaCount, type AttentionPart, type StateTensor } from '@kvconnect/checksum';
 import type { WorkerKVCaches } from '@kvconnect/core';
 import { PlanError, buildRankInfo, planTransfer, type CacheLayout, type RankInfo } from '@kvconnect/nixl-common';
 import type { RegisteredRegion, XferDesc } from '@kvconnect/transfer';
@@ -28,14 +28,6 @@ export class LayoutMismatchError extends Error {
     super(message);
     this.name = 'LayoutMismatchError';
   }
-}
-
-/** The replica count R of a cache at a TP size (SPEC 1, as the checksum planner resolves it). */
-export function replicasOf(r: Replication | undefined, tpSize: number): number {
-  if (r === undefined) return 1;
-  if (r === 'all') return tpSize;
-  if (typeof r === 'number') return Math.max(1, r);
-  return r.totalKvHeads >= tpSize ? 1 : Math.max(1, Math.floor(tpSize / r.totalKvHeads));
 }
 
 /** Byte strides of a state tensor (given, or row-major contiguous). */
@@ -117,6 +109,15 @@ export interface WritePlan {
 }
 
 /** The wire layout of a consumer cache as nixl-common's mapping takes it (no block count on the wire: the regions bound it). */
+/** R of a peer's attention cache (SPEC 1, `replicaCount`); one that cannot be told is a layout mismatch. */
+function peerReplicas(c: Extract<WireCache, { kind: 'attention' }>, tpSize: number): number {
+  try {
+    return replicaCount(c, tpSize);
+  } catch (e) {
+    throw e instanceof ReplicaCountError ? new LayoutMismatchError(e.message) : e;
+  }
+}
+
 function wireToLayout(c: WireCache, tpSize: number): CacheLayout {
   if (c.kind === 'attention') {
     return {
@@ -127,7 +128,7 @@ function wireToLayout(c: WireCache, tpSize: number): CacheLayout {
       numBlocks: Number.POSITIVE_INFINITY,
       blockSize: c.blockSize,
       localHeads: c.localHeads,
-      replicas: replicasOf(c.replication, tpSize),
+      replicas: peerReplicas(c, tpSize),
       parts: c.parts.map((p) => ({ ...p, kernelBlockTokens: p.kernelBlockTokens ?? c.blockSize, kernelBlockStride: p.kernelBlockStride ?? 0 })),
     };
   }

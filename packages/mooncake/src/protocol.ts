@@ -22,7 +22,7 @@
  * Since protocol version 2 both messages travel inside an {@link SideEnvelope} that carries
  * {@link MOONCAKE_PROTOCOL_VERSION} and {@link MOONCAKE_COMPAT_HASH}; a peer with another
  * version or hash is refused with a {@link MooncakeIncompatibleError} before anything else is
- * read. The handshake and its proofs are in `channel.ts`; `docs/security-mooncake.md` describes
+ * read. The handshake and its proofs are in `channel.ts`; `docs/security.md (Mooncake)` describes
  * the model.
  *
  * Version history (bump {@link MOONCAKE_PROTOCOL_VERSION} and add a line to

@@ -13,7 +13,10 @@
  * past the local prefix hit is loaded asynchronously; the load ({@link MooncakeLoadSpec}: blocks,
  * first token, producer engine and bootstrap address) reaches the workers in the next metadata.
  * The bootstrap address comes from the params (`remote_bootstrap_addr`), else the extra config's
- * `remote_bootstrap_addr`, else a producer engine in this process.
+ * `remote_bootstrap_addr`, else a producer engine in this process. Params it cannot use (no
+ * `transfer_id`, e.g. NIXL-shaped ones; no bootstrap address; a producer's params without
+ * `do_remote_prefill`) are said in the returned params (`kv_transfer_params_error`, see
+ * `@kvconnect/core`'s `UnusableParams`) and counted; the request prefills locally.
  *
  * The owner of the producer's bootstrap server is this half (one per engine); it listens from
  * construction, and the engine's workers register with it: through the handshake hooks
@@ -33,6 +36,7 @@ import type {
   RequestFinishedResult,
   SchedulerContext,
 } from '@kvconnect/core';
+import { UnusableParams, hasRemoteKeys } from '@kvconnect/core';
 import { checkBindHost } from '@kvconnect/transfer';
 import { BootstrapServer, parseRegistration } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
@@ -100,12 +104,15 @@ export class MooncakeScheduler implements KVConnectorScheduler {
   private readonly server: Promise<BootstrapServer> | null = null;
   /** Loads not started because no bootstrap address was known (the request prefilled locally). */
   noBootstrap = 0;
+  /** Consumer requests whose params could not be used (said in their returned params). */
+  private readonly unusable: UnusableParams;
 
   constructor(
     private readonly config: KVTransferConfig,
     private readonly ctx: SchedulerContext,
     private readonly opts: MooncakeOptions,
   ) {
+    this.unusable = new UnusableParams(config.kv_connector, ctx.metricsRegistry);
     if (config.kv_role !== 'kv_consumer' && opts.bootstrapAddr === undefined) {
       checkBindHost(opts.bootstrapHost, opts.clusterSecret, 'Mooncake bootstrap server'); // a config error, thrown here rather than from the listen
       const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort, secret: opts.clusterSecret });
@@ -139,11 +146,19 @@ export class MooncakeScheduler implements KVConnectorScheduler {
 
   getNumNewMatchedTokens(request: ConnectorRequest, numComputedTokens: number): MatchedTokens {
     const p = request.kvTransferParams;
-    if (!p || p.do_remote_prefill !== true || this.config.kv_role === 'kv_producer') return { count: 0, loadAsync: false };
-    if (!isStr(p.transfer_id) || !isStr(p.remote_engine_id)) return { count: 0, loadAsync: false };
+    const consumer = this.config.kv_role !== 'kv_producer';
+    if (consumer && p && p.do_remote_prefill !== true && p.do_remote_decode !== true && (hasRemoteKeys(p) || p.transfer_id !== undefined)) {
+      this.unusable.reject(request.requestId, 'kv_transfer_params name a producer but lack do_remote_prefill: true; prefilled locally');
+    }
+    if (!p || p.do_remote_prefill !== true || !consumer) return { count: 0, loadAsync: false };
+    if (!isStr(p.transfer_id) || !isStr(p.remote_engine_id)) {
+      this.unusable.reject(request.requestId, `kv_transfer_params unusable by Mooncake (${isStr(p.transfer_id) ? 'remote_engine_id' : 'transfer_id'} missing: Mooncake pairs the two sides by a proxy-given transfer_id); prefilled locally`);
+      return { count: 0, loadAsync: false };
+    }
     const bootstrapAddr = this.bootstrapFor(p, p.remote_engine_id);
     if (bootstrapAddr === undefined) {
       this.noBootstrap++;
+      this.unusable.reject(request.requestId, `no bootstrap address for producer ${p.remote_engine_id} (no remote_bootstrap_addr in the params or the config); prefilled locally`);
       return { count: 0, loadAsync: false };
     }
     const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
@@ -182,6 +197,8 @@ export class MooncakeScheduler implements KVConnectorScheduler {
     const id = request.requestId;
     this.asked.delete(id);
     this.loads = this.loads.filter((l) => l.requestId !== id);
+    const rejected = this.unusable.take(id);
+    if (rejected) return { delayFree: false, kvTransferParams: rejected };
     const p = request.kvTransferParams;
     if (!p || p.do_remote_decode !== true || !isStr(p.transfer_id) || this.config.kv_role === 'kv_consumer') return { delayFree: false };
     const hasBlocks = blocks.some((g) => g.length > 0);

@@ -22,7 +22,7 @@
  * Nothing here waits inside an engine step; every network wait is async with a deadline, and no
  * peer message can throw out of a handler.
  *
- * Side channel security (`channel.ts`, `docs/security-mooncake.md`): every DEALER connection
+ * Side channel security (`channel.ts`, `docs/security.md (Mooncake)`): every DEALER connection
  * starts with a hello / welcome handshake; the consumer sends its metadata only after the producer
  * proved the cluster secret (when one is set), and every message is proven and numbered. The
  * ROUTER binds to `side_channel_host` (loopback by default; another host needs a secret).
@@ -35,7 +35,7 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { debuglog } from 'node:util';
-import type { KVConnectorWorker, KVRole, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import { loadBlockIds, type KVConnectorWorker, type KVRole, type LoadError, type SchedulerOutput, type TransferResults, type WorkerContext, type WorkerKVCaches } from '@kvconnect/core';
 import { checkBindHost, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { createAgent } from './agent.js';
@@ -113,6 +113,8 @@ interface LoadState {
   /** Producer workers (ROUTER addresses) that have not answered yet; null until the metadata went out. */
   waiting: Set<string> | null;
   failed: string | null;
+  /** The `LoadError` reason of the first failure (`unreachable`, `unauthenticated`, `malformed-response`, `producer-error`, `timeout`). */
+  failReason?: string;
   payload: Uint8Array | null;
   timer: NodeJS.Timeout;
 }
@@ -194,6 +196,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   private readonly loads = new Map<string, LoadState>();
   private finishedRecving = new Set<string>();
   private invalid = new Set<number>();
+  private loadErrors = new Map<string, LoadError>();
   private payloads = new Map<string, Uint8Array>();
   private readonly dealers = new Map<string, Dealer>();
   private readonly producers = new Map<string, Promise<EngineWorkers>>();
@@ -280,7 +283,8 @@ export class MooncakeWorker implements KVConnectorWorker {
   }
 
   getTransferResults(): TransferResults {
-    const res: TransferResults = { finishedSending: this.finishedSending, finishedRecving: this.finishedRecving, invalidBlockIds: this.invalid, kvChecksums: this.payloads };
+    const res: TransferResults = { finishedSending: this.finishedSending, finishedRecving: this.finishedRecving, invalidBlockIds: this.invalid, kvChecksums: this.payloads, loadErrors: this.loadErrors };
+    this.loadErrors = new Map();
     this.finishedSending = new Set();
     this.finishedRecving = new Set();
     this.invalid = new Set();
@@ -611,7 +615,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     d.settle(new SideChannelAuthError('unauthenticated', why));
     if (this.dealers.get(addr) === d) this.dealers.delete(addr);
     d.sock.close();
-    this.failAddr(addr, why, false);
+    this.failAddr(addr, why, false, 'unauthenticated');
   }
 
   private async dealerLoop(addr: string, d: Dealer): Promise<void> {
@@ -626,7 +630,7 @@ export class MooncakeWorker implements KVConnectorWorker {
           this.stats.responsesMalformed++;
           const m = `malformed message from ${addr}: ${err instanceof Error ? err.message : String(err)}`;
           if (err instanceof MooncakeIncompatibleError || !d.session.ready) this.dropDealer(addr, d, m);
-          else this.failAddr(addr, m, false);
+          else this.failAddr(addr, m, false, 'malformed-response');
           continue;
         }
         try {
@@ -676,13 +680,13 @@ export class MooncakeWorker implements KVConnectorWorker {
         d.ready
           .then(() => d.sender.send(encodeEnvelope(d.session.seal(bytes))))
           // An auth failure: the producer never got the metadata (dropDealer already failed the loads).
-          .catch((e) => this.failAddr(a, `cannot send to ${a}: ${e instanceof Error ? e.message : String(e)}`, !(e instanceof SideChannelAuthError)));
+          .catch((e) => this.failAddr(a, `cannot send to ${a}: ${e instanceof Error ? e.message : String(e)}`, !(e instanceof SideChannelAuthError), 'unreachable'));
       }
     } catch (e) {
       const m = e instanceof Error ? e.message : String(e);
       for (const s of specs) {
         const st = this.loads.get(s.requestId);
-        if (st) this.fail(st, m, null, true);
+        if (st) this.fail(st, m, null, true, 'unreachable');
       }
     }
   }
@@ -695,7 +699,7 @@ export class MooncakeWorker implements KVConnectorWorker {
       r = decodeTransferResponse(frames[0], this.opts.maxMessageBytes);
     } catch (e) {
       this.stats.responsesMalformed++;
-      this.failAddr(addr, `malformed transfer response from ${addr}: ${e instanceof Error ? e.message : String(e)}`, false);
+      this.failAddr(addr, `malformed transfer response from ${addr}: ${e instanceof Error ? e.message : String(e)}`, false, 'malformed-response');
       return;
     }
     for (const id of r.okReqs) {
@@ -714,15 +718,17 @@ export class MooncakeWorker implements KVConnectorWorker {
   }
 
   /** Fails every load waiting on `addr` (its answer is lost or unreadable). */
-  private failAddr(addr: string, why: string, force: boolean): void {
-    for (const st of [...this.loads.values()]) if (st.waiting?.has(addr)) this.fail(st, why, addr, force);
+  private failAddr(addr: string, why: string, force: boolean, reason?: string): void {
+    for (const st of [...this.loads.values()]) if (st.waiting?.has(addr)) this.fail(st, why, addr, force, reason);
   }
 
   /**
    * Marks a load failed. It is reported once every producer worker answered (`addr` just did),
-   * so no producer is still writing into its blocks; `force` reports it now.
+   * so no producer is still writing into its blocks; `force` reports it now. `reason`: the
+   * reported `LoadError` code (the first failure's counts).
    */
-  private fail(st: LoadState, why: string, addr: string | null, force: boolean): void {
+  private fail(st: LoadState, why: string, addr: string | null, force: boolean, reason = 'producer-error'): void {
+    if (st.failed === null) st.failReason = reason;
     st.failed ??= why;
     this.lastError = why;
     if (addr !== null) st.waiting?.delete(addr);
@@ -735,7 +741,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     if (!st) return;
     // The producer may have restarted elsewhere: ask the bootstrap server again next time.
     this.producers.delete(`${st.spec.remoteEngineId}\u0000${st.spec.bootstrapAddr}`);
-    this.fail(st, `load of ${requestId} timed out after ${this.opts.transferTimeoutMs} ms`, null, true);
+    this.fail(st, `load of ${requestId} timed out after ${this.opts.transferTimeoutMs} ms`, null, true, 'timeout');
   }
 
   private maybeDone(st: LoadState): void {
@@ -747,29 +753,13 @@ export class MooncakeWorker implements KVConnectorWorker {
     if (st.failed !== null) {
       this.stats.loadsFailed++;
       log('load %s failed: %s', id, st.failed);
-      for (const b of this.loadedBlocks(st.spec)) this.invalid.add(b);
+      this.loadErrors.set(id, { reason: st.failReason ?? 'producer-error', message: st.failed });
+      for (const b of loadBlockIds(this.caches?.groupConfigs ?? [], st.spec.blocks, st.spec.firstToken, st.spec.numTokens)) this.invalid.add(b);
     } else {
       this.stats.loadsFinished++;
       if (st.payload) this.payloads.set(id, st.payload);
     }
     this.finishedRecving.add(id);
-  }
-
-  /** The blocks a load writes (attention: those holding its tokens; state: the running-state block). */
-  private loadedBlocks(l: MooncakeLoadSpec): number[] {
-    const out: number[] = [];
-    const cfgs = this.caches?.groupConfigs ?? [];
-    l.blocks.forEach((ids, g) => {
-      const cfg = cfgs[g];
-      if (!cfg || cfg.kind === 'state') {
-        const last = ids[ids.length - 1];
-        if (last !== undefined && last >= 0) out.push(last);
-        return;
-      }
-      const B = cfg.blockSize;
-      for (let i = Math.floor(l.firstToken / B); i < Math.min(ids.length, Math.ceil(l.numTokens / B)); i++) if (ids[i] >= 0) out.push(ids[i]);
-    });
-    return out;
   }
 
   // ------------------------------------------------------------------------------------------

@@ -185,9 +185,13 @@ describe('planWrites', () => {
     expect(mismatch(() => {}, { numTokens: 9 })).toThrow(/asks for 9 tokens; the producer computed 8/);
     expect(mismatch(() => {}, { blocks: [[6], [2]] })).toThrow(/the consumer gave no block for token 4/);
     expect(mismatch((c) => ((c[0] as { parts: Array<{ offset: number }> }).parts[1].offset = 1 << 30))).toThrow(/outside region/);
-    expect(mismatch((c) => ((c[0] as { localHeads: number }).localHeads = 1 << 20))).toThrow(/1048576 KV heads on the consumer, 2 on the producer/);
+    expect(mismatch((c) => ((c[0] as { localHeads: number }).localHeads = 1 << 20))).toThrow(/2 KV heads do not shard into 1048576 per rank at TP 1/);
     expect(mismatch((c) => ((c[1] as { states: Array<{ split: { segments: number[][] } }> }).states[0].split.segments[1] = [1, 2]), {}, 1)).toThrow(/segment 1: 0.5 rows on the consumer, 1 on the producer/);
     expect(mismatch(() => {})).not.toThrow();
+    // SPEC 1: 3 KV heads at TP 4 have no replica count (R = 4/3); the layout is refused, not floored to R = 1.
+    const noR = mismatch((c) => ((c[0] as { replication?: unknown }).replication = { totalKvHeads: 3 }), {}, 4);
+    expect(noR).toThrow(LayoutMismatchError);
+    expect(noR).toThrow(/cannot tell the replicas of 3 KV heads at TP 4/);
     for (const f of [mismatch((c) => ((c[0] as { dtype: string }).dtype = 'float32'))]) expect(f).toThrow(LayoutMismatchError);
   });
 

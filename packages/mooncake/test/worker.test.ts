@@ -151,6 +151,7 @@ describe('consumer worker', () => {
     expect([...res.invalidBlockIds].sort()).toEqual([5, 6, 7]);
     expect(res.kvChecksums.size).toBe(0);
     expect(w.lastError).toMatch(/boom/);
+    expect(res.loadErrors?.get('r1')).toEqual({ reason: 'producer-error', message: expect.stringMatching(/boom/) });
   });
 
   it('an ERROR response naming no request fails every load waiting on that producer', async () => {
@@ -168,6 +169,7 @@ describe('consumer worker', () => {
     expect(res.invalidBlockIds.size).toBe(3);
     expect(w.stats.responsesMalformed).toBe(1);
     expect(w.lastError).toMatch(/malformed transfer response/);
+    expect(res.loadErrors?.get('r1')?.reason).toBe('malformed-response');
   });
 
   it('answers for unknown requests are ignored', async () => {
@@ -184,6 +186,7 @@ describe('consumer worker', () => {
     const res = await results(w);
     expect(res.invalidBlockIds.size).toBe(3);
     expect(w.lastError).toMatch(/timed out after 100 ms/);
+    expect(res.loadErrors?.get('r1')).toEqual({ reason: 'timeout', message: expect.stringMatching(/timed out after 100 ms/) });
   });
 
   it('a producer that never registers: the bootstrap query fails the load at its deadline', async () => {
@@ -197,5 +200,6 @@ describe('consumer worker', () => {
     const res = await results(w);
     expect([...res.invalidBlockIds]).toEqual([1]);
     expect(w.lastError).toMatch(/ghost not available/);
+    expect(res.loadErrors?.get('r1')?.reason).toBe('unreachable');
   });
 });

@@ -303,22 +303,3 @@ function planState(i: PlanInput, dc: StateLayoutInfo, holders: Map<number, Holde
     });
   });
 }
-
-/** Block positions of a load that the consumer allocated for it (attention: the loaded tokens' blocks; state: the running-state block). */
-export function loadedBlockIds(caches: readonly Pick<CacheLayout, 'kind' | 'group'>[], blockSizes: readonly number[], blocks: readonly (readonly number[])[], firstToken: number, numTokens: number): number[] {
-  const out = new Set<number>();
-  const kinds = new Map<number, CacheLayout['kind']>();
-  for (const c of caches) kinds.set(c.group, c.kind);
-  blocks.forEach((ids, g) => {
-    const kind = kinds.get(g);
-    if (kind === undefined) return;
-    if (kind === 'state') {
-      const b = ids[ids.length - 1];
-      if (b !== undefined && b >= 0) out.add(b);
-      return;
-    }
-    const B = blockSizes[g];
-    for (let p = Math.floor(firstToken / B); p < Math.min(ids.length, Math.ceil(numTokens / B)); p++) if (ids[p] >= 0) out.add(ids[p]);
-  });
-  return [...out];
-}

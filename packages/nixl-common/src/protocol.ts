@@ -45,7 +45,7 @@
  * @module
  */
 import { createHash } from 'node:crypto';
-import { DTYPE_BYTES, contiguousStrides, type AttentionCacheView, type Dtype, type StateCacheView } from '@kvconnect/checksum';
+import { DTYPE_BYTES, contiguousStrides, replicaCount, type AttentionCacheView, type Dtype, type StateCacheView } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, WorkerKVCaches } from '@kvconnect/core';
 import type { RegisteredRegion } from '@kvconnect/transfer';
 import { arr, bin, fail, nat, oneOf, packr, pos, str, unpackStrict } from './codec.js';
@@ -225,15 +225,7 @@ export type SideResponse = { readonly seq: number; readonly ok: true; readonly b
 // Layouts from views
 // ---------------------------------------------------------------------------------------------
 
-/** R of an attention view at `tpSize` (SPEC 1): a number, `'all'` = tpSize, or from the KV head count. */
-export function resolveReplicas(v: AttentionCacheView, tpSize: number): number {
-  const r = v.replication ?? 1;
-  if (r === 'all') return tpSize;
-  if (typeof r === 'number') return r;
-  return r.totalKvHeads >= tpSize ? 1 : tpSize / r.totalKvHeads;
-}
-
-/** The layouts of a worker's caches (serializable, optional fields resolved). */
+/** The layouts of a worker's caches (serializable, optional fields resolved). @throws ReplicaCountError (`@kvconnect/checksum`) for a cache whose R cannot be told (SPEC 1). */
 export function cacheLayouts(caches: WorkerKVCaches): CacheLayout[] {
   const out: CacheLayout[] = [];
   caches.groups.forEach((g, gi) => {
@@ -251,7 +243,7 @@ function attentionLayout(v: AttentionCacheView, group: number, tpSize: number): 
     numBlocks: v.numBlocks,
     blockSize: v.blockSize,
     localHeads: v.localHeads,
-    replicas: resolveReplicas(v, tpSize),
+    replicas: replicaCount(v, tpSize),
     parts: v.parts.map((p) => ({
       region: p.region,
       offset: p.offset,

@@ -3,8 +3,12 @@
  *
  * - producer (`kv_producer`, or `kv_both` for requests with `do_remote_decode`): when a request
  *   finishes normally, holds its blocks (`delayFree`) under a lease and returns
- *   `kv_transfer_params` `{ remote_engine_id, remote_request_id, remote_block_ids (per group),
- *   remote_host, remote_port (side channel), remote_tp_size, lease_expiry (ms since epoch) }`;
+ *   `kv_transfer_params` in vLLM's NixlConnector shape (`request_finished` in vLLM's
+ *   `vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py`): `{ do_remote_prefill: true,
+ *   do_remote_decode: false, remote_engine_id, remote_request_id, remote_block_ids (per group),
+ *   remote_host, remote_port (side channel), tp_size }`, plus kvconnect's `lease_expiry` (ms since
+ *   epoch) and `remote_tp_size` (= `tp_size`, read by kvconnect consumers before 0.2); forwarded
+ *   verbatim to a consumer (as vLLM's toy proxy does), they load;
  * - consumer (`do_remote_prefill`): offers the prompt tokens past the local prefix hit as an
  *   async load, ships the load (only the tokens not hit locally) to the workers in the next
  *   step's metadata, heartbeats the producer's lease while the load is pending, and releases the
@@ -43,7 +47,7 @@ import type {
   RequestFinishedResult,
   SchedulerContext,
 } from '@kvconnect/core';
-import { workerKey } from '@kvconnect/core';
+import { UnusableParams, hasRemoteKeys, workerKey } from '@kvconnect/core';
 import { parseNixlConfig, type NixlConfig } from './config.js';
 import { nixlMetrics, type NixlMetrics } from './metrics.js';
 import { NixlPeers } from './peers.js';
@@ -113,22 +117,41 @@ const isInt = (x: unknown, min: number, max: number): x is number => typeof x ==
 
 /**
  * The producer's params of a consumer request (`do_remote_prefill`), checked; null when any field
- * is missing or malformed (the request then prefills locally).
+ * is missing or malformed (the request then prefills locally). See {@link checkRemoteParams}.
  */
 export function parseRemoteParams(p: Record<string, unknown> | undefined): RemoteParams | null {
-  if (!p) return null;
+  const r = checkRemoteParams(p);
+  return typeof r === 'string' ? null : r;
+}
+
+/**
+ * The producer's params of a consumer request, checked. The TP size is vLLM's `tp_size` or
+ * kvconnect's older `remote_tp_size`.
+ * @returns the params, or why they cannot be used (names the first bad field).
+ */
+export function checkRemoteParams(p: Record<string, unknown> | undefined): RemoteParams | string {
+  if (!p) return 'no kv_transfer_params';
   const ids = p.remote_block_ids;
-  if (!Array.isArray(ids) || ids.length > LIMITS.groups) return null;
-  for (const g of ids) if (!Array.isArray(g) || g.length > LIMITS.blocks || !g.every((b) => isInt(b, -1, Number.MAX_SAFE_INTEGER))) return null;
-  if (!isStr(p.remote_engine_id) || !isStr(p.remote_request_id) || !isStr(p.remote_host) || !isInt(p.remote_port, 1, 65535) || !isInt(p.remote_tp_size, 1, LIMITS.ranks)) return null;
+  if (!Array.isArray(ids) || ids.length > LIMITS.groups) return `remote_block_ids: expected at most ${LIMITS.groups} arrays of block ids (one per KV cache group)`;
+  for (const g of ids) if (!Array.isArray(g) || g.length > LIMITS.blocks || !g.every((b) => isInt(b, -1, Number.MAX_SAFE_INTEGER))) return `remote_block_ids: expected arrays of at most ${LIMITS.blocks} integer block ids`;
+  const tp = p.tp_size ?? p.remote_tp_size;
+  for (const [k, ok] of [
+    ['remote_engine_id', isStr(p.remote_engine_id)],
+    ['remote_request_id', isStr(p.remote_request_id)],
+    ['remote_host', isStr(p.remote_host)],
+    ['remote_port', isInt(p.remote_port, 1, 65535)],
+    ['tp_size', isInt(tp, 1, LIMITS.ranks)],
+  ] as const) {
+    if (!ok) return `${k}: missing or malformed (${k === 'remote_port' ? 'an integer port' : k === 'tp_size' ? `tp_size or remote_tp_size, an integer in [1, ${LIMITS.ranks}]` : `a string of 1 to ${LIMITS.idLength} characters`})`;
+  }
   const lease = p.lease_expiry;
   return {
-    remoteEngineId: p.remote_engine_id,
-    remoteRequestId: p.remote_request_id,
+    remoteEngineId: p.remote_engine_id as string,
+    remoteRequestId: p.remote_request_id as string,
     remoteBlockIds: (ids as number[][]).map((g) => g.slice()),
-    remoteHost: p.remote_host,
-    remotePort: p.remote_port,
-    remoteTpSize: p.remote_tp_size,
+    remoteHost: p.remote_host as string,
+    remotePort: p.remote_port as number,
+    remoteTpSize: tp as number,
     leaseExpiry: typeof lease === 'number' && Number.isFinite(lease) ? lease : null,
   };
 }
@@ -151,6 +174,8 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
   private readonly loading = new Map<string, { remote: RemoteParams; workers: Set<string> }>();
   private timer: NodeJS.Timeout | null = null;
   private closed = false;
+  /** Consumer requests whose params could not be used (said in their returned params). */
+  private readonly unusable: UnusableParams;
 
   constructor(
     readonly transferConfig: KVTransferConfig,
@@ -161,6 +186,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     this.metrics = nixlMetrics(this.config.metricsRegistry ?? metricsRegistryOf(ctx) ?? undefined);
     this.peers = new NixlPeers({ mode, config: this.config, metrics: this.metrics });
     this.channel = this.isProducer ? new NixlProducerChannel({ engineId: ctx.engineId, mode, workers: ctx.tpSize * ctx.ppSize, config: this.config, metrics: this.metrics }) : null;
+    this.unusable = new UnusableParams(transferConfig.kv_connector, ctx.metricsRegistry);
   }
 
   /**
@@ -186,9 +212,15 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
 
   getNumNewMatchedTokens(request: ConnectorRequest, numComputedTokens: number): MatchedTokens {
     const p = request.kvTransferParams;
+    if (this.isConsumer && p?.do_remote_prefill !== true && p?.do_remote_decode !== true && hasRemoteKeys(p)) {
+      this.unusable.reject(request.requestId, 'kv_transfer_params name a producer (remote_engine_id / remote_block_ids) but lack do_remote_prefill: true; prefilled locally');
+    }
     if (!this.isConsumer || p?.do_remote_prefill !== true) return { count: 0, loadAsync: false };
-    const remote = parseRemoteParams(p);
-    if (!remote) return { count: 0, loadAsync: false };
+    const remote = checkRemoteParams(p);
+    if (typeof remote === 'string') {
+      this.unusable.reject(request.requestId, `kv_transfer_params unusable (${remote}); prefilled locally`);
+      return { count: 0, loadAsync: false };
+    }
     const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
     if (count === 0) {
       // Everything is local: the producer can free its blocks now.
@@ -265,6 +297,8 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     }
     this.loading.delete(id);
     const p = request.kvTransferParams;
+    const rejected = this.unusable.take(id);
+    if (rejected) return { delayFree: false, kvTransferParams: rejected };
     if (!this.isProducer || p?.do_remote_decode !== true || (reason !== 'stop' && reason !== 'length')) return { delayFree: false };
     const addr = this.channel?.address;
     if (!addr) return { delayFree: false };
@@ -274,11 +308,14 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     return {
       delayFree: true,
       kvTransferParams: {
+        do_remote_prefill: true,
+        do_remote_decode: false,
         remote_engine_id: this.ctx.engineId,
         remote_request_id: id,
         remote_block_ids: copy,
         remote_host: addr.host,
         remote_port: addr.port,
+        tp_size: this.ctx.tpSize,
         remote_tp_size: this.ctx.tpSize,
         lease_expiry: leaseExpiry,
       },

@@ -12,11 +12,12 @@
  * @module
  */
 import { randomBytes } from 'node:crypto';
-import type { KVConnectorWorker, KVTransferConfig, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import type { KVConnectorWorker, KVTransferConfig, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import { loadBlockIds } from '@kvconnect/core';
 import { toMemoryRegion, type TransferAgent, type XferOp } from '@kvconnect/transfer';
 import { createAgent } from './agent.js';
 import { parseNixlConfig, type NixlConfig } from './config.js';
-import { loadedBlockIds, type Pair } from './mapping.js';
+import { type Pair } from './mapping.js';
 import { nixlMetrics, type NixlMetrics } from './metrics.js';
 import { NixlPeers } from './peers.js';
 import type { NixlHandshakeMetadata } from './producer.js';
@@ -65,6 +66,8 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
   /** Loads finished (well or not) since the last results. */
   protected readonly recvDone = new Set<string>();
   protected readonly invalid = new Set<number>();
+  /** Why each failed load failed (reported in `loadErrors`). */
+  protected readonly loadErrors = new Map<string, LoadError>();
   protected readonly recvChecksums = new Map<string, Uint8Array>();
   /** Consumer loads started and not reported yet. */
   protected readonly active = new Set<string>();
@@ -158,6 +161,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
       finishedRecving: new Set(this.recvDone),
       invalidBlockIds: new Set(this.invalid),
       kvChecksums: new Map(this.recvChecksums),
+      loadErrors: new Map(this.loadErrors),
     };
     if (this.readDone.length > 0 || this.pushDone.length > 0) {
       res.workerMeta = { readDone: this.readDone.splice(0), pushDone: this.pushDone.splice(0) };
@@ -165,6 +169,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
     for (const id of this.recvDone) this.active.delete(id);
     this.recvDone.clear();
     this.invalid.clear();
+    this.loadErrors.clear();
     this.recvChecksums.clear();
     return res;
   }
@@ -218,15 +223,17 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
 
   /**
    * Reports a load failed: its loaded blocks (never a local prefix hit's) go to
-   * `invalidBlockIds` with the request in `finishedRecving`, so the engine applies the load
-   * failure policy. The producer is told to release its blocks.
+   * `invalidBlockIds` with the request in `finishedRecving`, and `reason` with the error's text to
+   * `loadErrors`, so the engine reports the cause and applies the load failure policy. The producer
+   * is told to release its blocks.
    */
   protected failLoad(load: LoadSpec, reason: string, err?: unknown): void {
     if (!this.active.has(load.requestId) || this.recvDone.has(load.requestId)) return;
     debug(this.key, 'load failed', load.requestId, reason, err instanceof Error ? err.message : err);
     this.metrics.failedTransfers.inc({ mode: this.mode, reason });
-    const sizes = this.caches!.groupConfigs.map((g) => g.blockSize);
-    for (const b of loadedBlockIds(this.rank!.caches, sizes, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
+    const held = this.caches!.groupConfigs.map((g, gi) => (this.rank!.caches.some((c) => c.group === gi) ? g : null));
+    for (const b of loadBlockIds(held, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
+    this.loadErrors.set(load.requestId, { reason, message: err instanceof Error ? err.message : err === undefined ? reason : String(err) });
     this.recvDone.add(load.requestId);
     this.peers.release(load.remoteHost, load.remotePort, [load.remoteRequestId]);
   }

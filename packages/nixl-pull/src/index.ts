@@ -2,9 +2,10 @@
  * @kvconnect/nixl-pull: `NixlConnector` (vLLM's NIXL connector, pull mode). Importing this module
  * registers it as `NixlConnector` in @kvconnect/core's default registry.
  *
- * 1. The producer finishes the prompt and returns `kv_transfer_params` (`remote_engine_id`,
- *    `remote_request_id`, `remote_block_ids` per group, `remote_host` / `remote_port` of its side
- *    channel, `remote_tp_size`, `lease_expiry`); the KV checksum scheduler adds `kv_checksums`
+ * 1. The producer finishes the prompt and returns `kv_transfer_params` (vLLM's shape:
+ *    `do_remote_prefill: true`, `remote_engine_id`, `remote_request_id`, `remote_block_ids` per
+ *    group, `remote_host` / `remote_port` of its side channel, `tp_size`; kvconnect's
+ *    `remote_tp_size`, `lease_expiry`); the KV checksum scheduler adds `kv_checksums`
  *    (carrier `kv_transfer_params`, SPEC 7). The producer keeps the blocks (`delayFree`) until every
  *    consumer rank sent its read-done notif, the consumer released them, or the lease expired
  *    (consumer heartbeats extend it).
@@ -107,6 +108,8 @@ export const nixlConnectorFactory: KVConnectorFactory = {
   name: NIXL_CONNECTOR,
   createScheduler: (config, ctx) => new NixlPullScheduler(config, ctx),
   createWorker: (config, ctx) => new NixlPullWorker(config, ctx),
+  // The consumer reads the producer's payload from `kv_transfer_params` (NixlPullScheduler.kvChecksumCarrier).
+  kvChecksumCarriers: () => ['kv_transfer_params'],
 };
 
 /** Registers `NixlConnector` in `registry` (once). Also exported for `kv_connector_module_path`. */

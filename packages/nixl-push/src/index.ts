@@ -252,6 +252,8 @@ export const nixlPushConnectorFactory: KVConnectorFactory = {
   name: NIXL_PUSH_CONNECTOR,
   createScheduler: (config, ctx) => new NixlPushScheduler(config, ctx),
   createWorker: (config, ctx) => new NixlPushWorker(config, ctx),
+  // The payload travels with the pushed KV (NixlPushScheduler.kvChecksumCarrier).
+  kvChecksumCarriers: () => ['connector'],
 };
 
 /** Registers `NixlPushConnector` in `registry` (once). Also exported for `kv_connector_module_path`. */

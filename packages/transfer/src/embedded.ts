@@ -26,8 +26,9 @@
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
  *
- * Same-host shared memory: not implemented for host regions; see bench/transfer-README.md for
- * the measurement and the reason.
+ * Same-host transfers of host regions also go over (loopback) TCP: this agent has no shared-memory
+ * path for host memory; bench/transfer-README.md has the measurement and the reason. The same-host
+ * fast path for host memory today is NixlAgent with UCX shared-memory transports (docs/backends.md N6).
  *
  * Device regions (VRAM, `device.ts`): registered with their device, address and CUDA IPC handle,
  * which the metadata carries with this process's host id ({@link DeviceMemory.hostId}). A READ or

@@ -1,7 +1,8 @@
 /**
  * `@kvconnect/transfer`: the {@link TransferAgent} interface (NIXL-shaped) and its
- * implementations: the embedded agent (TCP, plain Node) and the NIXL agent (`libnixl_capi.so`
- * loaded at run time by the native addon).
+ * implementations: the embedded agent (TCP, plain Node), the NIXL agent (`libnixl_capi.so`) and
+ * the Mooncake agent (the Transfer Engine's `libtransfer_engine.so`), both loaded at run time by
+ * the native addon; the cluster secret and the side-channel authentication (`auth.ts`).
  * @module
  */
 export * from './types.js';

@@ -45,7 +45,7 @@
  * every interface whatever it says (Mooncake `transfer_metadata_plugin.cpp` `findAvailableTcpPort`
  * binds `INADDR_ANY`, `tcp_transport_session_impl.h` `TcpContext` binds the any address;
  * `MC_TCP_BIND_ADDRESS` only changes the advertised address, and only outside P2PHANDSHAKE), so
- * firewall those ports (`docs/security-mooncake.md`); over TCP "protocol v1", COMPLETED can precede the bytes being visible at
+ * firewall those ports (`docs/security.md (Mooncake)`); over TCP "protocol v1", COMPLETED can precede the bytes being visible at
  * the target (Mooncake PR #2086), so verify on the consumer (kvconnect's checksums do).
  * @module
  */

@@ -14,7 +14,7 @@
  * LD_LIBRARY_PATH (NIXL's libraries have no RUNPATH).
  *
  * Behaviour: every NIXL call of an agent runs on one native thread of that agent, which also
- * drives progress (no NIXL progress thread by default; see the research notes, section F) and
+ * drives progress (no NIXL progress thread by default; docs/backends.md N1) and
  * polls notifs; JS never blocks. Memory is registered by address: `bytes` regions are pinned by
  * reference for as long as they are registered (their address is read with `addressOf`), and
  * raw `addr` regions (VRAM) are passed through.

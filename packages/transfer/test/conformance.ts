@@ -282,7 +282,7 @@ export function defineConformance(f: AgentFactory): void {
       return { a, b, req, la };
     };
 
-    it.runIf(f.canStall)('reports remote-disconnect (not a hang) when the peer goes away mid-transfer', async () => {
+    it.runIf(f.canStall)(`reports remote-disconnect (not a hang) when the peer goes away mid-transfer${f.canStall ? '' : ' (skipped: this agent cannot stall a transfer)'}`, async () => {
       const { a, b, req } = await stalledSetup();
       expect(await a.post(req)).toBe('in-progress');
       await sleep(50);
@@ -292,7 +292,7 @@ export function defineConformance(f: AgentFactory): void {
       expect(req.error).toSatisfy((e) => isTransferError(e, 'remote-disconnect'));
     });
 
-    it.runIf(f.canStall)('times out a transfer that does not finish by its deadline', async () => {
+    it.runIf(f.canStall)(`times out a transfer that does not finish by its deadline${f.canStall ? '' : ' (skipped: this agent cannot stall a transfer)'}`, async () => {
       const { a, req, la } = await stalledSetup();
       const t0 = Date.now();
       await a.post(req, { timeoutMs: 200 });
@@ -301,7 +301,7 @@ export function defineConformance(f: AgentFactory): void {
       expect(la.every((x) => x === 0)).toBe(true);
     });
 
-    it.runIf(f.canStall)('cancels an in-progress transfer on release', async () => {
+    it.runIf(f.canStall)(`cancels an in-progress transfer on release${f.canStall ? '' : ' (skipped: this agent cannot stall a transfer)'}`, async () => {
       const { a, req } = await stalledSetup();
       await a.post(req);
       await a.release(req);
@@ -309,7 +309,7 @@ export function defineConformance(f: AgentFactory): void {
       await expect(a.post(req)).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
     });
 
-    it.runIf(f.tamperSecret !== undefined && f.single !== undefined)('refuses a peer that presents a wrong secret', async () => {
+    it.runIf(f.tamperSecret !== undefined && f.single !== undefined)(`refuses a peer that presents a wrong secret${f.tamperSecret !== undefined && f.single !== undefined ? '' : ' (skipped: this agent has no secret to tamper with)'}`, async () => {
       const { b } = await pair();
       const c = await f.single!('intruder');
       open.push(c);

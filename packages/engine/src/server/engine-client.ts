@@ -32,6 +32,18 @@ export interface EngineCallOptions {
    * {@link EngineClientError} whose `aborted` is true.
    */
   signal?: AbortSignal;
+  /**
+   * Stream the completion: the request is sent with `stream: true` and each SSE chunk's new text
+   * and token ids go to `onDelta` as they arrive; the call still resolves with the whole result
+   * (the last chunk carries `kvconnect` and `kv_transfer_params`).
+   */
+  onDelta?: (delta: StreamDelta) => void;
+}
+
+/** New output of a streamed completion. */
+export interface StreamDelta {
+  text: string;
+  tokenIds: number[];
 }
 
 /** Sampling parameters plus the stop sequences the HTTP API adds. */
@@ -84,6 +96,7 @@ export class EngineClient implements PDEndpoint {
   /** The server's base URL (no trailing slash). */
   readonly url: string;
   private _engineId: string;
+  private _models: string[] = [];
   private readonly o: EngineClientOptions;
   /** Keep-alive connections of this client (idle sockets are unref'd by Node's agent). */
   private readonly agent: HttpAgent;
@@ -111,7 +124,14 @@ export class EngineClient implements PDEndpoint {
     const h = await c.health();
     if (typeof h.engine_id !== 'string' || h.engine_id.length === 0) throw new EngineClientError(c.url, 200, `${c.url}/health did not name the engine`);
     c._engineId = h.engine_id;
+    const served = Array.isArray(h.served_models) ? h.served_models.filter((x): x is string => typeof x === 'string') : [];
+    c._models = served.length > 0 ? served : typeof h.model === 'string' ? [h.model] : [];
     return c;
+  }
+
+  /** The model names the engine serves, as learned by {@link connect} (empty otherwise). */
+  get models(): readonly string[] {
+    return this._models;
   }
 
   /** The engine's id ('' when neither given nor learned by {@link connect}). */
@@ -164,9 +184,48 @@ export class EngineClient implements PDEndpoint {
     if (sampling.stop !== undefined && sampling.stop.length > 0) body.stop = [...sampling.stop];
     if (kvTransferParams !== undefined) body.kv_transfer_params = kvTransferParams;
     if (requestId !== undefined) body.request_id = requestId;
+    if (call.onDelta) return this.generateStreamed(body, call);
     const { status, body: b } = await this.completion(body, call);
     if (status === 200 || (status === 500 && isPlainObject(b) && Array.isArray(b.choices))) return this.resultOf(b, status);
     throw this.errorOf(status, b, '/v1/completions');
+  }
+
+  /** `generate` over SSE: chunks are checked and folded into the whole response's shape, then read by `resultOf`. */
+  private async generateStreamed(body: Record<string, unknown>, call: EngineCallOptions): Promise<RemoteGenerateResult> {
+    const onDelta = call.onDelta!;
+    const acc = { text: '', ids: [] as number[], finish: null as unknown, last: {} as Record<string, unknown>, usage: undefined as unknown, error: undefined as unknown };
+    const bad = (why: string) => new EngineClientError(this.url, 200, `${this.url}/v1/completions: malformed stream chunk (${why})`);
+    const onEvent = (data: string) => {
+      if (data === '[DONE]') return;
+      let ev: unknown;
+      try {
+        ev = JSON.parse(data);
+      } catch {
+        throw bad('not JSON');
+      }
+      if (!isPlainObject(ev)) throw bad('not an object');
+      if (isPlainObject(ev.error)) acc.error = ev.error;
+      if (isPlainObject(ev.usage)) acc.usage = ev.usage;
+      if (!Array.isArray(ev.choices) || ev.choices.length === 0) return;
+      const ch = ev.choices[0] as unknown;
+      if (!isPlainObject(ch) || typeof ch.text !== 'string' || !Array.isArray(ch.token_ids) || !ch.token_ids.every((x) => Number.isInteger(x))) throw bad('choice');
+      acc.text += ch.text;
+      acc.ids.push(...(ch.token_ids as number[]));
+      if (ch.text.length > 0 || ch.token_ids.length > 0) onDelta({ text: ch.text, tokenIds: ch.token_ids.slice() as number[] });
+      if (ch.finish_reason !== null && ch.finish_reason !== undefined) {
+        acc.finish = ch.finish_reason;
+        acc.last = ev;
+      }
+    };
+    const streamBody = { ...body, stream: true, stream_options: { include_usage: true } };
+    const { status, body: b } = await this.request('POST', '/v1/completions', streamBody, this.o.timeoutMs ?? 120_000, true, call.signal, onEvent);
+    if (status !== 200 || b !== STREAMED) throw this.errorOf(status, b, '/v1/completions');
+    if (acc.finish === null) {
+      const why = isPlainObject(acc.error) && typeof acc.error.message === 'string' ? acc.error.message : 'the stream ended without a finish_reason';
+      throw new EngineClientError(this.url, isPlainObject(acc.error) && typeof acc.error.code === 'number' ? acc.error.code : 502, `${this.url}/v1/completions: ${why}`);
+    }
+    const whole = { ...acc.last, choices: [{ index: 0, text: acc.text, token_ids: acc.ids, finish_reason: acc.finish }], usage: acc.usage, error: acc.last.error ?? acc.error };
+    return this.resultOf(whole, acc.finish === 'error' ? 500 : 200);
   }
 
   private resultOf(b: unknown, status: number): RemoteGenerateResult {
@@ -216,14 +275,14 @@ export class EngineClient implements PDEndpoint {
    * (A server that reset the connection after reading the request, e.g. a crash, may see it twice:
    * a completion's `request_id` then answers 409 while the first one runs.)
    */
-  private async request(method: string, path: string, json: unknown, timeoutMs: number, parse = true, external?: AbortSignal): Promise<{ status: number; body: unknown; text: string }> {
+  private async request(method: string, path: string, json: unknown, timeoutMs: number, parse = true, external?: AbortSignal, onEvent?: (data: string) => void): Promise<{ status: number; body: unknown; text: string }> {
     const timeout = AbortSignal.timeout(timeoutMs);
     const signal = external ? AbortSignal.any([timeout, external]) : timeout;
     const payload = json === undefined ? undefined : Buffer.from(JSON.stringify(json));
-    let res: { status: number; text: string };
+    let res: { status: number; text: string; streamed?: boolean };
     for (let attempt = 0; ; attempt++) {
       try {
-        res = await this.exchange(method, path, payload, signal);
+        res = await this.exchange(method, path, payload, signal, onEvent);
         break;
       } catch (e) {
         if (e instanceof EngineClientError) throw e;
@@ -231,6 +290,7 @@ export class EngineClient implements PDEndpoint {
         if (!retry) throw this.networkError(path, e instanceof ExchangeError ? e.cause : e, timeout, external);
       }
     }
+    if (res.streamed) return { status: res.status, body: STREAMED, text: '' };
     if (!parse) return { status: res.status, body: undefined, text: res.text };
     let body: unknown;
     try {
@@ -241,8 +301,12 @@ export class EngineClient implements PDEndpoint {
     return { status: res.status, body, text: res.text };
   }
 
-  /** Sends one request and reads its answer (at most `maxResponseBytes`). */
-  private exchange(method: string, path: string, payload: Buffer | undefined, signal: AbortSignal): Promise<{ status: number; text: string }> {
+  /**
+   * Sends one request and reads its answer (at most `maxResponseBytes`). With `onEvent`, a 200
+   * `text/event-stream` answer is read as Server-Sent Events: each event's `data` goes to
+   * `onEvent` (an event larger than `maxResponseBytes`, or `onEvent` throwing, fails the exchange).
+   */
+  private exchange(method: string, path: string, payload: Buffer | undefined, signal: AbortSignal, onEvent?: (data: string) => void): Promise<{ status: number; text: string; streamed?: boolean }> {
     const limit = this.o.maxResponseBytes ?? 16 << 20;
     return new Promise((resolve, reject) => {
       let answered = false;
@@ -250,6 +314,22 @@ export class EngineClient implements PDEndpoint {
       const req = this.send(this.url + path, { method, headers, agent: this.agent, signal }, (res: IncomingMessage) => {
         answered = true;
         const status = res.statusCode ?? 0;
+        if (onEvent && status === 200 && /^text\/event-stream/i.test(res.headers['content-type'] ?? '')) {
+          const sse = new SseParser(onEvent, limit);
+          res.setEncoding('utf8');
+          res.on('data', (c: string) => {
+            try {
+              sse.push(c);
+            } catch (e) {
+              res.destroy();
+              reject(e instanceof EngineClientError ? e : new EngineClientError(this.url, status, `${this.url}${path}: ${e instanceof Error ? e.message : String(e)}`));
+            }
+          });
+          res.on('end', () => resolve({ status, text: '', streamed: true }));
+          res.on('error', (e) => reject(new ExchangeError(e, req.reusedSocket, true)));
+          res.on('aborted', () => reject(new ExchangeError(new Error('the connection closed mid-answer'), req.reusedSocket, true)));
+          return;
+        }
         const declared = Number(res.headers['content-length'] ?? NaN);
         if (declared > limit) {
           res.destroy();
@@ -282,6 +362,36 @@ export class EngineClient implements PDEndpoint {
     const cause = e instanceof Error && e.cause instanceof Error ? `: ${e.cause.message}` : '';
     const what = aborted ? 'aborted by the caller' : timedOut ? 'timed out' : `failed: ${e instanceof Error ? e.message : String(e)}${cause}`;
     return new EngineClientError(this.url, 0, `${this.url}${path} ${what}`, timedOut, { cause: e }, aborted);
+  }
+}
+
+/** `body` of a streamed answer (its events went to the caller). */
+const STREAMED = Symbol('streamed');
+
+/** Splits Server-Sent Events text into events and hands each event's `data` on (comments and other fields skipped). */
+class SseParser {
+  private buf = '';
+
+  constructor(
+    private readonly onData: (data: string) => void,
+    private readonly limit: number,
+  ) {}
+
+  push(chunk: string): void {
+    this.buf += chunk;
+    for (;;) {
+      const m = /\r?\n\r?\n/.exec(this.buf);
+      if (!m) break;
+      const event = this.buf.slice(0, m.index);
+      this.buf = this.buf.slice(m.index + m[0].length);
+      const data = event
+        .split(/\r?\n/)
+        .filter((l) => l.startsWith('data:'))
+        .map((l) => l.slice(5).replace(/^ /, ''))
+        .join('\n');
+      if (data.length > 0) this.onData(data);
+    }
+    if (this.buf.length > this.limit) throw new Error(`an SSE event larger than ${this.limit} bytes`);
   }
 }
 

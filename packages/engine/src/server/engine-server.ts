@@ -2,14 +2,21 @@
  * An HTTP server in front of one {@link Engine}: the OpenAI-style API a P/D proxy (or any client)
  * talks to, as vLLM's `vllm serve` offers it.
  *
- * - `POST /v1/completions`: see {@link parseCompletionRequest} for the body; answers a
- *   {@link CompletionResponse} with `kv_transfer_params` (producer side) and a `kvconnect` field
- *   ({@link KVConnectInfo}: engine and request ids, preemptions, the checksum verdict of a KV load,
- *   the checksum payload a producer sent). Status codes: 200; 400 bad input (the message lists
- *   every problem); 409 a `request_id` in use; 413 body too large; 415 not JSON; 500 the request
- *   ended with `error` (the body holds the partial completion and `error.message`) or the engine
- *   failed; 503 shutting down or engine setup failed; 504 the request ran past its timeout (it is
- *   aborted in the engine). A client that disconnects aborts its request.
+ * - `POST /v1/completions` and `POST /v1/chat/completions`: see {@link parseCompletionRequest}
+ *   for the body; answers the OpenAI response ({@link ResponseFormat}) with `kv_transfer_params`
+ *   (producer side; consumer side `{ kv_transfer_params_error }` when the connector could not use
+ *   the request's params, also copied to a top-level `kv_transfer_params_error` and logged as a
+ *   warning) and a `kvconnect` field ({@link KVConnectInfo}: engine and request ids, preemptions,
+ *   the checksum verdict of a KV load, the checksum payload a producer sent). With `stream: true`:
+ *   Server-Sent Events, the extra fields in the last choice chunk, errors after the first byte as
+ *   a `data: { error }` event. The request id is `request_id`, else `X-Request-Id`, else a fresh
+ *   one; it is echoed in `x-request-id`. Status codes: 200; 400 bad input (the message lists
+ *   every problem); 404 a `model` not served; 409 a request id in use; 413 body too large; 415
+ *   not JSON; 500 the request ended with `error` (the body holds the partial completion and
+ *   `error.message`) or the engine failed; 503 shutting down or engine setup failed; 504 the
+ *   request ran past its timeout (it is aborted in the engine). A client that disconnects aborts
+ *   its request.
+ * - `GET /v1/models`: the served model names; `GET /version`: `{ version }`;
  * - `GET /health`: `{ status: 'ok', engine_id, model, ... }` (503 while setup failed, after a worker process died, or closing);
  * - `GET /metrics`: the engine's Prometheus registry (KV checksum metrics) in text format;
  * - `POST /shutdown`: answers `{ status: 'shutting-down' }`, then closes gracefully (see
@@ -18,7 +25,11 @@
  */
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { LoadEvent, NotSentReason, PayloadSentEvent } from '@kvconnect/core';
+import { KV_TRANSFER_PARAMS_ERROR } from '@kvconnect/core';
+import type { FinishReason } from '../contracts.js';
 import type { Engine, GenerateResult } from '../engine.js';
+import type { Request } from '../request.js';
+import { KVCONNECT_VERSION } from './version.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
   HttpError,
@@ -31,9 +42,16 @@ import {
   sendText,
   singleByteStops,
   urlOf,
+  type CompletionKind,
   type CompletionRequest,
-  type CompletionResponse,
   type KVConnectInfo,
+  type ResponseExtras,
+  IncrementalDecoder,
+  ResponseFormat,
+  requestIdHeader,
+  sseDone,
+  sseSend,
+  sseStart,
   createJsonHttpServer,
   listenOn,
   replyAndShutdown,
@@ -59,6 +77,10 @@ export interface EngineServerOptions {
   maxModelLen?: number;
   /** How long {@link EngineServer.close} waits for running requests before aborting them (default 5000 ms). */
   gracefulTimeoutMs?: number;
+  /** The model names requests may ask for in `model` (default: the engine's model name); the first one is answered in `model`. */
+  servedModelNames?: readonly string[];
+  /** Where warnings go (ignored request fields, unusable `kv_transfer_params`); default the engine's checksum logger, if any. */
+  logger?: ServerLogger;
   /** Serve `POST /shutdown` (default true). */
   allowShutdown?: boolean;
   /**
@@ -83,6 +105,83 @@ export interface EngineServer {
   readonly closed: Promise<void>;
 }
 
+/** What the server logs to (a pino logger fits). */
+export interface ServerLogger {
+  warn(fields: object, msg: string): void;
+}
+
+/** How often a streamed request's new tokens are looked for, in ms. */
+const STREAM_POLL_MS = 2;
+
+/**
+ * Streams one request's tokens as SSE chunks while it runs: every {@link STREAM_POLL_MS} it reads
+ * the new output tokens of the engine's request (the engine has no per-token callback; its
+ * scheduler's request object only grows). With stop sequences, the last `longest - 1` tokens are
+ * held back (they may begin a stop sequence), and a stop sequence found ends the request (aborted
+ * in the engine, answered as `stop`).
+ */
+class TokenStreamer {
+  /** Where a stop sequence cut the output (-1: none yet). */
+  stoppedAt = -1;
+  private sent = 0;
+  private first = true;
+  private req: Request | undefined;
+  private readonly dec = new IncrementalDecoder();
+  private readonly holdback: number;
+  private readonly timer: NodeJS.Timeout;
+
+  constructor(
+    private readonly engine: Engine,
+    private readonly requestId: string,
+    private readonly stops: readonly string[],
+    private readonly fmt: ResponseFormat,
+    private readonly res: ServerResponse,
+  ) {
+    this.holdback = stops.length > 0 ? Math.max(...stops.map((x) => Buffer.byteLength(x))) - 1 : 0;
+    if (fmt.kind === 'chat') {
+      sseSend(res, fmt.chunk('', [], null, {}, true));
+      this.first = false;
+    }
+    this.timer = setInterval(() => this.poll(), STREAM_POLL_MS);
+  }
+
+  private poll(): void {
+    if (this.stoppedAt >= 0) return;
+    this.req ??= this.engine.scheduler.requests.get(this.requestId);
+    if (!this.req) return;
+    const ids = this.req.outputTokenIds;
+    if (this.stops.length > 0) {
+      const cut = findStop(ids, this.stops);
+      if (cut >= 0) {
+        this.stoppedAt = cut;
+        this.emit(ids, cut);
+        this.engine.abort(this.requestId);
+        return;
+      }
+    }
+    this.emit(ids, ids.length - this.holdback);
+  }
+
+  private emit(ids: readonly number[], upto: number): void {
+    if (upto <= this.sent) return;
+    const slice = ids.slice(this.sent, upto);
+    this.sent = upto;
+    const text = this.dec.push(slice);
+    sseSend(this.res, this.fmt.chunk(text, slice, null, {}, this.first));
+    this.first = false;
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+
+  /** Sends what is left of `tokenIds` (the final output) and the chunk with `finish` and `extras`. */
+  finish(tokenIds: readonly number[], finish: FinishReason, extras: ResponseExtras): void {
+    this.emit(tokenIds, tokenIds.length);
+    sseSend(this.res, this.fmt.chunk(this.dec.flush(), [], finish, extras, this.first));
+  }
+}
+
 interface InFlight {
   info: KVConnectInfo;
   done: Promise<unknown>;
@@ -99,6 +198,7 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
   const timeoutMs = options.requestTimeoutMs ?? 120_000;
   const graceMs = options.gracefulTimeoutMs ?? 5000;
   const inflight = new Map<string, InFlight>();
+  const startedAt = Date.now();
   let closing = false;
   let seq = 0;
   let setupError: string | null = null;
@@ -117,6 +217,8 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
       num_tokens: ev.numTokens,
       mismatches: ev.verdict.mismatches.map((m) => ({ groupId: m.groupId, positions: m.positions.slice() })),
       unverified: ev.verdict.unverified.map((u) => ({ groupId: u.groupId, reason: u.reason })),
+      wrong_request: ev.verdict.wrongRequest,
+      identity: ev.verdict.identity,
     };
   };
   const onSent = (ev: PayloadSentEvent) => {
@@ -138,10 +240,14 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
     return Math.floor(engine.scheduler.kv.pool.numBlocks / groups) * engine.blockSize;
   }
 
-  async function completions(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const served = (): readonly string[] => options.servedModelNames ?? [engine.model.name];
+  const logger = (): ServerLogger | undefined => options.logger ?? engine.observability?.logger;
+
+  async function completions(req: IncomingMessage, res: ServerResponse, kind: CompletionKind): Promise<void> {
     if (closing) throw new HttpError(503, 'the engine server is shutting down');
+    const headerId = requestIdHeader(req);
     const body = await readJson(req, maxBody);
-    const c: CompletionRequest = parseCompletionRequest(body, { vocabSize: engine.model.vocabSize, maxTokens: options.maxTokens });
+    const c: CompletionRequest = parseCompletionRequest(body, { vocabSize: engine.model.vocabSize, maxTokens: options.maxTokens, servedModels: served() }, kind);
     try {
       await engine.ready;
     } catch (e) {
@@ -152,23 +258,31 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
     if (promptIds.length + c.maxTokens > limit) {
       throw new HttpError(400, `prompt (${promptIds.length} tokens) plus max_tokens (${c.maxTokens}) exceeds the engine's max model length ${limit}`);
     }
-    const requestId = c.requestId ?? `${engine.engineId}-cmpl-${seq++}-${Date.now().toString(36)}`;
+    const requestId = c.requestId ?? headerId ?? `${engine.engineId}-cmpl-${seq++}-${Date.now().toString(36)}`;
     if (inflight.has(requestId) || engine.scheduler.requests.has(requestId)) throw new HttpError(409, `request_id ${JSON.stringify(requestId)} is in use`);
+    if (c.ignored.length > 0) logger()?.warn({ requestId, fields: c.ignored }, 'the following fields were present in the request but ignored');
     const stopIds = [...c.stopTokenIds];
     for (const id of singleByteStops(c.stop)) if (!stopIds.includes(id)) stopIds.push(id);
     const sampling = { maxTokens: c.maxTokens, temperature: c.temperature, seed: c.seed, ignoreEos: c.ignoreEos, stopTokenIds: stopIds };
+    const fmt = new ResponseFormat(kind, requestId, c.model ?? served()[0]);
+    const idHeader = { 'x-request-id': requestId };
 
     const info: KVConnectInfo = { engine_id: engine.engineId, request_id: requestId, num_preemptions: 0 };
     const gen = engine.generate(promptIds, sampling, c.kvTransferParams, requestId);
     const entry: InFlight = { info, done: gen.catch(() => {}) };
     inflight.set(requestId, entry);
+    if (c.stream) sseStart(res, idHeader);
     let timedOut = false;
     const timer =
       timeoutMs > 0
         ? setTimeout(() => {
             timedOut = true;
             engine.abort(requestId);
-            sendError(res, new HttpError(504, `request ${requestId} ran past ${timeoutMs} ms and was aborted`, 'timeout_error'));
+            const e = new HttpError(504, `request ${requestId} ran past ${timeoutMs} ms and was aborted`, 'timeout_error');
+            if (c.stream) {
+              sseSend(res, { error: { message: e.message, type: e.type, code: e.status } });
+              sseDone(res);
+            } else sendError(res, e);
           }, timeoutMs)
         : null;
     // A client that goes away aborts its request.
@@ -177,51 +291,62 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
     };
     res.on('close', onClose);
     if (req.socket.destroyed) onClose(); // it went away before the request was queued
+    const streamer = c.stream ? new TokenStreamer(engine, requestId, c.stop, fmt, res) : null;
     let r: GenerateResult;
     try {
       r = await gen;
     } catch (e) {
-      throw new HttpError(500, `engine failed: ${e instanceof Error ? e.message : String(e)}`);
+      const he = new HttpError(500, `engine failed: ${e instanceof Error ? e.message : String(e)}`);
+      if (!c.stream) throw he;
+      streamer?.stop();
+      sseSend(res, { error: { message: he.message, type: he.type, code: he.status } });
+      sseDone(res);
+      return;
     } finally {
       if (timer) clearTimeout(timer);
       res.off('close', onClose);
       inflight.delete(requestId);
     }
+    streamer?.stop();
     if (timedOut) return;
 
     let tokenIds = r.tokenIds;
-    let text = r.text;
     let finish = r.finishReason;
-    if (c.stop.length > 0 && (finish === 'stop' || finish === 'length')) {
-      const cut = findStop(tokenIds, c.stop);
-      if (cut >= 0) {
-        tokenIds = tokenIds.slice(0, cut);
-        text = engine.tokenizer.decode(tokenIds);
-        finish = 'stop';
-      }
+    const cut = streamer?.stoppedAt ?? (c.stop.length > 0 && (finish === 'stop' || finish === 'length') ? findStop(tokenIds, c.stop) : -1);
+    if (cut >= 0) {
+      tokenIds = tokenIds.slice(0, cut);
+      finish = 'stop';
     }
     info.num_preemptions = r.numPreemptions;
     if (r.error !== undefined) info.error = r.error;
-    const out: CompletionResponse = {
-      id: `cmpl-${requestId}`,
-      object: 'text_completion',
-      created: Math.floor(Date.now() / 1000),
-      model: engine.model.name,
-      choices: [{ index: 0, text, token_ids: tokenIds, finish_reason: finish, logprobs: null }],
-      usage: { prompt_tokens: promptIds.length, completion_tokens: tokenIds.length, total_tokens: promptIds.length + tokenIds.length },
-    };
-    if (r.kvTransferParams !== undefined) out.kv_transfer_params = r.kvTransferParams;
-    out.kvconnect = { ...info };
-    if (finish === 'error') {
-      out.error = { message: r.error ?? 'the request ended with an error', type: 'request_error', code: 500 };
-      sendJson(res, 500, out);
+    const usage = { prompt_tokens: promptIds.length, completion_tokens: tokenIds.length, total_tokens: promptIds.length + tokenIds.length };
+    const extras: ResponseExtras = {};
+    if (r.kvTransferParams !== undefined) extras.kv_transfer_params = r.kvTransferParams;
+    const paramsError = r.kvTransferParams?.[KV_TRANSFER_PARAMS_ERROR];
+    if (typeof paramsError === 'string') {
+      extras.kv_transfer_params_error = paramsError;
+      logger()?.warn({ requestId, connector: engine.transferConfig?.kv_connector, reason: paramsError }, 'kv_transfer_params unusable: the request prefilled locally');
+    }
+    extras.kvconnect = { ...info };
+    if (finish === 'error') extras.error = { message: r.error ?? 'the request ended with an error', type: 'request_error', code: 500 };
+    if (streamer) {
+      streamer.finish(tokenIds, finish, extras);
+      if (c.includeUsage) sseSend(res, fmt.usageChunk(usage));
+      if (extras.error) sseSend(res, { error: extras.error });
+      sseDone(res);
       return;
     }
-    sendJson(res, 200, out);
+    const out = fmt.full(engine.tokenizer.decode(tokenIds), tokenIds, finish, usage, extras);
+    sendJson(res, finish === 'error' ? 500 : 200, out, idHeader);
+  }
+
+  function models(res: ServerResponse): void {
+    const created = Math.floor(startedAt / 1000);
+    sendJson(res, 200, { object: 'list', data: served().map((id) => ({ id, object: 'model', created, owned_by: 'kvconnect', root: engine.model.name, parent: null, max_model_len: maxModelLen() })) });
   }
 
   function health(res: ServerResponse): void {
-    const base = { engine_id: engine.engineId, model: engine.model.name, tp_size: engine.tpSize, pp_size: engine.ppSize, block_size: engine.blockSize };
+    const base = { engine_id: engine.engineId, model: engine.model.name, served_models: served(), tp_size: engine.tpSize, pp_size: engine.ppSize, block_size: engine.blockSize };
     if (setupError !== null) return sendJson(res, 503, { status: 'error', error: `engine setup failed: ${setupError}`, ...base });
     if (engine.failure) return sendJson(res, 503, { status: 'error', error: engine.failure.message, ...base });
     if (closing) return sendJson(res, 503, { status: 'shutting-down', ...base });
@@ -257,7 +382,16 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
     switch (path) {
       case '/v1/completions':
         if (method !== 'POST') throw methodNotAllowed('POST');
-        return completions(req, res);
+        return completions(req, res, 'completion');
+      case '/v1/chat/completions':
+        if (method !== 'POST') throw methodNotAllowed('POST');
+        return completions(req, res, 'chat');
+      case '/v1/models':
+        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
+        return models(res);
+      case '/version':
+        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
+        return sendJson(res, 200, { version: KVCONNECT_VERSION });
       case '/health':
         if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
         return health(res);

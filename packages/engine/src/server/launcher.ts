@@ -10,7 +10,7 @@
  * @module
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { createWriteStream, existsSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import type { EngineProcessConfig, ProxyProcessConfig } from './main.js';
@@ -37,6 +37,11 @@ export interface LaunchOptions {
   echoStderr?: boolean;
   /** Called with every stdout JSON event line after the ready line (e.g. `exit`). */
   onEvent?: (event: Record<string, unknown>) => void;
+  /**
+   * A file that gets everything the child writes to stdout and stderr, as it comes (created or
+   * truncated at launch, closed when the child exits), e.g. `producer.log` in a report folder.
+   */
+  logFile?: string;
 }
 
 /** Options of {@link launchEngineProcess}. */
@@ -123,10 +128,17 @@ async function launch(bin: string, config: object, o: LaunchOptions): Promise<La
   });
   live.add(child);
   let tail = '';
+  const log = o.logFile !== undefined ? createWriteStream(o.logFile) : null;
+  if (log) {
+    log.on('error', () => {}); // a log that cannot be written loses the log, not the child
+    child.stdout!.on('data', (b: Buffer) => log.write(b));
+    child.once('close', () => log.end());
+  }
   child.stderr!.setEncoding('utf8');
   child.stderr!.on('data', (s: string) => {
     tail = (tail + s).slice(-TAIL);
     if (o.echoStderr) process.stderr.write(s);
+    log?.write(s);
   });
   child.stdin!.on('error', () => {});
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {

@@ -63,6 +63,8 @@ export interface EngineProcessConfig {
   requestTimeoutMs?: number;
   maxTokens?: number;
   maxModelLen?: number;
+  /** Model names requests may give in `model` (vLLM `--served-model-name`; default the model's name). */
+  servedModelName?: string[];
   /** Log level of the KV checksum logger (pino; default `warn`), written to stderr. */
   logLevel?: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
@@ -108,6 +110,7 @@ const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
   requestTimeoutMs: 'nat',
   maxTokens: 'int',
   maxModelLen: 'int',
+  servedModelName: 'strings',
   logLevel: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'],
 };
 
@@ -199,8 +202,8 @@ function parse(argv: readonly string[], options: NonNullable<Parameters<typeof p
 /** Usage of `kvconnect-engine`. */
 export const ENGINE_USAGE = `Usage: kvconnect-engine [options]
 
-Starts one kvconnect engine behind an OpenAI-style HTTP API (POST /v1/completions, GET /health,
-GET /metrics, POST /shutdown) and prints {"event":"ready","url":...,"engineId":...} on stdout.
+Starts one kvconnect engine behind an OpenAI-compatible HTTP API (POST /v1/completions,
+POST /v1/chat/completions, GET /v1/models, GET /version, GET /health, GET /metrics, POST /shutdown) and prints {"event":"ready","url":...,"engineId":...} on stdout.
 
 Config (later wins): --config FILE < --config-json JSON < flags. Config keys are EngineOptions
 (camelCase: preset, tpSize, ppSize, blockSize, numBlocks, cacheLayout, kvDtype, kvTransferConfig,
@@ -229,6 +232,7 @@ engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxToke
   --host HOST                   default 127.0.0.1
   --port N                      default 0 (any free port)
   --max-body-bytes N            --request-timeout-ms N (0 = none)  --max-tokens N  --max-model-len N
+  --served-model-name NAME      a name requests may give in "model" (repeatable; default the model's)
   --log-level LEVEL             pino level of KV checksum logs on stderr (default warn)
   --exit-with-parent            exit when stdin closes (set by the launcher)
   -h, --help
@@ -292,6 +296,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     'request-timeout-ms': { type: 'string' },
     'max-tokens': { type: 'string' },
     'max-model-len': { type: 'string' },
+    'served-model-name': { type: 'string', multiple: true },
     'log-level': { type: 'string' },
     'exit-with-parent': { type: 'boolean' },
     help: { type: 'boolean', short: 'h' },
@@ -326,6 +331,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
     requestTimeoutMs: intFlag(s('request-timeout-ms'), 'request-timeout-ms'),
     maxTokens: intFlag(s('max-tokens'), 'max-tokens'),
     maxModelLen: intFlag(s('max-model-len'), 'max-model-len'),
+    servedModelName: v['served-model-name'] as string[] | undefined,
     logLevel: s('log-level'),
   };
   const backend = s('distributed-executor-backend');
@@ -511,6 +517,7 @@ export async function runEngineMain(argv: readonly string[]): Promise<void> {
       requestTimeoutMs: config.requestTimeoutMs,
       maxTokens: config.maxTokens,
       maxModelLen: config.maxModelLen,
+      servedModelNames: config.servedModelName,
       onShutdown: () => stopHook?.('shutdown'),
     });
     onStop(async () => {

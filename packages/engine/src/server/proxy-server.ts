@@ -3,11 +3,18 @@
  * it routes each through a producer (prefill) and a consumer (decode) engine server with a
  * {@link PDProxy} over {@link EngineClient}s, round robin over several of each.
  *
- * - `POST /v1/completions`: the body of the engine API without `kv_transfer_params` and
- *   `request_id` (the proxy sets them). Answers the consumer's completion with a `kvconnect` field
+ * - `POST /v1/completions` and `POST /v1/chat/completions`: the body of the engine API without
+ *   `kv_transfer_params` (the proxy sets them); `request_id` (at most 126 characters) or else
+ *   `X-Request-Id` names the request, `<id>-p` / `<id>-d` on the engines, and is echoed (default
+ *   `pd-<n>-<random>`). Chat prompts are rendered here
+ *   (`applyChatTemplate`) and sent to the engines as completions. `stream: true`: the consumer's
+ *   chunks are streamed on to the client as they come (the SSE response starts with the first
+ *   one, so failures before it keep their HTTP status; later ones are a `data: { error }` event).
+ *   `model` must be one the consumers serve (404). Answers the consumer's completion with a `kvconnect` field
  *   `{ mode, prefill: {...}, decode: {...} }`: each side's URL, engine id, request id and the
  *   engine's own `kvconnect` information (checksum verdict on the consumer, payload on the
- *   producer); `prefill.kv_transfer_params` are the params the producer returned. Status codes: 200;
+ *   producer); `prefill.kv_transfer_params` and `decode.kv_transfer_params` are the params each
+ *   engine returned (the consumer's carry e.g. the harness fault connector's ground truth). Status codes: 200;
  *   400/413/415 bad input (400 too when an engine
  *   rejects the request, e.g. longer than its max model length); 500 the request ended with `error` (on either side; `error.message`
  *   says which); 502 an engine answered unexpectedly or could not be reached; 503 the consumer is
@@ -21,11 +28,14 @@
  *   for a consumer not heard from in `consumerCheckIntervalMs` asks its `/health` first; a down
  *   consumer is asked again at most once per interval and used again once it answers. Round robin
  *   skips down consumers while another is up.
+ * - `GET /v1/models`: the consumers' served model names; `GET /version`: `{ version }`;
  * - `GET /health`: asks every engine's `/health` (200 when all answer, else 503).
  * - `POST /shutdown`: closes the proxy gracefully (the engines keep running).
  * @module
  */
+import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { KV_TRANSFER_PARAMS_ERROR } from '@kvconnect/core';
 import { PDProxy } from '../proxy.js';
 import { EngineClient, EngineClientError, type RemoteGenerateResult } from './engine-client.js';
 import {
@@ -36,11 +46,18 @@ import {
   readJson,
   sendJson,
   urlOf,
-  type CompletionResponse,
+  type CompletionKind,
+  type ResponseExtras,
+  ResponseFormat,
+  requestIdHeader,
+  sseDone,
+  sseSend,
+  sseStart,
   createJsonHttpServer,
   listenOn,
   replyAndShutdown,
 } from './protocol.js';
+import { KVCONNECT_VERSION } from './version.js';
 
 /** Options of {@link startProxyServer}. */
 export interface ProxyServerOptions {
@@ -202,6 +219,8 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
   let nextP = 0;
   let nextD = 0;
   const running = new Set<Promise<unknown>>();
+  const startedAt = Date.now();
+  let seq = 0;
   let closing = false;
 
   function pick(): { p: EngineClient; d: EngineClient; proxy: PDProxy; reach: Reachability } {
@@ -219,13 +238,21 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     return { p: prefill[pi], d: decode[di], proxy, reach: reach[di] };
   }
 
-  async function completions(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const servedModels = (): string[] => [...new Set(decode.flatMap((c) => c.models))];
+
+  async function completions(req: IncomingMessage, res: ServerResponse, kind: CompletionKind): Promise<void> {
     if (closing) throw new HttpError(503, 'the proxy is shutting down');
+    const headerId = requestIdHeader(req);
     const body = await readJson(req, maxBody);
-    const c = parseCompletionRequest(body, { maxTokens: options.maxTokens, allowKvTransferParams: false, allowRequestId: false });
+    const served = servedModels();
+    const c = parseCompletionRequest(body, { maxTokens: options.maxTokens, allowKvTransferParams: false, servedModels: served.length > 0 ? served : undefined }, kind);
+    if (c.requestId !== undefined && c.requestId.length > 126) throw new HttpError(400, 'request_id: at most 126 characters through the proxy (it appends -p and -d)');
     const { p, d, proxy, reach: dReach } = pick();
     await dReach.ensureUp();
     const sampling = { maxTokens: c.maxTokens, temperature: c.temperature, seed: c.seed, ignoreEos: c.ignoreEos, stopTokenIds: c.stopTokenIds, stop: c.stop };
+    const requestId = c.requestId ?? headerId ?? `pd-${seq++}-${randomUUID().slice(0, 8)}`;
+    const idHeader = { 'x-request-id': requestId };
+    const fmt = new ResponseFormat(kind, requestId, c.model ?? served[0] ?? 'kvconnect-pd');
     // The client going away aborts the request on both engines.
     const gone = new AbortController();
     const onClose = () => {
@@ -233,7 +260,17 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     };
     res.on('close', onClose);
     if (req.socket.destroyed) gone.abort();
-    const work = proxy.generate(c.prompt, sampling, { signal: gone.signal });
+    // Streaming: the consumer's chunks go on to the client as they come (the SSE response starts
+    // with the first one, so an error before it is still an HTTP status).
+    let first = true;
+    const onDelta = c.stream
+      ? (delta: { text: string; tokenIds: number[] }) => {
+          if (first) sseStart(res, idHeader);
+          sseSend(res, fmt.chunk(delta.text, delta.tokenIds, null, {}, first && kind === 'chat'));
+          first = false;
+        }
+      : undefined;
+    const work = proxy.generate(c.prompt, sampling, { signal: gone.signal, onDelta, requestId });
     const tracked = work.catch(() => {});
     running.add(tracked);
     let r;
@@ -241,13 +278,14 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
       r = await work;
     } catch (e) {
       if (gone.signal.aborted) return; // nobody to answer
-      if (e instanceof EngineClientError) {
-        if (e.url === d.url && (e.unreachable || e.status === 503)) dReach.failed(e.message);
-        if (e.timedOut || e.status === 504) throw new HttpError(504, `engine timed out: ${e.message}`, 'timeout_error');
-        if (e.status === 400) throw new HttpError(400, `engine rejected the request: ${e.message}`);
-        throw new HttpError(502, `engine error: ${e.message}`, 'upstream_error');
+      const he = httpErrorOf(e, d, dReach);
+      if (res.headersSent) {
+        // Mid-stream: the status is sent; the error goes as an event.
+        sseSend(res, { error: { message: he.message, type: he.type, code: he.status } });
+        sseDone(res);
+        return;
       }
-      throw e;
+      throw he;
     } finally {
       running.delete(tracked);
       res.off('close', onClose);
@@ -262,27 +300,49 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     // In sequential mode a failed producer means the consumer was not asked.
     if (!(prefillFailed && mode === 'sequential')) {
       kvconnect.decode = sideInfo(d, dr);
+      if (dr.kvTransferParams !== undefined) (kvconnect.decode as Record<string, unknown>).kv_transfer_params = dr.kvTransferParams;
       dReach.ok();
     }
     const promptTokens = dr.usage?.prompt_tokens ?? pr.usage?.prompt_tokens ?? 0;
-    const out: CompletionResponse = {
-      id: `cmpl-${dr.requestId || pr.requestId}`,
-      object: 'text_completion',
-      created: Math.floor(Date.now() / 1000),
-      model: dr.model ?? pr.model ?? 'kvconnect-pd',
-      choices: [{ index: 0, text: r.text, token_ids: r.tokenIds, finish_reason: r.finishReason, logprobs: null }],
-      usage: { prompt_tokens: promptTokens, completion_tokens: r.tokenIds.length, total_tokens: promptTokens + r.tokenIds.length },
-      kvconnect,
-    };
+    const usage = { prompt_tokens: promptTokens, completion_tokens: r.tokenIds.length, total_tokens: promptTokens + r.tokenIds.length };
+    const extras: ResponseExtras = { kvconnect };
+    let finish = r.finishReason;
+    let status = 200;
+    const paramsError = dr.kvTransferParams?.[KV_TRANSFER_PARAMS_ERROR];
+    if (typeof paramsError === 'string') extras.kv_transfer_params_error = paramsError;
     if (pr.finishReason === 'error' || dr.finishReason === 'error') {
       const side = pr.finishReason === 'error' ? 'prefill' : 'decode';
       const msg = (side === 'prefill' ? pr.error : dr.error) ?? 'the request ended with an error';
-      out.choices[0].finish_reason = 'error';
-      out.error = { message: `${side} (${side === 'prefill' ? p.url : d.url}): ${msg}`, type: 'request_error', code: 500 };
-      sendJson(res, 500, out);
+      finish = 'error';
+      status = 500;
+      extras.error = { message: `${side} (${side === 'prefill' ? p.url : d.url}): ${msg}`, type: 'request_error', code: 500 };
+    }
+    if (c.stream) {
+      if (first) sseStart(res, idHeader);
+      sseSend(res, fmt.chunk('', [], finish, extras, first && kind === 'chat'));
+      if (c.includeUsage) sseSend(res, fmt.usageChunk(usage));
+      if (extras.error) sseSend(res, { error: extras.error });
+      sseDone(res);
       return;
     }
-    sendJson(res, 200, out);
+    sendJson(res, status, fmt.full(r.text, r.tokenIds, finish, usage, extras), idHeader);
+  }
+
+  /** The HTTP error a failed engine call answers with (marks the consumer down when it could not be reached). */
+  function httpErrorOf(e: unknown, d: EngineClient, dReach: Reachability): HttpError {
+    if (e instanceof EngineClientError) {
+      if (e.url === d.url && (e.unreachable || e.status === 503)) dReach.failed(e.message);
+      if (e.timedOut || e.status === 504) return new HttpError(504, `engine timed out: ${e.message}`, 'timeout_error');
+      if (e.status === 400) return new HttpError(400, `engine rejected the request: ${e.message}`);
+      if (e.status === 409) return new HttpError(409, `engine refused the request id: ${e.message}`);
+      return new HttpError(502, `engine error: ${e.message}`, 'upstream_error');
+    }
+    return e instanceof HttpError ? e : new HttpError(500, e instanceof Error ? e.message : String(e));
+  }
+
+  function models(res: ServerResponse): void {
+    const created = Math.floor(startedAt / 1000);
+    sendJson(res, 200, { object: 'list', data: servedModels().map((id) => ({ id, object: 'model', created, owned_by: 'kvconnect', root: id, parent: null })) });
   }
 
   async function health(res: ServerResponse): Promise<void> {
@@ -308,7 +368,16 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     switch (path) {
       case '/v1/completions':
         if (method !== 'POST') throw methodNotAllowed('POST');
-        return completions(req, res);
+        return completions(req, res, 'completion');
+      case '/v1/chat/completions':
+        if (method !== 'POST') throw methodNotAllowed('POST');
+        return completions(req, res, 'chat');
+      case '/v1/models':
+        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
+        return models(res);
+      case '/version':
+        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
+        return sendJson(res, 200, { version: KVCONNECT_VERSION });
       case '/health':
         if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
         return health(res);

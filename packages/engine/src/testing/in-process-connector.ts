@@ -31,7 +31,7 @@
  * @module
  */
 import { KVConnectorRegistry } from '@kvconnect/core';
-import { DTYPE_BYTES, contiguousStrides, type AttentionCacheView, type StateCacheView, type StateTensor } from '@kvconnect/checksum';
+import { DTYPE_BYTES, contiguousStrides, replicaCount, type AttentionCacheView, type StateCacheView, type StateTensor } from '@kvconnect/checksum';
 import type {
   BlockIdsPerGroup,
   ConnectorRequest,
@@ -41,6 +41,7 @@ import type {
   KVConnectorScheduler,
   KVConnectorWorker,
   KVTransferConfig,
+  LoadError,
   MatchedTokens,
   RequestFinishedResult,
   SchedulerContext,
@@ -272,14 +273,6 @@ class InProcessScheduler implements KVConnectorScheduler<InProcessMeta, never, n
   }
 }
 
-/** R of an attention view at a TP size (SPEC 1, as the planner resolves it). */
-function replicas(v: AttentionCacheView, tpSize: number): number {
-  const r = v.replication ?? 1;
-  if (r === 'all') return tpSize;
-  if (typeof r === 'number') return r;
-  return r.totalKvHeads >= tpSize ? 1 : tpSize / r.totalKvHeads;
-}
-
 function stateStrides(s: StateTensor): number[] {
   return s.strides ? [...s.strides] : contiguousStrides(s.shape, DTYPE_BYTES[s.dtype]);
 }
@@ -307,6 +300,7 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
   private readonly leases = new Map<string, number>();
   private readonly done = new Set<string>();
   private readonly invalid = new Set<number>();
+  private readonly loadErrors = new Map<string, LoadError>();
   private readonly payloads = new Map<string, Uint8Array>();
   private readonly key: string;
 
@@ -336,8 +330,9 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
         try {
           if (this.bus.failLoads) throw new Error('load failed (failLoads)');
           this.copy(load);
-        } catch {
+        } catch (e) {
           for (const g of load.localBlocks) for (const b of g) this.invalid.add(b);
+          this.loadErrors.set(load.requestId, { reason: 'transfer-error', message: e instanceof Error ? e.message : String(e) });
         }
         if (load.transferId) {
           const p = this.bus.payloads.get(load.transferId);
@@ -350,7 +345,8 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
   }
 
   getTransferResults(): TransferResults<never> {
-    const res: TransferResults<never> = { finishedSending: new Set(), finishedRecving: new Set(this.done), invalidBlockIds: new Set(this.invalid), kvChecksums: new Map() };
+    const res: TransferResults<never> = { finishedSending: new Set(), finishedRecving: new Set(this.done), invalidBlockIds: new Set(this.invalid), kvChecksums: new Map(), loadErrors: new Map(this.loadErrors) };
+    this.loadErrors.clear();
     for (const id of this.done) {
       const p = this.payloads.get(id);
       if (p) res.kvChecksums.set(id, p);
@@ -400,7 +396,7 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
         if (!prod) throw new Error(`producer has no cache ${v.name}`);
         const ctxBase = { requestId: load.requestId, remoteRequestId: load.remoteRequestId, groupId: cfg.groupId, name: v.name, tpRank: mine.rank.tpRank, ppRank: mine.ppRank };
         if (v.kind === 'attention') {
-          const Rd = replicas(v, tpD);
+          const Rd = replicaCount(v, tpD);
           const Ld = v.localHeads;
           const shardD = Math.floor(mine.rank.tpRank / Rd);
           const Bd = v.blockSize;
@@ -410,7 +406,7 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
             const pv0 = any.view as AttentionCacheView;
             const Lp = pv0.localHeads;
             const shardP = Math.floor(gh / Lp);
-            const tpSrc = shardP * replicas(pv0, tpP);
+            const tpSrc = shardP * replicaCount(pv0, tpP);
             const p = prod.get(tpSrc);
             if (!p || p.view.kind !== 'attention') throw new Error(`no producer rank for ${v.name} head ${gh}`);
             const pv = p.view;
@@ -498,6 +494,8 @@ export function createInProcessConnectorFactory(o: InProcessConnectorOptions): I
     name: o.name ?? IN_PROCESS_CONNECTOR,
     createScheduler: (config, ctx) => new InProcessScheduler(bus, config, ctx),
     createWorker: (_config, ctx) => new InProcessWorker(bus, ctx),
+    // `connector` for requests with a transfer_id, else `kv_transfer_params` (InProcessScheduler.kvChecksumCarrier).
+    kvChecksumCarriers: () => ['connector', 'kv_transfer_params'],
   };
 }
 

@@ -3,7 +3,7 @@
  * registers nothing).
  * @module
  */
-import type { KVConnectorFactory, KVConnectorRegistry, KVTransferConfig, SchedulerContext, WorkerContext } from '@kvconnect/core';
+import type { KVChecksumCarrierKind, KVConnectorFactory, KVConnectorRegistry, KVTransferConfig, SchedulerContext, WorkerContext } from '@kvconnect/core';
 import { registerInProcessConnector, type InProcessBus } from '../in-process-connector.js';
 import { FAULT_INJECTING_CONNECTOR, parseFaultConfig } from './config.js';
 import type { Fault } from './fault.js';
@@ -49,6 +49,12 @@ export class FaultInjectingConnectorFactory implements KVConnectorFactory<FaultM
   createWorker(config: KVTransferConfig, ctx: WorkerContext): FaultWorker {
     const { inner, faults } = parseFaultConfig(config);
     return new FaultWorker(this.innerFactory(inner).createWorker(inner, ctx), faultsOf(faults), ctx);
+  }
+
+  /** The inner connector's declared carriers (the fault injector carries what its inner connector carries). */
+  kvChecksumCarriers(config: KVTransferConfig): readonly KVChecksumCarrierKind[] | undefined {
+    const { inner } = parseFaultConfig(config);
+    return this.innerFactory(inner).kvChecksumCarriers?.(inner);
   }
 }
 

@@ -34,6 +34,7 @@ export type { BlocksInput, Fault, HeldReport, Injected, LoadInput, NotifState, P
 export { createFault, mutatePayload, UnknownFaultKindError } from './kinds/index.js';
 export {
   FAULT_REPORT_PARAM,
+  applyGroundTruth,
   faultReportOf,
   requestIndexOf,
   withoutFaultReport,
@@ -41,6 +42,7 @@ export {
   type FaultMeta,
   type FaultReport,
   type FaultWorkerMeta,
+  type GroundTruthFields,
   type InjectionRecord,
   type LoadRecord,
   type StaleOrder,

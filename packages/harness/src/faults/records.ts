@@ -112,6 +112,51 @@ export function withoutFaultReport(params: KVTransferParams): KVTransferParams {
   return rest;
 }
 
+/** The fields of a request's outcome that its ground truth fills (see {@link applyGroundTruth}). */
+export interface GroundTruthFields {
+  /** Scenario request index. */
+  index: number;
+  /** Fault kinds recorded for the request (appended, no duplicates). */
+  faultKinds: string[];
+  /** Changed consumer block positions per group id (a state group's running state: position 0). */
+  injected: Map<number, number[]>;
+  /** Wall time of the request's load on the consumer, ms (first start to last finish over its workers); null when no load was recorded. */
+  transferMs: number | null;
+  /** KV bytes the consumer's workers loaded for it. */
+  loadBytes: number;
+}
+
+/**
+ * Fills a request's ground truth from the fault reports' records: the fault kinds that hit it,
+ * the consumer blocks whose loaded bytes changed (tokens outside the consumer's load, e.g. a
+ * producer-side change of a prefix-cached token, are left out), its load time and bytes.
+ * @param consumerIds engine ids of the consumers (loads of other engines are not the request's load)
+ * @param blockSizeOf the consumer's block size, in tokens, of a group id
+ */
+export function applyGroundTruth(o: GroundTruthFields, records: readonly InjectionRecord[], loads: readonly LoadRecord[], consumerIds: ReadonlySet<string>, blockSizeOf: (groupId: number) => number): void {
+  const mine = loads.filter((l) => l.index === o.index && consumerIds.has(l.engineId));
+  if (mine.length > 0) {
+    o.transferMs = Math.max(...mine.map((l) => l.finishedAt)) - Math.min(...mine.map((l) => l.startedAt));
+    o.loadBytes = mine.reduce((a, l) => a + l.bytes, 0);
+  }
+  const first = mine.length ? Math.min(...mine.map((l) => l.firstToken)) : 0;
+  const numTokens = mine.length ? Math.max(...mine.map((l) => l.numTokens)) : Infinity;
+  const pos = new Map<number, Set<number>>();
+  for (const rec of records.filter((x) => x.index === o.index)) {
+    if (!o.faultKinds.includes(rec.kind)) o.faultKinds.push(rec.kind);
+    if (rec.side === 'producer' && mine.length === 0) continue;
+    for (const g of rec.changed) {
+      const B = blockSizeOf(g.groupId);
+      let set = pos.get(g.groupId);
+      if (!set) pos.set(g.groupId, (set = new Set()));
+      if (g.state) set.add(0);
+      for (const t of g.tokens) if (t >= first && t < numTokens) set.add(Math.floor(t / B));
+      if (set.size === 0) pos.delete(g.groupId);
+    }
+  }
+  for (const [g, set] of [...pos].sort((a, b) => a[0] - b[0])) o.injected.set(g, [...set].sort((a, b) => a - b));
+}
+
 /** Accumulates changed tokens / states per group. */
 export class Changes {
   private readonly m = new Map<number, { tokens: Set<number>; state: boolean }>();

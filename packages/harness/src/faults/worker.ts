@@ -106,7 +106,7 @@ export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWor
    */
   getTransferResults(): TransferResults<FaultWorkerMeta> {
     const got = this.inner.getTransferResults();
-    const res: TransferResults<FaultWorkerMeta> = { finishedSending: new Set(got.finishedSending), finishedRecving: new Set(got.finishedRecving), invalidBlockIds: new Set(got.invalidBlockIds), kvChecksums: new Map(got.kvChecksums) };
+    const res: TransferResults<FaultWorkerMeta> = { finishedSending: new Set(got.finishedSending), finishedRecving: new Set(got.finishedRecving), invalidBlockIds: new Set(got.invalidBlockIds), kvChecksums: new Map(got.kvChecksums), loadErrors: new Map(got.loadErrors) };
     const c = this.caches;
     // Producer: blocks made stale are restored once the consumer read them.
     for (const id of res.finishedSending) {

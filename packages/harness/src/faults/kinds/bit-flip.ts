@@ -5,8 +5,9 @@
  * changes.
  * @module
  */
+import { globalHeads as globalHeadsOf } from '@kvconnect/checksum';
 import type { FaultSpec } from '../../faults.js';
-import { attentionReplicas, forEachAttentionCell, layerNumber, prng } from '../../locate.js';
+import { forEachAttentionCell, layerNumber, prng } from '../../locate.js';
 import { attentionGroupIndex } from '../bytes.js';
 import type { Fault } from '../fault.js';
 import { Changes } from '../records.js';
@@ -32,7 +33,7 @@ export function bitFlipFault(spec: BitFlipSpec, index: number): Fault<BitFlipSpe
       const layer = f.layer ?? layers[Math.floor(draws[0] * layers.length)];
       const view = c.groups[gi]?.caches.find((v) => v.kind === 'attention');
       if (!view || view.kind !== 'attention') return { changed: [], detail: `layer ${layer} not on this worker` };
-      const globalHeads = (view.localHeads * c.rank.tpSize) / attentionReplicas(view, c.rank.tpSize);
+      const globalHeads = globalHeadsOf(view, c.rank.tpSize);
       const head = f.head ?? Math.floor(draws[1] * globalHeads);
       const token = f.token ?? l.firstToken + Math.floor(draws[2] * Math.max(1, l.numTokens - l.firstToken));
       const cellBytes = view.parts.reduce((a, p) => a + p.bytes, 0);

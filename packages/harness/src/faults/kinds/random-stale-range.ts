@@ -4,8 +4,9 @@
  * partial stale read would leave (consumer, after the load).
  * @module
  */
+import { globalHeads as globalHeadsOf } from '@kvconnect/checksum';
 import type { FaultSpec } from '../../faults.js';
-import { attentionReplicas, forEachAttentionCell, layerNumber, prng } from '../../locate.js';
+import { forEachAttentionCell, layerNumber, prng } from '../../locate.js';
 import { attentionGroupIndex, fillRuns, type Tagged } from '../bytes.js';
 import type { Fault } from '../fault.js';
 
@@ -34,7 +35,7 @@ export function randomStaleRangeFault(spec: RandomStaleRangeSpec, index: number)
       const nRanges = Math.ceil(l.numTokens / W) - firstRange;
       const k = firstRange + Math.floor(draws[2] * Math.max(1, nRanges));
       if (!view || view.kind !== 'attention') return { changed: [], detail: 'no attention cache on this worker' };
-      const globalHeads = (view.localHeads * c.rank.tpSize) / attentionReplicas(view, c.rank.tpSize);
+      const globalHeads = globalHeadsOf(view, c.rank.tpSize);
       const head = Math.floor(draws[1] * globalHeads);
       const runs: Tagged[] = [];
       forEachAttentionCell(c, l.blocks, l.firstToken, l.numTokens, { group: gc.groupId, layers: [layer, layer], heads: [head, head], tokens: [k * W, k * W + W - 1] }, (x) =>

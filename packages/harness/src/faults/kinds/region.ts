@@ -4,7 +4,7 @@
  * states and conv segments).
  * @module
  */
-import type { WorkerKVCaches } from '@kvconnect/core';
+import { loadBlockIds, type WorkerKVCaches } from '@kvconnect/core';
 import type { FaultSpec } from '../../faults.js';
 import { forEachAttentionCell, forEachStateRow } from '../../locate.js';
 import type { LoadMeta, Tagged } from '../bytes.js';
@@ -35,21 +35,6 @@ export function regionRuns(c: WorkerKVCaches, f: RegionSpec, l: LoadMeta): Tagge
 
 /** The block ids of the load that `f` selects (every group of `f.group`; state groups: the running-state block). */
 export function regionBlocks(c: WorkerKVCaches, f: RegionSpec, l: LoadMeta): Set<number> {
-  const out = new Set<number>();
-  c.groupConfigs.forEach((g, gi) => {
-    if (f.group !== undefined && f.group !== g.groupId) return;
-    const table = l.blocks[gi] ?? [];
-    if (g.kind === 'state') {
-      const b = table[table.length - 1];
-      if (b !== undefined && b >= 0) out.add(b);
-      return;
-    }
-    const t0 = Math.max(l.firstToken, f.tokens?.[0] ?? 0);
-    const t1 = Math.min(l.numTokens - 1, f.tokens?.[1] ?? Infinity);
-    for (let t = t0; t <= t1; t++) {
-      const b = table[Math.floor(t / g.blockSize)];
-      if (b !== undefined && b >= 0) out.add(b);
-    }
-  });
-  return out;
+  const groups = c.groupConfigs.map((g) => (f.group === undefined || f.group === g.groupId ? g : null));
+  return new Set(loadBlockIds(groups, l.blocks, Math.max(l.firstToken, f.tokens?.[0] ?? 0), Math.min(l.numTokens, (f.tokens?.[1] ?? Infinity) + 1)));
 }

@@ -1,6 +1,7 @@
 /**
  * `transport-error`: the transport reports the selected blocks' load failed (their ids go to
- * `invalidBlockIds`, so the engine applies `kv_load_failure_policy`), and the selected bytes hold
+ * `invalidBlockIds` and the cause, reason `transport-error`, to `loadErrors`, so the engine reports
+ * the load `transfer-failed` and applies `kv_load_failure_policy`), and the selected bytes hold
  * what a failed transfer leaves (`previous` by default).
  * @module
  */
@@ -24,6 +25,7 @@ export function transportErrorFault(spec: TransportErrorSpec, index: number): Fa
       const runs = regionRuns(caches, spec, load);
       const changed = fillRuns(caches, runs, fill, workerSeed, snapshot);
       for (const b of regionBlocks(caches, spec, load)) results.invalidBlockIds.add(b);
+      (results.loadErrors ??= new Map()).set(load.requestId, { reason: 'transport-error', message: `injected transport error (fault ${index})` });
       return { changed, detail: `${runs.length} runs filled with ${fill}; blocks reported invalid` };
     },
   };
