@@ -22,6 +22,7 @@ while read -r p; do
     mkdir -p "$dst"
     cp "$src/package.json" "$dst/"
     [ -d "$src/dist" ] && cp -r "$src/dist" "$dst/"
+    [ -d "$src/bin" ] && cp -r "$src/bin" "$dst/"
     [ -f "$src/index.cjs" ] && cp "$src/index.cjs" "$src/index.d.ts" "$dst/"
     if [ -d "$src/build/Release" ]; then mkdir -p "$dst/build/Release" && cp "$src"/build/Release/*.node "$dst/build/Release/"; fi
     if [ -d "$src/build/test" ]; then mkdir -p "$dst/build/test" && cp "$src"/build/test/*.so "$dst/build/test/" 2>/dev/null || true; fi

@@ -43,6 +43,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -182,6 +183,16 @@ cudaError_t warm_variant(int variant, cudaStream_t st, unsigned long long* out) 
 // ---------------------------------------------------------------------------------------------
 // Host side
 
+/**
+ * Synchronizing CUDA runtime calls made by this library (kvc_cuda_sync_calls()): every call that
+ * may block the calling thread until device work has finished, or implicitly synchronizes the
+ * device: cuda{Device,Stream,Event}Synchronize, blocking cudaMemcpy / cudaMemset, cudaMalloc,
+ * cudaFree, cudaHostAlloc, cudaFreeHost. Wrapped at every call site with KVC_SYNC(); cudaEventQuery,
+ * the *Async calls, event records and stream waits are not counted (they never block the host).
+ */
+std::atomic<unsigned long long> g_sync_calls{0};
+#define KVC_SYNC(call) (g_sync_calls.fetch_add(1, std::memory_order_relaxed), (call))
+
 struct DeviceGuard {
   int prev = -1;
   bool changed = false;
@@ -268,7 +279,7 @@ namespace {
 
 /** Waits for a slot's copy (if one may be pending) and marks it free; its ticket expires. */
 int drain_slot(kvc_cuda_ctx* ctx, Slot& s) {
-  if (s.busy && s.gpu) KVC_CU(cudaEventSynchronize(s.ev_done), "cudaEventSynchronize");
+  if (s.busy && s.gpu) KVC_CU(KVC_SYNC(cudaEventSynchronize(s.ev_done)), "cudaEventSynchronize");
   s.busy = false;
   s.ticket = 0;
   return KVC_OK;
@@ -276,7 +287,7 @@ int drain_slot(kvc_cuda_ctx* ctx, Slot& s) {
 
 int drain_all(kvc_cuda_ctx* ctx) {
   for (auto& s : ctx->slots) {
-    if (s.busy && s.gpu) KVC_CU(cudaEventSynchronize(s.ev_done), "cudaEventSynchronize");
+    if (s.busy && s.gpu) KVC_CU(KVC_SYNC(cudaEventSynchronize(s.ev_done)), "cudaEventSynchronize");
   }
   return KVC_OK;
 }
@@ -285,35 +296,35 @@ int drain_all(kvc_cuda_ctx* ctx) {
 int grow_slot(kvc_cuda_ctx* ctx, Slot& s, size_t rows, size_t outs) {
   if (rows > s.cap_rows) {
     const size_t cap = std::max(rows, s.cap_rows * 2);
-    if (s.h_rows) cudaFreeHost(s.h_rows);
-    if (s.d_rows) cudaFree(s.d_rows);
+    if (s.h_rows) KVC_SYNC(cudaFreeHost(s.h_rows));
+    if (s.d_rows) KVC_SYNC(cudaFree(s.d_rows));
     s.h_rows = nullptr;
     s.d_rows = nullptr;
     s.cap_rows = 0;
-    KVC_CU(cudaHostAlloc((void**)&s.h_rows, cap * sizeof(kvc_row), cudaHostAllocDefault), "cudaHostAlloc (rows)");
-    KVC_CU(cudaMalloc((void**)&s.d_rows, cap * sizeof(kvc_row)), "cudaMalloc (rows)");
+    KVC_CU(KVC_SYNC(cudaHostAlloc((void**)&s.h_rows, cap * sizeof(kvc_row), cudaHostAllocDefault)), "cudaHostAlloc (rows)");
+    KVC_CU(KVC_SYNC(cudaMalloc((void**)&s.d_rows, cap * sizeof(kvc_row))), "cudaMalloc (rows)");
     s.cap_rows = cap;
   }
   if (outs > s.cap_out) {
     const size_t cap = std::max(outs, s.cap_out * 2);
-    if (s.h_out) cudaFreeHost(s.h_out);
-    if (s.d_out) cudaFree(s.d_out);
+    if (s.h_out) KVC_SYNC(cudaFreeHost(s.h_out));
+    if (s.d_out) KVC_SYNC(cudaFree(s.d_out));
     s.h_out = nullptr;
     s.d_out = nullptr;
     s.cap_out = 0;
-    KVC_CU(cudaHostAlloc((void**)&s.h_out, cap * 8u, cudaHostAllocMapped), "cudaHostAlloc (output)");
+    KVC_CU(KVC_SYNC(cudaHostAlloc((void**)&s.h_out, cap * 8u, cudaHostAllocMapped)), "cudaHostAlloc (output)");
     KVC_CU(cudaHostGetDevicePointer((void**)&s.h_out_dev, s.h_out, 0), "cudaHostGetDevicePointer (output)");
-    KVC_CU(cudaMalloc((void**)&s.d_out, cap * 8u), "cudaMalloc (output)");
-    KVC_CU(cudaMemset(s.d_out, 0, cap * 8u), "cudaMemset (output)");
+    KVC_CU(KVC_SYNC(cudaMalloc((void**)&s.d_out, cap * 8u)), "cudaMalloc (output)");
+    KVC_CU(KVC_SYNC(cudaMemset(s.d_out, 0, cap * 8u)), "cudaMemset (output)");
     s.cap_out = cap;
   }
   return KVC_OK;
 }
 
 void free_tables(kvc_cuda_ctx* ctx) {
-  if (ctx->d_entries) cudaFree(ctx->d_entries);
-  if (ctx->d_groups) cudaFree(ctx->d_groups);
-  if (ctx->d_items) cudaFree(ctx->d_items);
+  if (ctx->d_entries) KVC_SYNC(cudaFree(ctx->d_entries));
+  if (ctx->d_groups) KVC_SYNC(cudaFree(ctx->d_groups));
+  if (ctx->d_items) KVC_SYNC(cudaFree(ctx->d_items));
   ctx->d_entries = nullptr;
   ctx->d_groups = nullptr;
   ctx->d_items = nullptr;
@@ -417,7 +428,7 @@ int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** 
       cudaStreamWaitEvent(ctx->side, s.ev_compute, 0) != cudaSuccess ||
       cudaMemcpyAsync(s.h_out, s.d_out, 8, cudaMemcpyDeviceToHost, ctx->side) != cudaSuccess ||
       cudaMemsetAsync(s.d_out, 0, 8, ctx->side) != cudaSuccess || cudaEventRecord(s.ev_done, ctx->side) != cudaSuccess ||
-      cudaEventSynchronize(s.ev_done) != cudaSuccess)
+      KVC_SYNC(cudaEventSynchronize(s.ev_done)) != cudaSuccess)
     return bail(KVC_ECUDA);
   *out = ctx;
   return KVC_OK;
@@ -427,21 +438,21 @@ void kvc_cuda_destroy(kvc_cuda_ctx* ctx) {
   if (!ctx) return;
   DeviceGuard guard(ctx->device);
   for (auto& s : ctx->slots) {
-    if (s.busy && s.gpu && s.ev_done) cudaEventSynchronize(s.ev_done);
+    if (s.busy && s.gpu && s.ev_done) KVC_SYNC(cudaEventSynchronize(s.ev_done));
     if (s.ev_rows) cudaEventDestroy(s.ev_rows);
     if (s.ev_compute) cudaEventDestroy(s.ev_compute);
     if (s.ev_done) cudaEventDestroy(s.ev_done);
-    if (s.h_rows) cudaFreeHost(s.h_rows);
-    if (s.d_rows) cudaFree(s.d_rows);
-    if (s.h_out) cudaFreeHost(s.h_out);
-    if (s.d_out) cudaFree(s.d_out);
+    if (s.h_rows) KVC_SYNC(cudaFreeHost(s.h_rows));
+    if (s.d_rows) KVC_SYNC(cudaFree(s.d_rows));
+    if (s.h_out) KVC_SYNC(cudaFreeHost(s.h_out));
+    if (s.d_out) KVC_SYNC(cudaFree(s.d_out));
   }
   for (cudaStream_t q : {ctx->side, ctx->upload})
     if (q) {
-      cudaStreamSynchronize(q);
+      KVC_SYNC(cudaStreamSynchronize(q));
       cudaStreamDestroy(q);
     }
-  if (ctx->scratch_out) cudaFree(ctx->scratch_out);
+  if (ctx->scratch_out) KVC_SYNC(cudaFree(ctx->scratch_out));
   free_tables(ctx);
   delete ctx;
 }
@@ -479,17 +490,17 @@ int kvc_cuda_set_tables(kvc_cuda_ctx* ctx, const kvc_tables* tables, const uint6
   DevGroup* d_groups = nullptr;
   uint2* d_items = nullptr;
   auto upload = [&](void** dst, const void* src, size_t bytes) -> cudaError_t {
-    cudaError_t e = cudaMalloc(dst, std::max<size_t>(bytes, 16));
-    if (e == cudaSuccess && bytes) e = cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice);
+    cudaError_t e = KVC_SYNC(cudaMalloc(dst, std::max<size_t>(bytes, 16)));
+    if (e == cudaSuccess && bytes) e = KVC_SYNC(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice));
     return e;
   };
   cudaError_t e = upload((void**)&d_entries, prep.entries.data(), prep.entries.size() * sizeof(DevEntry));
   if (e == cudaSuccess) e = upload((void**)&d_groups, prep.groups.data(), prep.groups.size() * sizeof(DevGroup));
   if (e == cudaSuccess) e = upload((void**)&d_items, prep.items.data(), prep.items.size() * sizeof(uint2));
   if (e != cudaSuccess) {
-    if (d_entries) cudaFree(d_entries);
-    if (d_groups) cudaFree(d_groups);
-    if (d_items) cudaFree(d_items);
+    if (d_entries) KVC_SYNC(cudaFree(d_entries));
+    if (d_groups) KVC_SYNC(cudaFree(d_groups));
+    if (d_items) KVC_SYNC(cudaFree(d_items));
     return ctx->cuda_fail(e, "uploading the tables");
   }
   free_tables(ctx);
@@ -624,7 +635,12 @@ int kvc_cuda_wait(kvc_cuda_ctx* ctx, uint64_t ticket) {
   if (!s) return ctx->fail(KVC_ERANGE, "unknown, expired or collected ticket %llu", (unsigned long long)ticket);
   if (!s->gpu) return KVC_OK;
   DeviceGuard guard(ctx->device);
-  KVC_CU(cudaEventSynchronize(s->ev_done), "cudaEventSynchronize");
+  // A done copy (the reader polled it) needs no synchronizing call: collect after query stays
+  // free of them.
+  cudaError_t q = cudaEventQuery(s->ev_done);
+  if (q == cudaSuccess) return KVC_OK;
+  if (q != cudaErrorNotReady) return ctx->cuda_fail(q, "cudaEventQuery");
+  KVC_CU(KVC_SYNC(cudaEventSynchronize(s->ev_done)), "cudaEventSynchronize");
   return KVC_OK;
 }
 
@@ -643,6 +659,8 @@ int kvc_cuda_collect(kvc_cuda_ctx* ctx, uint64_t ticket, uint64_t* out, size_t o
   return KVC_OK;
 }
 
+unsigned long long kvc_cuda_sync_calls(void) { return g_sync_calls.load(std::memory_order_relaxed); }
+
 const char* kvc_cuda_last_error(const kvc_cuda_ctx* ctx) { return ctx ? ctx->err.c_str() : "context is NULL"; }
 
 int kvc_cuda_dev_alloc(int device, size_t bytes, uint64_t* addr) {
@@ -650,7 +668,7 @@ int kvc_cuda_dev_alloc(int device, size_t bytes, uint64_t* addr) {
   *addr = 0;
   DeviceGuard guard(device);
   void* p = nullptr;
-  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+  if (KVC_SYNC(cudaMalloc(&p, bytes ? bytes : 1)) != cudaSuccess) {
     cudaGetLastError();
     return KVC_ECUDA;
   }
@@ -660,19 +678,19 @@ int kvc_cuda_dev_alloc(int device, size_t bytes, uint64_t* addr) {
 
 int kvc_cuda_dev_free(int device, uint64_t addr) {
   DeviceGuard guard(device);
-  return cudaFree((void*)(uintptr_t)addr) == cudaSuccess ? KVC_OK : KVC_ECUDA;
+  return KVC_SYNC(cudaFree((void*)(uintptr_t)addr)) == cudaSuccess ? KVC_OK : KVC_ECUDA;
 }
 
 int kvc_cuda_copy_to_device(int device, uint64_t dst, const void* src, size_t bytes) {
   if (bytes && (!src || !dst)) return KVC_EINVAL;
   DeviceGuard guard(device);
-  return cudaMemcpy((void*)(uintptr_t)dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? KVC_OK : KVC_ECUDA;
+  return KVC_SYNC(cudaMemcpy((void*)(uintptr_t)dst, src, bytes, cudaMemcpyHostToDevice)) == cudaSuccess ? KVC_OK : KVC_ECUDA;
 }
 
 int kvc_cuda_copy_to_host(int device, void* dst, uint64_t src, size_t bytes) {
   if (bytes && (!src || !dst)) return KVC_EINVAL;
   DeviceGuard guard(device);
-  return cudaMemcpy(dst, (const void*)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? KVC_OK : KVC_ECUDA;
+  return KVC_SYNC(cudaMemcpy(dst, (const void*)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost)) == cudaSuccess ? KVC_OK : KVC_ECUDA;
 }
 
 }  // extern "C"
@@ -685,10 +703,10 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream) {
   DeviceGuard guard(ctx->device);
   const size_t need = std::max<size_t>(ctx->last_out_len, 1);
   if (ctx->scratch_len < need) {
-    if (ctx->scratch_out) cudaFree(ctx->scratch_out);
+    if (ctx->scratch_out) KVC_SYNC(cudaFree(ctx->scratch_out));
     ctx->scratch_out = nullptr;
     ctx->scratch_len = 0;
-    KVC_CU(cudaMalloc((void**)&ctx->scratch_out, need * 8u), "cudaMalloc (scratch)");
+    KVC_CU(KVC_SYNC(cudaMalloc((void**)&ctx->scratch_out, need * 8u)), "cudaMalloc (scratch)");
     ctx->scratch_len = need;
   }
   LaunchParams<kInlineMax> p;
@@ -703,7 +721,7 @@ int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
   if (variant != ctx->variant) {  // load the variant's module now, not in a timed launch
     DeviceGuard guard(ctx->device);
     KVC_CU(warm_variant(variant, ctx->side, ctx->slots[0].d_out), "warm-up");
-    KVC_CU(cudaStreamSynchronize(ctx->side), "warm-up");
+    KVC_CU(KVC_SYNC(cudaStreamSynchronize(ctx->side)), "warm-up");
   }
   ctx->variant = variant;
   return KVC_OK;

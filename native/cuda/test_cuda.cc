@@ -1144,6 +1144,83 @@ void ticket_and_validation_cases(kvc_cuda_ctx* ctx, cudaStream_t st) {
 
 }  // namespace
 
+/**
+ * The synchronizing-call counter (kvc_cuda_sync_calls): a steady-state step (submit, query until
+ * done, collect) makes none, 50 steps in a row after one warm-up step, with the sums right; a wait
+ * on a pending ticket is counted (the counter counts at all).
+ */
+void sync_calls_case(cudaStream_t st) {
+  Rng rng(9);
+  Case c;
+  AttnCache a;
+  a.nb = 64;
+  a.H = 4;
+  a.B = 16;
+  a.cell = 256;
+  a.data.resize((size_t)a.nb * a.H * a.B * a.cell);
+  rng.fill(a.data.data(), a.data.size());
+  a.factor_base = 3u * 65536u;
+  add_attn(c, a, identity_layout(), rng);
+  c.end_group();
+  for (uint32_t i = 0; i < 28; ++i) c.rows.push_back(kvc_row{0, (i * 7) % a.nb, i * 16, 16, i, 0});
+  c.out_len = 28;
+  std::vector<uint64_t> want;
+  cpu_sum(c, want);
+  kvc_cuda_ctx* ctx = nullptr;
+  if (kvc_cuda_create(0, nullptr, &ctx) != KVC_OK) return report(false, "sync calls: create");
+  const size_t n = c.regions[0].size();
+  uint64_t region = 0, src = 0;
+  kvc_cuda_dev_alloc(0, n, &region);
+  kvc_cuda_dev_alloc(0, n, &src);
+  kvc_cuda_copy_to_device(0, region, c.regions[0].data(), n);
+  kvc_cuda_copy_to_device(0, src, c.regions[0].data(), n);
+  kvc_tables t{c.entries.data(), c.group_start.data(), c.n_groups()};
+  const uint64_t rb = n;
+  std::string detail;
+  bool ok = kvc_cuda_set_tables(ctx, &t, &region, &rb, 1) == KVC_OK;
+  unsigned long long steps_with_sync = 0, max_per_step = 0;
+  for (int step = 0; ok && step < 51; ++step) {  // step 0: warm-up
+    const unsigned long long before = kvc_cuda_sync_calls();
+    uint64_t ticket = 0;
+    if (kvc_cuda_submit(ctx, c.rows.data(), c.rows.size(), c.out_len, st, &ticket) != KVC_OK) {
+      ok = false, detail = kvc_cuda_last_error(ctx);
+      break;
+    }
+    int q;
+    while ((q = kvc_cuda_query(ctx, ticket)) == KVC_CUDA_PENDING) {
+    }
+    std::vector<uint64_t> got(c.out_len, 0);
+    if (q != KVC_OK || kvc_cuda_collect(ctx, ticket, got.data(), got.size()) != KVC_OK) {
+      ok = false, detail = kvc_cuda_last_error(ctx);
+      break;
+    }
+    const unsigned long long d = kvc_cuda_sync_calls() - before;
+    if (step > 0 && d) ++steps_with_sync, max_per_step = std::max(max_per_step, d);
+    if (got != want) ok = false, detail = "step " + std::to_string(step) + ": " + first_diff(got, want, "gpu", "cpu");
+  }
+  // a wait on a pending ticket (the stream busy with a long kernel) is a counted synchronizing call
+  unsigned long long wait_delta = 0;
+  if (ok && kvc_test_sleep_then_copy(st, region, src, n, 200000) == 0) {
+    uint64_t ticket = 0;
+    if (kvc_cuda_submit(ctx, c.rows.data(), c.rows.size(), c.out_len, st, &ticket) == KVC_OK) {
+      const unsigned long long before = kvc_cuda_sync_calls();
+      const bool pending = kvc_cuda_query(ctx, ticket) == KVC_CUDA_PENDING;
+      kvc_cuda_wait(ctx, ticket);
+      wait_delta = kvc_cuda_sync_calls() - before;
+      if (!pending) ok = false, detail = "the step after a 200 ms kernel was not pending";
+      std::vector<uint64_t> got(c.out_len, 0);
+      kvc_cuda_collect(ctx, ticket, got.data(), got.size());
+    }
+  }
+  kvc_cuda_destroy(ctx);
+  kvc_cuda_dev_free(0, region);
+  kvc_cuda_dev_free(0, src);
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "50 steps after warm-up: %llu with a synchronizing call (max %llu); wait on a pending ticket: %llu", steps_with_sync,
+                max_per_step, wait_delta);
+  report(ok && steps_with_sync == 0 && wait_delta == 1, "sync calls: zero per steady-state step", std::string(buf) + (detail.empty() ? "" : "; " + detail));
+}
+
 int main(int argc, char** argv) {
   std::string vectors = "../shared/vectors/checksum-v1.json";
   bool quick = false;
@@ -1227,6 +1304,7 @@ int main(int argc, char** argv) {
     }
   }
   ticket_and_validation_cases(ctx, st);
+  sync_calls_case(st);
   // the same kernel with a different chunk size (more work items per entry)
   {
     kvc_cuda_options o{};

@@ -115,7 +115,10 @@ KVC_CUDA_API int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t 
 /** KVC_OK if the ticket's results are in host memory, KVC_CUDA_PENDING if not yet, else an error. */
 KVC_CUDA_API int kvc_cuda_query(kvc_cuda_ctx* ctx, uint64_t ticket);
 
-/** Blocks until the ticket's results are in host memory (its done event only). */
+/**
+ * Blocks until the ticket's results are in host memory (its done event only). Once kvc_cuda_query()
+ * said done, it returns at once without a synchronizing call (so does kvc_cuda_collect()).
+ */
 KVC_CUDA_API int kvc_cuda_wait(kvc_cuda_ctx* ctx, uint64_t ticket);
 
 /**
@@ -124,6 +127,18 @@ KVC_CUDA_API int kvc_cuda_wait(kvc_cuda_ctx* ctx, uint64_t ticket);
  * KVC_ERANGE (unknown, expired or collected ticket; out_len differs) or KVC_ECUDA.
  */
 KVC_CUDA_API int kvc_cuda_collect(kvc_cuda_ctx* ctx, uint64_t ticket, uint64_t* out, size_t out_len);
+
+/**
+ * Synchronizing CUDA runtime calls this library has made in this process, over every context and the
+ * device memory helpers below: calls that may block the calling thread until device work finishes
+ * (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize, blocking cudaMemcpy and
+ * cudaMemset) or that synchronize implicitly (cudaMalloc, cudaFree, cudaHostAlloc, cudaFreeHost).
+ * A steady-state step (submit, then query until done, then collect) makes none: the difference of
+ * two readings around it is 0. Context creation, kvc_cuda_set_tables, a submit that grows its
+ * staging or finds every slot in flight, kvc_cuda_wait on a pending ticket and kvc_cuda_destroy do.
+ * Thread-safe (an atomic counter); never reset.
+ */
+KVC_CUDA_API unsigned long long kvc_cuda_sync_calls(void);
 
 /** The context's last error message ("" if none). Valid until the next call on the context. */
 KVC_CUDA_API const char* kvc_cuda_last_error(const kvc_cuda_ctx* ctx);

@@ -16,6 +16,7 @@
  *     .close(): void                           (also done by the garbage collector)
  *   cuda.devAlloc(device, bytes): bigint, cuda.devFree(device, addr), cuda.copyToDevice(device, addr, bytes),
  *   cuda.copyToHost(device, addr, out: Uint8Array)    device memory for tests and tools
+ *   cuda.syncCallCount(): number               synchronizing CUDA calls made so far (kvc_cuda_sync_calls)
  *
  * Errors: TypeError for a wrong argument type, RangeError for KVC_EINVAL / KVC_ERANGE (bad tables,
  * rows, tickets; the message says which), Error for KVC_ECUDA / KVC_ENOCUDA. Built with
@@ -350,6 +351,11 @@ Napi::Value Copy(const Napi::CallbackInfo& info, bool to_device) {
   return env.Undefined();
 }
 
+/** syncCallCount(): number of synchronizing CUDA calls made so far (kvc_cuda_sync_calls). */
+Napi::Value SyncCallCount(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), (double)kvc_cuda_sync_calls());
+}
+
 Napi::Value CopyToDevice(const Napi::CallbackInfo& info) { return Copy(info, true); }
 Napi::Value CopyToHost(const Napi::CallbackInfo& info) { return Copy(info, false); }
 
@@ -366,6 +372,7 @@ void KvcRegisterCuda(Napi::Env env, Napi::Object exports) {
   cuda.Set("devFree", Napi::Function::New(env, DevFree, "devFree"));
   cuda.Set("copyToDevice", Napi::Function::New(env, CopyToDevice, "copyToDevice"));
   cuda.Set("copyToHost", Napi::Function::New(env, CopyToHost, "copyToHost"));
+  cuda.Set("syncCallCount", Napi::Function::New(env, SyncCallCount, "syncCallCount"));
   if (env.IsExceptionPending()) return;
   exports.Set("cuda", cuda);
 }

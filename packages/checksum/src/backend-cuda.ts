@@ -19,15 +19,9 @@
  */
 import { createRequire } from 'node:module';
 import type { KvconnectNativeAddon } from '@kvconnect/native';
-import { ENTRY_BYTES, ROW_WORDS, type PackedTables } from './backend.js';
+import { ENTRY_BYTES, ROW_WORDS, type DeviceChecksumBackend, type DeviceChecksumProvider, type DeviceRegion, type PackedTables } from './backend.js';
 
-/** One region of device memory the tables' `region` indexes: its device address and size. */
-export interface DeviceRegion {
-  /** Device address (CUDA `void*` as a bigint), e.g. `BigInt(tensor.data_ptr())`. */
-  readonly address: bigint;
-  /** Bytes of the region; every entry's extent must lie inside it. */
-  readonly bytes: number;
-}
+export type { DeviceRegion } from './backend.js';
 
 /** Options of a CUDA context (zero or absent: the default). */
 export interface CudaBackendOptions {
@@ -67,6 +61,11 @@ export interface CudaBindings {
   devFree(device: number, address: bigint): void;
   copyToDevice(device: number, address: bigint, bytes: Uint8Array): void;
   copyToHost(device: number, address: bigint, out: Uint8Array): void;
+  /**
+   * Synchronizing CUDA calls the library made so far in this process (`kvc_cuda_sync_calls`,
+   * native/include/kvc_checksum_cuda.h); absent in an addon built before it existed.
+   */
+  syncCallCount?(): number;
 }
 
 interface LoadState {
@@ -133,9 +132,12 @@ function regionArrays(regions: readonly DeviceRegion[]): [BigUint64Array, BigUin
  * A CUDA checksum context on one device: device tables (set once per table set), pinned staging,
  * a side stream and events. Not thread-safe; one per worker is the intended use.
  */
-export class CudaChecksumBackend {
+export class CudaChecksumBackend implements DeviceChecksumBackend {
+  readonly kind = 'device' as const;
   readonly name = 'cuda' as const;
   readonly device: number;
+  /** Submits whose results can be in flight at once (`options.slots`, default 8). */
+  readonly slots: number;
   private ctx: NativeCudaContext | null;
   private tables: PackedTables | null = null;
   private regions: readonly DeviceRegion[] | null = null;
@@ -144,6 +146,7 @@ export class CudaChecksumBackend {
   constructor(cuda: CudaBindings, options: CudaBackendOptions = {}) {
     const { device = 0, ...rest } = options;
     this.device = device;
+    this.slots = rest.slots || 8;
     this.ctx = new cuda.Context(device, rest);
   }
 
@@ -229,4 +232,30 @@ export class CudaChecksumBackend {
 export function loadCudaBackend(options: CudaBackendOptions = {}): CudaChecksumBackend | null {
   const { cuda } = load();
   return cuda ? new CudaChecksumBackend(cuda, options) : null;
+}
+
+/**
+ * The `cuda` {@link DeviceChecksumProvider}: a {@link CudaChecksumBackend} per context, with
+ * `options` (the device comes from the caller). @throws Error naming {@link cudaUnavailableReason}
+ * when CUDA is not available.
+ */
+export function cudaDeviceProvider(options: Omit<CudaBackendOptions, 'device'> = {}): DeviceChecksumProvider {
+  return {
+    kind: 'device-provider',
+    name: 'cuda',
+    createContext(device: number): DeviceChecksumBackend {
+      const b = loadCudaBackend({ ...options, device });
+      if (!b) throw new Error(`the cuda checksum backend is not available: ${cudaUnavailableReason()}`);
+      return b;
+    },
+  };
+}
+
+/**
+ * Synchronizing CUDA calls the checksum library made so far in this process (see
+ * {@link CudaBindings.syncCallCount}); null without CUDA or with an addon that lacks the counter.
+ */
+export function cudaSyncCallCount(): number | null {
+  const c = load().cuda;
+  return c && typeof c.syncCallCount === 'function' ? c.syncCallCount() : null;
 }

@@ -31,10 +31,11 @@ function groupColumns(entries: Entry[], tables: PackedTables, g: number): number
 
 /**
  * Checks tables, regions and rows before anything is summed: every entry's extent inside its
- * region, every row's group, block id, token count and output index in range.
+ * region, every row's group, block id, token count and output index in range. Only the regions'
+ * sizes are read (device regions are checked through `{ byteLength: bytes }`).
  * @throws RangeError naming the first invalid entry or row.
  */
-export function validateStep(tables: PackedTables, regions: readonly Uint8Array[], rows: Uint32Array, out: BigUint64Array): void {
+export function validateStep(tables: PackedTables, regions: readonly { readonly byteLength: number }[], rows: Uint32Array, out: BigUint64Array): void {
   const entries = tableEntries(tables);
   if (tables.entries.byteLength % ENTRY_BYTES !== 0) throw new RangeError(`entries: ${tables.entries.byteLength} bytes is not a multiple of ${ENTRY_BYTES}`);
   if (tables.groupStart.length !== tables.nGroups + 1 || tables.groupStart[0] !== 0 || tables.groupStart[tables.nGroups] !== entries.length) {

@@ -4,11 +4,22 @@
  * (partials per replica key) the verifier takes (SPEC 8).
  * @module
  */
-import { ROW_WORDS, type BackendName, type ChecksumBackend, type PackedTables } from './backend.js';
+import {
+  ROW_WORDS,
+  isDeviceBackend,
+  isDeviceProvider,
+  type BackendName,
+  type ChecksumBackend,
+  type DeviceChecksumBackend,
+  type DeviceChecksumProvider,
+  type DeviceTicket,
+  type PackedTables,
+} from './backend.js';
 import { tsBackend, validateStep } from './backend-ts.js';
 import { loadNativeBackend, nativeUnavailableReason } from './backend-native.js';
+import { cudaDeviceProvider } from './backend-cuda.js';
 import { packTables, planGroup, type GroupPlan, type GroupSpec, type RankContext } from './plan.js';
-import { replicaKeyString, type WorkerGroupRecord } from './types.js';
+import { isDeviceRegion, replicaKeyString, type DeviceMemoryRegion, type KVMemoryRegion, type WorkerGroupRecord } from './types.js';
 
 /** The blocks of one request in one group to sum in this step. */
 export interface BlockRun {
@@ -141,20 +152,23 @@ export class StepRows {
 
   /** The record of run `i` from the step output: partials per replica key, one per block. */
   record(i: number, out: BigUint64Array): WorkerGroupRecord {
-    const s = this.runs[i];
-    const plan = this.plans[s.group];
-    const partials = new Map<string, BigUint64Array>();
-    if (plan.skipReason === null) {
-      plan.columns.forEach((key, c) => {
-        const v = new BigUint64Array(s.nBlocks);
-        for (let b = 0; b < s.nBlocks; b++) v[b] = out[s.outOffset + b * s.columns + c];
-        partials.set(replicaKeyString(key), v);
-      });
-    }
-    return plan.skipReason === null
-      ? { start: s.start, nBlocks: s.nBlocks, skipped: false, partials }
-      : { start: s.start, nBlocks: s.nBlocks, skipped: true, skipReason: plan.skipReason, partials };
+    return recordOf(this.plans[this.runs[i].group], this.runs[i], out);
   }
+}
+
+/** The record of one run (`s`, of `plan`'s group) from a step output. */
+function recordOf(plan: GroupPlan, s: RunSlot, out: BigUint64Array): WorkerGroupRecord {
+  const partials = new Map<string, BigUint64Array>();
+  if (plan.skipReason === null) {
+    plan.columns.forEach((key, c) => {
+      const v = new BigUint64Array(s.nBlocks);
+      for (let b = 0; b < s.nBlocks; b++) v[b] = out[s.outOffset + b * s.columns + c];
+      partials.set(replicaKeyString(key), v);
+    });
+  }
+  return plan.skipReason === null
+    ? { start: s.start, nBlocks: s.nBlocks, skipped: false, partials }
+    : { start: s.start, nBlocks: s.nBlocks, skipped: true, skipReason: plan.skipReason, partials };
 }
 
 let warnedFallback = false;
@@ -164,7 +178,7 @@ let warnedFallback = false;
  * its region or past the work bound, so a registration mistake shows at registration, not as an
  * error in every later step.
  */
-function checkAgainstRegions(plan: GroupPlan, regions: readonly Uint8Array[]): GroupPlan {
+function checkAgainstRegions(plan: GroupPlan, regions: readonly { readonly byteLength: number }[]): GroupPlan {
   if (plan.skipReason !== null || plan.entries.length === 0) return plan;
   try {
     validateStep(packTables([plan]), regions, new Uint32Array(0), new BigUint64Array(0));
@@ -206,47 +220,191 @@ export function selectBackend(name: BackendName | 'auto' = 'auto'): ChecksumBack
   return tsBackend;
 }
 
+/** A step handed to {@link BlockChecksummer.submit}: what {@link BlockChecksummer.poll} returns. */
+export type CompletedStep =
+  /** The step's records, one per run, in the order of its runs. */
+  | { ticket: number; records: WorkerGroupRecord[] }
+  /** The device failed the step (its records are lost). */
+  | { ticket: number; error: Error };
+
+/** A step in flight on a device backend. */
+interface InFlight {
+  ticket: number;
+  device: DeviceTicket;
+  slots: RunSlot[];
+  outLen: number;
+}
+
+/** The checksum backend a {@link BlockChecksummer} may be given. */
+export type BlockChecksummerBackend = BackendName | 'auto' | ChecksumBackend | DeviceChecksumBackend | DeviceChecksumProvider;
+
+/** Options of a {@link BlockChecksummer}. */
+export interface BlockChecksummerOptions {
+  /**
+   * Device backends: the CUDA stream (`cudaStream_t` as a bigint) {@link BlockChecksummer.submit}
+   * enqueues on by default, the engine's stream that writes the KV (default 0n: the legacy default
+   * stream).
+   */
+  stream?: bigint;
+}
+
 /**
  * A rank's block checksums: plans its groups once (at cache registration) and sums the rows of
  * each engine step with one backend call.
+ *
+ * Host regions (`Uint8Array`) go with a host backend (`ts`, `native`, `auto`) and the synchronous
+ * {@link compute}. Device regions ({@link DeviceMemoryRegion}, all on one device) go with a device
+ * backend (`cuda`, a {@link DeviceChecksumProvider} such as the emulated device, or a context) and
+ * the asynchronous {@link submit} / {@link poll}: one submit per step, never waiting for the
+ * device; the records arrive in a later poll. Submit/poll also work on host backends (a submit
+ * completes at once), so a caller can use one path for both.
  */
 export class BlockChecksummer {
   readonly plans: GroupPlan[];
   readonly tables: PackedTables;
-  readonly backend: ChecksumBackend;
+  /** The host backend (host regions) or the device context (device regions; this checksummer's own). */
+  readonly backend: ChecksumBackend | DeviceChecksumBackend;
+  /** True when the regions are device memory (submit/poll only). */
+  readonly isDevice: boolean;
   private readonly step: StepRows;
   private out = new BigUint64Array(0);
+  private readonly stream: bigint;
+  private nextTicket = 1;
+  private readonly inFlight: InFlight[] = [];
+  private readonly completed: CompletedStep[] = [];
 
   /**
    * @param groups the rank's caches per group, in the engine's group order (run.group indexes it).
    * @param rank TP rank and size, and the role (producer: replica 0; consumer: every replica).
-   * @param regions the memory the views' `region` indexes point into.
-   * @param backend `auto` (default), `ts`, `native`, or a backend object.
+   * @param regions the memory the views' `region` indexes point into: all host or all device.
+   * @param backend `auto` (default: `cuda` for device regions, else native or ts), `ts`, `native`
+   *   or a host backend object for host regions; `cuda`, a device provider or a device context for
+   *   device regions.
+   * @throws TypeError when regions and backend do not go together (host regions with a device
+   *   backend, device regions with a host backend, host and device regions mixed, regions on
+   *   several devices); Error when the `cuda` backend is not available (the reason).
    */
   constructor(
     groups: readonly GroupSpec[],
     readonly rank: RankContext,
-    readonly regions: readonly Uint8Array[],
-    backend: BackendName | 'auto' | ChecksumBackend = 'auto',
+    readonly regions: readonly KVMemoryRegion[],
+    backend: BlockChecksummerBackend = 'auto',
+    options: BlockChecksummerOptions = {},
   ) {
-    this.plans = groups.map((g) => checkAgainstRegions(planGroup(g, rank), regions));
+    this.stream = options.stream ?? 0n;
+    // `auto` on device memory: the cuda backend.
+    if (backend === 'auto' && regions.length > 0 && regions.every((r) => isDeviceRegion(r))) backend = 'cuda';
+    const wantsDevice = backend === 'cuda' || backend === 'cuda-emulated' || isDeviceBackend(backend) || isDeviceProvider(backend);
+    const nDevice = regions.filter((r) => isDeviceRegion(r)).length;
+    if (nDevice > 0 && nDevice < regions.length) throw new TypeError(`KV regions must be all host memory or all device memory: ${nDevice} of ${regions.length} are device memory`);
+    const backendName = typeof backend === 'object' ? backend.name : backend;
+    if (wantsDevice && nDevice < regions.length) {
+      throw new TypeError(`the ${backendName} checksum backend sums device memory, but these KV regions are host memory (the engine must keep its KV cache on the GPU)`);
+    }
+    if (!wantsDevice && nDevice > 0) {
+      throw new TypeError(`these KV regions are device memory: they need a device checksum backend (cuda), not ${backendName}`);
+    }
+    this.isDevice = wantsDevice;
+    const sizes = regions.map((r) => (isDeviceRegion(r) ? { byteLength: r.bytes } : r));
+    this.plans = groups.map((g) => checkAgainstRegions(planGroup(g, rank), sizes));
     this.tables = packTables(this.plans);
-    this.backend = typeof backend === 'object' ? backend : selectBackend(backend);
+    if (wantsDevice) {
+      const dev = regions as readonly DeviceMemoryRegion[];
+      const ordinal = dev[0]?.device ?? 0;
+      if (dev.some((r) => r.device !== ordinal)) throw new TypeError(`device KV regions of one checksummer must be on one device, got devices ${[...new Set(dev.map((r) => r.device))].join(', ')}`);
+      if (backend === 'cuda-emulated') throw new TypeError('the cuda-emulated backend is given as an EmulatedDevice (it holds the emulated memory), not by name');
+      const ctx = isDeviceBackend(backend) ? backend : (backend === 'cuda' ? cudaDeviceProvider() : (backend as DeviceChecksumProvider)).createContext(ordinal);
+      if (ctx.device !== ordinal) throw new TypeError(`the checksum context is on device ${ctx.device}, the KV regions on device ${ordinal}`);
+      ctx.setTables(this.tables, dev.map((r) => ({ address: r.address, bytes: r.bytes })));
+      this.backend = ctx;
+    } else {
+      this.backend = typeof backend === 'object' ? (backend as ChecksumBackend) : selectBackend(backend as BackendName | 'auto');
+    }
     this.step = new StepRows(this.plans);
   }
 
   /**
-   * Sums one step's runs; returns one record per run, in order.
+   * Sums one step's runs on a host backend; returns one record per run, in order.
    * @throws RangeError for runs outside the caches (block ids past numBlocks, bad groups).
+   * @throws Error on device regions (they are summed through {@link submit} / {@link poll}).
    */
   compute(runs: readonly BlockRun[]): WorkerGroupRecord[] {
+    if (this.isDevice) throw new Error('BlockChecksummer.compute is synchronous: device regions are summed through submit() and poll()');
     const s = this.step;
     s.reset();
     for (const r of runs) s.add(r);
     if (this.out.length < s.outLength) this.out = new BigUint64Array(Math.max(s.outLength, this.out.length * 2));
     const out = this.out.subarray(0, s.outLength);
     out.fill(0n);
-    if (s.rows.length > 0) this.backend.sumRows(this.tables, this.regions, s.rows, out);
+    if (s.rows.length > 0) (this.backend as ChecksumBackend).sumRows(this.tables, this.regions as readonly Uint8Array[], s.rows, out);
     return runs.map((_, i) => s.record(i, out));
+  }
+
+  /**
+   * Submits one step's runs: on a device backend one `submit` on `stream` (default: the
+   * constructor's), which never waits for the device; on a host backend the step is summed now.
+   * Either way the records come from a later {@link poll}. When the device's `slots` steps are
+   * already in flight, the oldest is collected first (that waits for it).
+   * @returns the step's ticket (increasing numbers), as {@link poll} names it.
+   * @throws RangeError for runs outside the caches (nothing is submitted then).
+   */
+  submit(runs: readonly BlockRun[], stream: bigint = this.stream): number {
+    const ticket = this.nextTicket++;
+    if (!this.isDevice) {
+      this.completed.push({ ticket, records: this.compute(runs) });
+      return ticket;
+    }
+    const ctx = this.backend as DeviceChecksumBackend;
+    const s = this.step;
+    s.reset();
+    for (const r of runs) s.add(r);
+    const slots = s.runs.slice();
+    if (s.rows.length === 0) {
+      // Nothing to read (skipped groups, blocks without valid tokens): zeros, no device work.
+      const out = new BigUint64Array(s.outLength);
+      this.completed.push({ ticket, records: slots.map((x) => recordOf(this.plans[x.group], x, out)) });
+      return ticket;
+    }
+    if (this.inFlight.length >= ctx.slots) this.finish(this.inFlight.shift()!, true);
+    const device = ctx.submit(s.rows, s.outLength, stream);
+    this.inFlight.push({ ticket, device, slots, outLen: s.outLength });
+    return ticket;
+  }
+
+  /** Collects `f` (waiting for it when `wait`) into the completed steps. */
+  private finish(f: InFlight, wait: boolean): boolean {
+    const ctx = this.backend as DeviceChecksumBackend;
+    try {
+      if (!wait && !ctx.query(f.device)) return false;
+      const out = new BigUint64Array(f.outLen);
+      ctx.collect(f.device, out);
+      this.completed.push({ ticket: f.ticket, records: f.slots.map((x) => recordOf(this.plans[x.group], x, out)) });
+    } catch (e) {
+      this.completed.push({ ticket: f.ticket, error: e instanceof Error ? e : new Error(String(e)) });
+    }
+    return true;
+  }
+
+  /**
+   * The steps completed since the last call, in submit order within each backend's completion;
+   * never blocks (a device step is collected only once its results are in host memory).
+   */
+  poll(): CompletedStep[] {
+    for (let i = 0; i < this.inFlight.length; ) {
+      if (this.finish(this.inFlight[i], false)) this.inFlight.splice(i, 1);
+      else i++;
+    }
+    return this.completed.splice(0, this.completed.length);
+  }
+
+  /** Submitted steps whose records {@link poll} has not returned yet. */
+  get pending(): number {
+    return this.inFlight.length + this.completed.length;
+  }
+
+  /** Frees the device context (its steps in flight are dropped). */
+  close(): void {
+    this.inFlight.length = 0;
+    if (this.isDevice) (this.backend as DeviceChecksumBackend).close();
   }
 }

@@ -1,7 +1,7 @@
 /**
  * @kvconnect/checksum: SPEC v1 KV checksums. Cache views over strided memory, planning (layer
  * numbers, head offsets, replica keys, fingerprints), block values on the `ts`, `native` and
- * `cuda` backends, the payload codec, and the verifier.
+ * `cuda` backends (and `cuda-emulated`, the device path's host side without a GPU), the payload codec, and the verifier.
  * @packageDocumentation
  */
 export * from './types.js';
@@ -33,11 +33,13 @@ export {
   cudaUnavailableReason,
   cudaBindings,
   CudaChecksumBackend,
-  type DeviceRegion,
+  cudaDeviceProvider,
+  cudaSyncCallCount,
   type CudaBackendOptions,
   type CudaTicket,
 } from './backend-cuda.js';
-export { BlockChecksummer, StepRows, selectBackend, type BlockRun } from './compute.js';
+export { EmulatedDevice, type EmulatedDeviceOptions } from './backend-emulated.js';
+export { BlockChecksummer, StepRows, selectBackend, type BlockRun, type BlockChecksummerBackend, type BlockChecksummerOptions, type CompletedStep } from './compute.js';
 export * from './payload.js';
 export * from './verify.js';
 export { runVectors, type CaseResult } from './conformance.js';

@@ -47,6 +47,15 @@ export interface KVChecksumSchedulerHooks {
   /** Every worker's output of the step: aggregates records and connector-carried payloads. */
   updateFromOutputs(outputs: readonly KVConnectorOutput[]): void;
   /**
+   * True while a worker's sums of `request` (producer: its send entry; consumer: its load) are in
+   * flight on a device backend (announced in a report's `inFlight`) and their deadline has not
+   * passed. The engine holds a consumer's load (as `WAITING_FOR_REMOTE_KVS`) and a producer's
+   * normal finish (its `kv_transfer_params`) while it is true; past the deadline it is false and the
+   * missing worker makes the load `unverified` (`workers-missing`), the payload not sent.
+   * Absent: always false (host backends report in the same step).
+   */
+  sumsInFlight?(request: ConnectorRequest): boolean;
+  /**
    * Consumer: every worker reported `request` in `finishedRecving`. Verifies (SPEC 8, identity
    * first: 8.0, against `request.promptTokenIds`) and applies fail-open / fail-closed and the load
    * failure policy. When a worker reported the load failed (`loadError`: its cause, from

@@ -68,6 +68,11 @@ export interface KVChecksumReport {
   seconds: { send: number; recv: number };
   /** KV bytes this worker summed, per side. */
   bytes: { send: number; recv: number };
+  /**
+   * Requests whose sums this worker submitted this step to a device backend and will report in a
+   * later step's `sends` / `recvs` (the scheduler waits for them, up to its deadline). Absent: none.
+   */
+  inFlight?: { sends: string[]; recvs: string[] };
 }
 
 /** The JSON-safe form of a {@link KVChecksumReport} (see {@link encodeReport}). */
@@ -80,6 +85,7 @@ export interface EncodedReport {
   received: Array<{ requestId: string; payload: string }>;
   seconds: { send: number; recv: number };
   bytes: { send: number; recv: number };
+  inFlight?: { sends: string[]; recvs: string[] };
 }
 
 /** A {@link ReportEntry} in JSON-safe form. */
@@ -126,7 +132,7 @@ function encodeEntry(e: ReportEntry): EncodedEntry {
  * `decodeReport(JSON.parse(JSON.stringify(encodeReport(r))))` equals `r`.
  */
 export function encodeReport(r: KVChecksumReport): EncodedReport {
-  return {
+  const out: EncodedReport = {
     format: REPORT_JSON_FORMAT,
     ppRank: r.ppRank,
     tpRank: r.tpRank,
@@ -136,6 +142,8 @@ export function encodeReport(r: KVChecksumReport): EncodedReport {
     seconds: { ...r.seconds },
     bytes: { ...r.bytes },
   };
+  if (r.inFlight) out.inFlight = { sends: [...r.inFlight.sends], recvs: [...r.inFlight.recvs] };
+  return out;
 }
 
 /** Raised by {@link decodeReport} for a value that is not an encoded report. */
@@ -188,7 +196,16 @@ export function decodeReport(x: unknown): KVChecksumReport {
     if (!isObj(v) || typeof v.send !== 'number' || typeof v.recv !== 'number') throw new ReportFormatError(`${what}: expected {send, recv}`);
     return { send: v.send, recv: v.recv };
   };
-  return {
+  const ids = (v: unknown, what: string): string[] => {
+    if (!Array.isArray(v) || !v.every((s) => typeof s === 'string')) throw new ReportFormatError(`${what}: expected request ids`);
+    return v as string[];
+  };
+  let inFlight: KVChecksumReport['inFlight'];
+  if (x.inFlight !== undefined) {
+    if (!isObj(x.inFlight)) throw new ReportFormatError('inFlight: expected {sends, recvs}');
+    inFlight = { sends: ids(x.inFlight.sends, 'inFlight.sends'), recvs: ids(x.inFlight.recvs, 'inFlight.recvs') };
+  }
+  const report: KVChecksumReport = {
     ppRank: x.ppRank,
     tpRank: x.tpRank,
     sends: x.sends.map((e, i) => decodeEntry(e, `sends[${i}]`)),
@@ -200,6 +217,8 @@ export function decodeReport(x: unknown): KVChecksumReport {
     seconds: pair(x.seconds, 'seconds'),
     bytes: pair(x.bytes, 'bytes'),
   };
+  if (inFlight) report.inFlight = inFlight;
+  return report;
 }
 
 /** True if `x` looks like an in-memory {@link KVChecksumReport} (shape check of the top level). */

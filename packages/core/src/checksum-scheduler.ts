@@ -101,6 +101,12 @@ export interface KVChecksumSchedulerOptions {
    * connector's `kvChecksumCarrier` (third-party factories without a declaration).
    */
   carriers?: readonly KVChecksumCarrierKind[];
+  /**
+   * How long a worker's sums announced in flight (device backends) may take before the request
+   * goes on without them (load `unverified` / payload not sent, `workers-missing`), in ms.
+   * Default 10000.
+   */
+  inFlightTimeoutMs?: number;
 }
 
 /** A producer request waiting for its workers' sums and its finish. */
@@ -109,6 +115,8 @@ interface SendPending {
   entry: StepEntry;
   carrier: Exclude<KVChecksumCarrier, null>;
   reports: Map<string, ReportEntry>;
+  /** Workers whose sums are in flight on a device: worker key -> deadline (ms since the epoch). */
+  inFlight?: Map<string, number>;
 }
 
 /** A consumer load waiting for its workers' sums. */
@@ -118,6 +126,8 @@ interface RecvPending {
   /** The producer's payload: undefined = none yet, 'malformed' = rejected by the decoder. */
   payload: ChecksumPayload | 'malformed' | undefined;
   reports: Map<string, ReportEntry>;
+  /** As {@link SendPending.inFlight}. */
+  inFlight?: Map<string, number>;
 }
 
 const PROBES: ConnectorRequest[] = [
@@ -153,6 +163,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
   private nextSend = new Map<string, StepEntry>();
   private nextRecv = new Map<string, StepEntry>();
   private nextDrop = new Set<string>();
+  private readonly inFlightTimeoutMs: number;
 
   constructor(options: KVChecksumSchedulerOptions);
   constructor(
@@ -185,6 +196,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     this.ppSize = o.ppSize;
     this.groupConfigs = o.groupConfigs;
     this.observability = o.observability ?? new KVChecksumObservability();
+    this.inFlightTimeoutMs = o.inFlightTimeoutMs ?? 10_000;
     this._enabled = o.config.enable_kv_checksum;
     if (this._enabled && !this.connectorHasCarrier(o.carriers)) {
       if (o.config.kv_checksum_fail_closed) throw new KVChecksumCarrierError(o.config.kv_connector);
@@ -327,9 +339,39 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
         for (const e of report.sends) this.sends.get(e.requestId)?.reports.set(key, e);
         for (const e of report.recvs) this.recvs.get(e.requestId)?.reports.set(key, e);
         for (const r of report.received) this.takeReceived(r.requestId, r.payload);
+        this.trackInFlight(key, report);
       }
       for (const [id, bytes] of out.kvChecksums ?? []) this.takeReceived(id, bytes);
     }
+  }
+
+  /** A report's records end their workers' waits; its `inFlight` requests start new ones. */
+  private trackInFlight(key: string, report: KVChecksumReport): void {
+    for (const e of report.sends) this.sends.get(e.requestId)?.inFlight?.delete(key);
+    for (const e of report.recvs) this.recvs.get(e.requestId)?.inFlight?.delete(key);
+    const deadline = Date.now() + this.inFlightTimeoutMs;
+    for (const id of report.inFlight?.sends ?? []) {
+      const p = this.sends.get(id);
+      if (p) (p.inFlight ??= new Map()).set(key, deadline);
+    }
+    for (const id of report.inFlight?.recvs ?? []) {
+      const p = this.recvs.get(id);
+      if (p) (p.inFlight ??= new Map()).set(key, deadline);
+    }
+  }
+
+  /** See {@link KVChecksumSchedulerHooks.sumsInFlight}. Past the deadline, logs the late workers once and stops waiting. */
+  sumsInFlight(request: ConnectorRequest): boolean {
+    if (!this._enabled) return false;
+    const id = request.requestId;
+    return [this.sends.get(id), this.recvs.get(id)].some((p) => {
+      if (!p?.inFlight || p.inFlight.size === 0) return false;
+      const now = Date.now();
+      if ([...p.inFlight.values()].some((d) => now < d)) return true;
+      this.observability.logger.warn({ requestId: id, workers: [...p.inFlight.keys()], timeoutMs: this.inFlightTimeoutMs }, 'KV checksum sums of a worker did not arrive in time; going on without them');
+      p.inFlight.clear();
+      return false;
+    });
   }
 
   private takeReceived(requestId: string, bytes: Uint8Array): void {

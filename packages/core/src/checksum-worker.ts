@@ -4,10 +4,27 @@
  * producer sends after the forward pass that wrote them (replica 0 only, SPEC 2), consumer loads
  * as soon as the connector reports them finished, before any forward pass reads them (every
  * replica, SPEC 2 / 8). One backend call per side per step. Never blocks on the network.
+ *
+ * Device KV (the worker's regions are CUDA device memory, with the `cuda` backend or an emulated
+ * device): one submit per side per step on the engine's stream (`WorkerKVCaches.stream`), no host
+ * synchronization in the step; the report of the submit step lists the requests in
+ * `inFlight`, and their records come in the report of the step whose {@link takeReport} polled
+ * them done. The scheduler waits for them (checksum-scheduler.ts).
  * @module
  */
 import { performance } from 'node:perf_hooks';
-import { BlockChecksummer, ENTRY_ATTN, ENTRY_ROWS, ENTRY_STREAM, type BackendName, type BlockRun, type ChecksumBackend, type GroupPlan } from '@kvconnect/checksum';
+import {
+  BlockChecksummer,
+  ENTRY_ATTN,
+  ENTRY_ROWS,
+  ENTRY_STREAM,
+  type BackendName,
+  type BlockRun,
+  type ChecksumBackend,
+  type DeviceChecksumProvider,
+  type GroupPlan,
+  type WorkerGroupRecord,
+} from '@kvconnect/checksum';
 import type { KVChecksumWorkerHooks } from './checksum-hooks.js';
 import type { KVTransferConfig, TransferResults, WorkerKVCaches } from './connector.js';
 import { emptyReport, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry } from './checksum-report.js';
@@ -18,8 +35,12 @@ export { encodeReport, decodeReport, ReportFormatError, REPORT_JSON_FORMAT, type
 export interface KVChecksumWorkerOptions {
   /** The transfer config; when given and `enable_kv_checksum` is false the worker does nothing. */
   config?: KVTransferConfig;
-  /** Checksum backend: `auto` (native when the addon loads, else ts), `ts`, `native`, or a backend object. Default `auto`. */
-  backend?: BackendName | 'auto' | ChecksumBackend;
+  /**
+   * Checksum backend. Host KV: `auto` (native when the addon loads, else ts), `ts`, `native`, or a
+   * host backend object. Device KV: `cuda`, or a device provider (`cudaDeviceProvider()`, an
+   * `EmulatedDevice`); each side (producer, consumer) gets its own context. Default `auto`.
+   */
+  backend?: BackendName | 'auto' | ChecksumBackend | DeviceChecksumProvider;
   /** Called when summing a step fails (a bug or invalid block ids); default: nothing (the groups are reported skipped). */
   onError?: (error: unknown, requestIds: string[]) => void;
 }
@@ -45,6 +66,19 @@ function planBytes(plan: GroupPlan): PlanBytes {
 interface Side {
   summer: BlockChecksummer;
   bytes: PlanBytes[];
+  which: 'send' | 'recv';
+  /** Device steps submitted and not yet reported, by the checksummer's ticket. */
+  inFlight: Map<number, Prepared>;
+}
+
+/** A step's runs and how to turn their records into report entries. */
+interface Prepared {
+  entries: StepEntry[];
+  runs: BlockRun[];
+  /** Per entry, per group: the run index, or 'unknown' (a group this worker does not know). */
+  slots: Array<Array<number | 'unknown'>>;
+  /** KV bytes the runs read. */
+  bytes: number;
 }
 
 /**
@@ -53,7 +87,7 @@ interface Side {
  */
 export class KVChecksumWorker implements KVChecksumWorkerHooks {
   readonly enabled: boolean;
-  private readonly backend: BackendName | 'auto' | ChecksumBackend;
+  private readonly backend: BackendName | 'auto' | ChecksumBackend | DeviceChecksumProvider;
   private readonly onError: (error: unknown, requestIds: string[]) => void;
   private caches: WorkerKVCaches | null = null;
   private producer: Side | null = null;
@@ -82,8 +116,8 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     this.groupIndex.clear();
     caches.groups.forEach((g, i) => this.groupIndex.set(g.groupId, i));
     const side = (role: 'producer' | 'consumer'): Side => {
-      const summer = new BlockChecksummer(caches.groups, { tpRank: caches.rank.tpRank, tpSize: caches.rank.tpSize, role }, caches.regions, this.backend);
-      return { summer, bytes: summer.plans.map(planBytes) };
+      const summer = new BlockChecksummer(caches.groups, { tpRank: caches.rank.tpRank, tpSize: caches.rank.tpSize, role }, caches.regions, this.backend, { stream: caches.stream });
+      return { summer, bytes: summer.plans.map(planBytes), which: role === 'producer' ? 'send' : 'recv', inFlight: new Map() };
     };
     this.producer = side('producer');
     this.consumer = side('consumer');
@@ -109,7 +143,8 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     this.sends = [];
     const r = this.ensureReport();
     const t0 = performance.now();
-    r.sends.push(...this.sum(this.producer, entries, r, 'send'));
+    if (this.producer.summer.isDevice) this.submit(this.producer, entries, r);
+    else r.sends.push(...this.sum(this.producer, entries, r, 'send'));
     r.seconds.send += (performance.now() - t0) / 1000;
   }
 
@@ -136,15 +171,75 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     if (loaded.length === 0) return;
     const r = this.ensureReport();
     const t0 = performance.now();
-    r.recvs.push(...this.sum(this.consumer, loaded, r, 'recv'));
+    if (this.consumer.summer.isDevice) this.submit(this.consumer, loaded, r);
+    else r.recvs.push(...this.sum(this.consumer, loaded, r, 'recv'));
     r.seconds.recv += (performance.now() - t0) / 1000;
   }
 
-  /** The step's report (null when nothing was summed or received), then forgets it. */
+  /**
+   * The step's report (null when nothing was summed, received or completed), then forgets it.
+   * Device KV: first polls the steps in flight (never blocking) and adds the records of those done.
+   */
   takeReport(): KVChecksumReport | null {
+    for (const side of [this.producer, this.consumer]) if (side && side.inFlight.size > 0) this.collect(side);
     const r = this.report;
     this.report = null;
     return r;
+  }
+
+  /** Device steps submitted and not yet reported (both sides), for diagnostics and tests. */
+  get stepsInFlight(): number {
+    return (this.producer?.inFlight.size ?? 0) + (this.consumer?.inFlight.size ?? 0);
+  }
+
+  /** Frees the device contexts (steps in flight are dropped). */
+  close(): void {
+    for (const side of [this.producer, this.consumer]) {
+      side?.inFlight.clear();
+      side?.summer.close();
+    }
+  }
+
+  /** Device KV: submits the entries as one step; on a refused submit, request by request. */
+  private submit(side: Side, entries: StepEntry[], report: KVChecksumReport): void {
+    const prep = this.prepare(side, entries);
+    let ticket: number;
+    try {
+      ticket = side.summer.submit(prep.runs);
+    } catch (e) {
+      if (entries.length === 1) {
+        this.onError(e, [entries[0].requestId]);
+        (side.which === 'send' ? report.sends : report.recvs).push(this.skippedEntry(side, entries[0], 'compute-error'));
+        return;
+      }
+      for (const en of entries) this.submit(side, [en], report);
+      return;
+    }
+    side.inFlight.set(ticket, prep);
+    const f = (report.inFlight ??= { sends: [], recvs: [] });
+    (side.which === 'send' ? f.sends : f.recvs).push(...entries.map((e) => e.requestId));
+  }
+
+  /** Device KV: reports the steps the checksummer's poll says are done. */
+  private collect(side: Side): void {
+    const t0 = performance.now();
+    const done = side.summer.poll();
+    if (done.length === 0) return;
+    const r = this.ensureReport();
+    for (const c of done) {
+      const prep = side.inFlight.get(c.ticket);
+      if (!prep) continue;
+      side.inFlight.delete(c.ticket);
+      const list = side.which === 'send' ? r.sends : r.recvs;
+      if ('error' in c) {
+        this.onError(c.error, prep.entries.map((e) => e.requestId));
+        list.push(...prep.entries.map((e) => this.skippedEntry(side, e, 'compute-error')));
+        continue;
+      }
+      r.bytes[side.which] += prep.bytes;
+      list.push(...this.entriesOf(side, prep, c.records));
+    }
+    r.seconds[side.which] += (performance.now() - t0) / 1000;
   }
 
   /** Loads scheduled and not finished yet (request ids), for diagnostics. */
@@ -171,6 +266,14 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
   }
 
   private sumAll(side: Side, entries: StepEntry[], report: KVChecksumReport, which: 'send' | 'recv'): ReportEntry[] {
+    const prep = this.prepare(side, entries);
+    const records = side.summer.compute(prep.runs);
+    report.bytes[which] += prep.bytes;
+    return this.entriesOf(side, prep, records);
+  }
+
+  /** The runs of `entries` (one per known group), their slots and the KV bytes they read. */
+  private prepare(side: Side, entries: StepEntry[]): Prepared {
     const runs: BlockRun[] = [];
     const slots: Array<Array<number | 'unknown'>> = [];
     for (const e of entries) {
@@ -183,7 +286,6 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
         }),
       );
     }
-    const records = side.summer.compute(runs);
     let bytes = 0;
     for (const run of runs) {
       const pb = side.bytes[run.group];
@@ -193,7 +295,11 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
         for (let i = 0; i < run.blockIds.length; i++) bytes += pb.perToken * validTokens(run, i, plan.blockSize);
       } else bytes += pb.perBlock * run.blockIds.length;
     }
-    report.bytes[which] += bytes;
+    return { entries, runs, slots, bytes };
+  }
+
+  /** Report entries of a prepared step from its records (one per run). */
+  private entriesOf(side: Side, { entries, slots }: Prepared, records: readonly WorkerGroupRecord[]): ReportEntry[] {
     return entries.map((e, i) => ({
       requestId: e.requestId,
       numTokens: e.numTokens,

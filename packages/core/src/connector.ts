@@ -36,7 +36,7 @@
  * reports the request in `finishedSending` (the consumer read them, or the lease expired).
  * @module
  */
-import type { GroupSpec, RankContext } from '@kvconnect/checksum';
+import { isDeviceRegion, type GroupSpec, type KVMemoryRegion, type RankContext } from '@kvconnect/checksum';
 import type { Registry } from 'prom-client';
 
 /** The role of an engine in P/D (vLLM `kv_role`). */
@@ -162,8 +162,19 @@ export interface WorkerKVCaches {
   readonly rank: Omit<RankContext, 'role'>;
   readonly ppRank: number;
   readonly ppSize: number;
-  /** The memory regions the views index (host memory; device regions are engine specific). */
-  readonly regions: readonly Uint8Array[];
+  /**
+   * The memory regions the views index: host memory (`Uint8Array`, bytes in the worker's process)
+   * or device memory (`DeviceMemoryRegion` of @kvconnect/checksum: CUDA device, address, bytes, IPC
+   * handle). A worker's regions are all host or all device. A connector that moves only host
+   * memory calls {@link hostRegions} and so refuses device regions with a clear error.
+   */
+  readonly regions: readonly KVMemoryRegion[];
+  /**
+   * Device regions: the engine's CUDA stream (`cudaStream_t` as a bigint) whose work writes the KV;
+   * device work that reads it (the KV checksum worker's one submit per step) is enqueued on it.
+   * Absent or 0n: the legacy default stream.
+   */
+  readonly stream?: bigint;
   /** This worker's caches per group, in group order (a PP stage without a group's layers: empty). */
   readonly groups: readonly GroupSpec[];
   /** Group configs, same order. */
@@ -180,6 +191,30 @@ export interface LoadError {
   reason: string;
   /** A human description of the cause (peer, status, error text). */
   message: string;
+}
+
+/** A worker's KV caches whose regions are host memory (what {@link hostRegions} checked). */
+export type HostWorkerKVCaches = Omit<WorkerKVCaches, 'regions'> & { readonly regions: readonly Uint8Array[] };
+
+/**
+ * Raised by a connector (or the code it calls) that moves only host memory when a worker's KV
+ * regions are device memory.
+ */
+export class DeviceMemoryUnsupportedError extends TypeError {
+  constructor(readonly who: string, readonly regionIndex: number) {
+    super(`${who} moves host memory only, but KV region ${regionIndex} of this worker is device memory (CUDA); device KV needs a device-capable transfer agent`);
+    this.name = 'DeviceMemoryUnsupportedError';
+  }
+}
+
+/**
+ * `caches`, checked to hold host regions only, for connectors that read and write KV bytes in the
+ * worker's process. @throws DeviceMemoryUnsupportedError naming `who` and the first device region.
+ */
+export function hostRegions(caches: WorkerKVCaches, who: string): HostWorkerKVCaches {
+  const i = caches.regions.findIndex((r) => isDeviceRegion(r));
+  if (i >= 0) throw new DeviceMemoryUnsupportedError(who, i);
+  return caches as HostWorkerKVCaches;
 }
 
 /** Transfer results since the previous call ({@link KVConnectorWorker.getTransferResults}). */

@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 export type * from './connector.js';
-export { workerKey } from './connector.js';
+export { workerKey, hostRegions, DeviceMemoryUnsupportedError } from './connector.js';
 export { loadBlockIds } from './blocks.js';
 export type * from './checksum-hooks.js';
 export * from './config.js';

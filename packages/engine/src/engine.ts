@@ -26,7 +26,8 @@ import {
   type KVChecksumMetrics,
   type KVConnectorRegistry,
 } from '@kvconnect/core';
-import type { BackendName, ChecksumBackend } from '@kvconnect/checksum';
+import type { BackendName } from '@kvconnect/checksum';
+import { checkChecksumBackend, type EngineChecksumBackend } from './checksum-device.js';
 import type { KVCacheGroupConfig, KVConnectorOutput, KVConnectorScheduler, KVTransferConfig, KVTransferParams, FinishReason, SchedulerOutput } from './contracts.js';
 import type { KvDtype } from './dtype.js';
 import type { KVDeviceMode } from '@kvconnect/transfer';
@@ -89,8 +90,14 @@ export interface EngineOptions {
   engineId?: string;
   /** Where `kv_connector` is looked up (default the core's `defaultRegistry`). */
   registry?: KVConnectorRegistry;
-  /** KV checksum backend of the workers (default `auto`). */
-  checksumBackend?: BackendName | 'auto' | ChecksumBackend;
+  /**
+   * KV checksum backend of the workers (default `auto`): a host backend for host KV, `cuda` for
+   * KV in GPU memory, `cuda-emulated` or an `EmulatedDevice` (tests: the device path without a GPU;
+   * see checksum-device.ts).
+   */
+  checksumBackend?: EngineChecksumBackend;
+  /** How long device sums in flight may take before a request goes on without them, ms (KVChecksumScheduler `inFlightTimeoutMs`). */
+  checksumInFlightTimeoutMs?: number;
   /** Events, metrics and logs of the KV checksums (default: a new one, log level `warn`). */
   observability?: KVChecksumObservability;
   /**
@@ -226,6 +233,7 @@ export class Engine {
       this.executor = new MultiProcessExecutor({ model: this.model, weights: this.weights, workers: workerOptions, imports: o.workerImports, checksumBackend: o.checksumBackend as BackendName | 'auto' | undefined });
     } else if (this.executorKind === 'inprocess') {
       this.workers = workerOptions.map((stage) => stage.map((wo) => new Worker(wo)));
+      if (this.transferConfig?.enable_kv_checksum) checkChecksumBackend(o.checksumBackend ?? 'auto', this.workers[0][0].kvCaches(), this.workers[0][0].checksumKvCaches());
       const env = { registry: o.registry ?? defaultRegistry, metricsRegistry: this.observability?.registry, checksumBackend: o.checksumBackend };
       const runtimes = this.workers.map((stage) => stage.map((w) => new WorkerRuntime(w, this.weights, env)));
       this.executor = new InProcessExecutor(this.model, this.weights, runtimes, o.checkPlainData === false ? <T>(v: T) => v : roundTrip);
@@ -252,6 +260,7 @@ export class Engine {
           groupConfigs: this.groupConfigs,
           observability: this.observability!,
           carriers: registry.get(cfg.kv_connector).kvChecksumCarriers?.(cfg),
+          inFlightTimeoutMs: this.o.checksumInFlightTimeoutMs,
         });
       }
     }

@@ -18,6 +18,7 @@ export { Worker, partAddress, stateAddress, type CacheLayout, type ForwardSegmen
 export { forward } from './executor.js';
 export { Engine, buildGroupConfigs, type EngineOptions, type GenerateResult, type StepResult } from './engine.js';
 export { PDProxy, type PDCallOptions, type PDEndpoint, type PDProxyOptions, type PDResult } from './proxy.js';
+export { checkChecksumBackend, checksumWorkerSetup, ChecksumBackendMemoryError, type EngineChecksumBackend } from './checksum-device.js';
 export { startEngineServer, type EngineServer, type EngineServerOptions, type ServerLogger } from './server/engine-server.js';
 export { EngineClient, EngineClientError, type EngineCallOptions, type EngineClientOptions, type RemoteGenerateResult, type RemoteSamplingParams, type StreamDelta } from './server/engine-client.js';
 export { startProxyServer, type ProxyServer, type ProxyServerOptions } from './server/proxy-server.js';

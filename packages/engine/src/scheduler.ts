@@ -108,6 +108,8 @@ export class Scheduler {
   readonly stats: SchedulerStats = { steps: 0, preemptions: 0, scheduledTokens: 0, loadsUsed: 0, loadsRecomputed: 0, loadsFailed: 0 };
   /** Requests whose blocks wait for `finishedSending` from every worker (producer delayFree). */
   readonly delayedFree = new Map<string, Set<string>>();
+  /** Requests finished (stop/length) whose producer KV checksums are still in flight on a device: their finish waits. */
+  readonly finishHeld = new Map<string, Request>();
   private finishedIds = new Set<string>();
   private stepId = 0;
   private readonly o: SchedulerOptions;
@@ -148,7 +150,7 @@ export class Scheduler {
 
   /** Whether a step would do anything: unfinished requests or blocks awaiting `finishedSending`. */
   hasWork(): boolean {
-    return this.numUnfinished > 0 || this.delayedFree.size > 0 || this.finishedIds.size > 0;
+    return this.numUnfinished > 0 || this.delayedFree.size > 0 || this.finishedIds.size > 0 || this.finishHeld.size > 0;
   }
 
   /** Only transfers are pending (nothing to compute): the engine can poll instead of spinning. */
@@ -157,7 +159,8 @@ export class Scheduler {
   }
 
   private loadComplete(r: Request): boolean {
-    return r.load !== null && r.load.recvWorkers.size >= this.o.worldSize;
+    // Device checksums: the load also waits for its workers' sums (its verdict), up to their deadline.
+    return r.load !== null && r.load.recvWorkers.size >= this.o.worldSize && !(this.checksum?.sumsInFlight?.(r) ?? false);
   }
 
   /** Builds the next step. */
@@ -351,6 +354,12 @@ export class Scheduler {
     this.checksum?.updateFromOutputs(outputs);
     this.connector?.updateConnectorOutput(outputs);
     const finished: Request[] = [];
+    for (const r of [...this.finishHeld.values()]) {
+      if (this.checksum?.sumsInFlight?.(r)) continue;
+      this.finishHeld.delete(r.requestId);
+      this.finishHooks(r, r.finishReason!);
+      finished.push(r);
+    }
     for (const s of plan.segments) {
       const r = s.request;
       if (r.isFinished || r.status !== 'RUNNING') continue;
@@ -364,7 +373,7 @@ export class Scheduler {
       const stop = (!r.sampling.ignoreEos && tok === this.o.eosTokenId) || r.sampling.stopTokenIds.includes(tok);
       if (stop) this.finish(r, 'stop');
       else if (r.outputTokenIds.length >= r.sampling.maxTokens) this.finish(r, 'length');
-      if (r.isFinished) finished.push(r);
+      if (r.isFinished && !this.finishHeld.has(r.requestId)) finished.push(r);
     }
     for (const out of outputs) {
       const key = `${out.ppRank}:${out.tpRank}`;
@@ -399,7 +408,9 @@ export class Scheduler {
 
   /**
    * Finishes `r`: `connector.requestFinished`, then `checksum.onRequestFinished` (the params to
-   * return), then frees its blocks unless the connector keeps them (`delayFree`).
+   * return), then frees its blocks unless the connector keeps them (`delayFree`). A normal finish
+   * whose producer checksums are still in flight (`checksum.sumsInFlight`) waits in
+   * {@link finishHeld} until they arrive or their deadline passes.
    */
   finish(r: Request, reason: FinishReason, error?: string): void {
     if (r.isFinished) return;
@@ -408,6 +419,15 @@ export class Scheduler {
     r.error = error;
     this.running = this.running.filter((x) => x !== r);
     this.waiting = this.waiting.filter((x) => x !== r);
+    if ((reason === 'stop' || reason === 'length') && this.checksum?.sumsInFlight?.(r)) {
+      this.finishHeld.set(r.requestId, r); // finished by updateFromOutput once the sums are in
+      return;
+    }
+    this.finishHooks(r, reason);
+  }
+
+  /** The hooks of a finish: connector, checksum params, blocks, `onFinished`. */
+  private finishHooks(r: Request, reason: FinishReason): void {
     const blocks = this.kv.blocksOf(r.requestId);
     let delayFree = false;
     let params: KVTransferParams | undefined;

@@ -14,7 +14,7 @@
  * @module
  */
 import { KVChecksumWorker, workerKey, type KVConnectorRegistry } from '@kvconnect/core';
-import type { BackendName, ChecksumBackend } from '@kvconnect/checksum';
+import { checksumWorkerSetup, type EngineChecksumBackend } from './checksum-device.js';
 import type { Registry } from 'prom-client';
 import type { KVConnectorOutput, SchedulerOutput } from './contracts.js';
 import { runMixer, type ExecutorSetup } from './executor.js';
@@ -27,8 +27,8 @@ export interface WorkerEnv {
   registry: KVConnectorRegistry;
   /** Given to the connector's worker half as `ctx.metricsRegistry`. */
   metricsRegistry?: Registry;
-  /** KV checksum backend (default `auto`). */
-  checksumBackend?: BackendName | 'auto' | ChecksumBackend;
+  /** KV checksum backend (default `auto`; see checksum-device.ts for which KV memory it reads). */
+  checksumBackend?: EngineChecksumBackend;
 }
 
 /** One worker's connector and checksum hooks and mixer compute (see the module comment). */
@@ -58,8 +58,9 @@ export class WorkerRuntime {
     w.connector = c;
     await c.registerKvCaches(w.kvCaches());
     if (s.checksum) {
-      const ck = new KVChecksumWorker({ config: cfg, backend: this.env.checksumBackend ?? 'auto' });
-      ck.registerKvCaches(w.checksumKvCaches());
+      const setup = checksumWorkerSetup(this.env.checksumBackend ?? 'auto', w.kvCaches(), w.checksumKvCaches());
+      const ck = new KVChecksumWorker({ config: cfg, backend: setup.backend });
+      ck.registerKvCaches(setup.caches);
       w.checksum = ck;
     }
     return c.getHandshakeMetadata?.() ?? null;

@@ -16,8 +16,8 @@
  * source and the destination are contiguous.
  * @module
  */
-import { DTYPE_BYTES, ReplicaCountError, contiguousStrides, replicaCount, type AttentionPart, type StateTensor } from '@kvconnect/checksum';
-import type { WorkerKVCaches } from '@kvconnect/core';
+import { DTYPE_BYTES, ReplicaCountError, contiguousStrides, replicaCount, type AttentionPart, type Replication, type StateTensor } from '@kvconnect/checksum';
+import type { HostWorkerKVCaches, WorkerKVCaches } from '@kvconnect/core';
 import { PlanError, buildRankInfo, planTransfer, type CacheLayout, type RankInfo } from '@kvconnect/nixl-common';
 import type { RegisteredRegion, XferDesc } from '@kvconnect/transfer';
 import type { WireCache, WireLoad, WirePart, WireState } from './protocol.js';
@@ -89,7 +89,7 @@ export interface ConsumerSide {
 
 /** The producer side of a write plan. */
 export interface ProducerSide {
-  caches: WorkerKVCaches;
+  caches: HostWorkerKVCaches;
   /** Agent addresses of `caches.regions`, same order. */
   regionAddrs: readonly number[];
   /** The producer request's block ids per group. */

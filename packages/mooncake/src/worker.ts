@@ -35,7 +35,8 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { debuglog } from 'node:util';
-import { loadBlockIds, type KVConnectorWorker, type KVRole, type LoadError, type SchedulerOutput, type TransferResults, type WorkerContext, type WorkerKVCaches } from '@kvconnect/core';
+import { hostRegions, loadBlockIds } from '@kvconnect/core';
+import type { HostWorkerKVCaches, KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import { checkBindHost, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { createAgent } from './agent.js';
@@ -167,7 +168,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   };
   /** The last error message of a failed load or request (diagnostics). */
   lastError: string | null = null;
-  private caches: WorkerKVCaches | null = null;
+  private caches: HostWorkerKVCaches | null = null;
   private agent: TransferAgent | null = null;
   private regionAddrs: number[] = [];
   private layout: WireCache[] = [];
@@ -217,7 +218,8 @@ export class MooncakeWorker implements KVConnectorWorker {
     return this.agent;
   }
 
-  async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
+  async registerKvCaches(all: WorkerKVCaches): Promise<void> {
+    const caches = hostRegions(all, 'MooncakeConnector');
     this.caches = caches;
     const name = `${this.ctx.engineId.slice(0, 200)}/pp${this.ctx.ppRank}/tp${this.ctx.tpRank}/${randomUUID().slice(0, 8)}`;
     let agent = await createAgent(this.opts.backend, name, this.opts.host, this.opts.clusterSecret);

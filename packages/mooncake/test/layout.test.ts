@@ -7,7 +7,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { pagedAttentionBytes, pagedAttentionCache, type AttentionCacheView, type StateCacheView } from '@kvconnect/checksum';
-import type { WorkerKVCaches } from '@kvconnect/core';
+import type { HostWorkerKVCaches } from '@kvconnect/core';
 import { LayoutMismatchError, describeLayout, partOffset, planWrites, type WritePlan } from '../src/layout.js';
 import type { WireLoad } from '../src/protocol.js';
 
@@ -18,7 +18,7 @@ const ROWS = 4; // x rows of the state (global), plus one replicated B row
 const COLS = 3;
 
 interface Rank {
-  caches: WorkerKVCaches;
+  caches: HostWorkerKVCaches;
   addrs: number[];
 }
 
@@ -54,7 +54,7 @@ function rank(tpRank: number, tpSize: number, blockSize: number, layout: 'NHD' |
         for (let c = 0; c < COLS; c++) dv.setFloat32(st.offset + b * st.blockStride + (r * COLS + c) * 4, b * 1000 + global * 10 + c, true);
       }
   }
-  const caches: WorkerKVCaches = {
+  const caches: HostWorkerKVCaches = {
     rank: { tpRank, tpSize },
     ppRank: 0,
     ppSize: 1,

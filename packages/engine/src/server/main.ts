@@ -48,7 +48,8 @@ export interface EngineProcessConfig {
   kvTransferConfig?: Record<string, unknown>;
   enablePrefixCaching?: boolean;
   engineId?: string;
-  checksumBackend?: 'auto' | 'ts' | 'native' | 'cuda';
+  /** `cuda` sums KV in GPU memory (`device` `cuda`); `cuda-emulated` is for tests (the device path without a GPU). */
+  checksumBackend?: 'auto' | 'ts' | 'native' | 'cuda' | 'cuda-emulated';
   /** Where the KV cache lives: host memory (default), GPU memory, or emulated device memory (tests). */
   device?: 'cpu' | 'cuda' | 'cuda-emulated';
   /** Modules to import before the engine starts (connector packages register themselves); worker processes import them too. */
@@ -100,7 +101,7 @@ const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
   kvTransferConfig: 'object',
   enablePrefixCaching: 'bool',
   engineId: 'string',
-  checksumBackend: ['auto', 'ts', 'native', 'cuda'],
+  checksumBackend: ['auto', 'ts', 'native', 'cuda', 'cuda-emulated'],
   device: ['cpu', 'cuda', 'cuda-emulated'],
   imports: 'strings',
   executor: ['inprocess', 'processes'],
@@ -223,7 +224,7 @@ engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxToke
   --engine-id ID
   --kv-transfer-config JSON     vLLM kv_transfer_config
   --kv-connector-module-path M  sets kv_transfer_config.kv_connector_module_path
-  --checksum-backend auto|ts|native|cuda
+  --checksum-backend auto|ts|native|cuda|cuda-emulated   (auto: cuda with --device cuda; cuda-emulated: tests)
   --device cpu|cuda|cuda-emulated   KV cache in host memory (default), GPU memory (addon built with
                                 CUDA), or emulated device memory (tests); the model computes on the host
   --import MODULE               import a module first (repeatable; connector packages register themselves)

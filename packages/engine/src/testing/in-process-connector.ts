@@ -49,7 +49,9 @@ import type {
   TransferResults,
   WorkerContext,
   WorkerKVCaches,
+  HostWorkerKVCaches,
 } from '@kvconnect/core';
+import { hostRegions } from '@kvconnect/core';
 import { partAddress } from '../worker.js';
 
 /** The name the connector registers under by default. */
@@ -79,7 +81,7 @@ interface Published {
   engineId: string;
   tpSize: number;
   ppSize: number;
-  workers: Map<string, WorkerKVCaches>;
+  workers: Map<string, HostWorkerKVCaches>;
   /** Producer request -> consumer workers that finished reading it (written by the consumers). */
   reads: Map<string, { readers: Set<string>; world: number; done: boolean }>;
 }
@@ -294,7 +296,7 @@ function forEachRowElement(shape: readonly number[], strides: readonly number[],
 }
 
 class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> {
-  private caches: WorkerKVCaches | null = null;
+  private caches: HostWorkerKVCaches | null = null;
   private meta: InProcessMeta | null = null;
   /** Producer: leases of finished requests not yet reported in finishedSending. */
   private readonly leases = new Map<string, number>();
@@ -311,7 +313,8 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
     this.key = `${ctx.ppRank}:${ctx.tpRank}`;
   }
 
-  registerKvCaches(caches: WorkerKVCaches): void {
+  registerKvCaches(all: WorkerKVCaches): void {
+    const caches = hostRegions(all, 'InProcessConnector');
     this.caches = caches;
     const e = this.bus.engine(this.ctx.engineId);
     e.tpSize = this.ctx.tpSize;
@@ -375,7 +378,7 @@ class InProcessWorker implements KVConnectorWorker<InProcessMeta, never, never> 
     const src = this.bus.engines.get(load.remoteEngineId);
     if (!src) throw new Error(`producer ${load.remoteEngineId} not on the bus`);
     // name -> tp rank -> (caches, view) over every producer worker.
-    const byName = new Map<string, Map<number, { c: WorkerKVCaches; gi: number; view: AttentionCacheView | StateCacheView }>>();
+    const byName = new Map<string, Map<number, { c: HostWorkerKVCaches; gi: number; view: AttentionCacheView | StateCacheView }>>();
     for (const c of src.workers.values()) {
       c.groups.forEach((g, gi) => {
         for (const v of g.caches) {

@@ -3,7 +3,7 @@
  * snapshots, fills, and change accounting (ground truth: only bytes that really changed count).
  * @module
  */
-import type { WorkerKVCaches } from '@kvconnect/core';
+import type { HostWorkerKVCaches } from '@kvconnect/core';
 import type { Fill } from '../faults.js';
 import { forEachAttentionCell, forEachStateRow, prng, type ByteRun } from '../locate.js';
 import { Changes, type ChangedGroup } from './records.js';
@@ -36,7 +36,7 @@ export function equal(a: Uint8Array, b: Uint8Array): boolean {
 }
 
 /** Byte runs of a load on this worker: every loaded token's cells and the running states. */
-export function loadRuns(c: WorkerKVCaches, l: LoadMeta): Tagged[] {
+export function loadRuns(c: HostWorkerKVCaches, l: LoadMeta): Tagged[] {
   const out: Tagged[] = [];
   forEachAttentionCell(c, l.blocks, l.firstToken, l.numTokens, {}, (x) => out.push({ region: x.region, addr: x.addr, len: x.len, groupId: x.groupId, token: x.token }));
   forEachStateRow(c, l.blocks, {}, (r) => {
@@ -46,12 +46,12 @@ export function loadRuns(c: WorkerKVCaches, l: LoadMeta): Tagged[] {
 }
 
 /** KV bytes of a load held by this worker. */
-export function loadBytes(c: WorkerKVCaches, l: LoadMeta): number {
+export function loadBytes(c: HostWorkerKVCaches, l: LoadMeta): number {
   return loadRuns(c, l).reduce((a, r) => a + r.len, 0);
 }
 
 /** The bytes of a load's slots now (before the load lands). */
-export function snapshot(c: WorkerKVCaches, l: LoadMeta): Snapshot {
+export function snapshot(c: HostWorkerKVCaches, l: LoadMeta): Snapshot {
   const m: Snapshot = new Map();
   for (const r of loadRuns(c, l)) m.set(`${r.region}:${r.addr}`, c.regions[r.region].slice(r.addr, r.addr + r.len));
   return m;
@@ -62,7 +62,7 @@ export function snapshot(c: WorkerKVCaches, l: LoadMeta): Snapshot {
  * `snap` (`previous`; zeros where it has none).
  * @returns the groups whose bytes changed (tokens / state).
  */
-export function fillRuns(c: WorkerKVCaches, runs: readonly Tagged[], fill: Fill, seed: number, snap: Snapshot | null): ChangedGroup[] {
+export function fillRuns(c: HostWorkerKVCaches, runs: readonly Tagged[], fill: Fill, seed: number, snap: Snapshot | null): ChangedGroup[] {
   const rnd = prng(seed);
   const changed = new Changes();
   for (const r of runs) {
@@ -80,7 +80,7 @@ export function fillRuns(c: WorkerKVCaches, runs: readonly Tagged[], fill: Fill,
 }
 
 /** Writes each `[run, bytes]` (all read before any is written), returning the groups whose bytes changed. */
-export function writeRuns(c: WorkerKVCaches, writes: ReadonlyArray<readonly [Tagged, Uint8Array]>): ChangedGroup[] {
+export function writeRuns(c: HostWorkerKVCaches, writes: ReadonlyArray<readonly [Tagged, Uint8Array]>): ChangedGroup[] {
   const changed = new Changes();
   for (const [r, bytes] of writes) {
     const mem = c.regions[r.region];
@@ -91,13 +91,13 @@ export function writeRuns(c: WorkerKVCaches, writes: ReadonlyArray<readonly [Tag
 }
 
 /** Index of the group `groupId`, or of the first group of `kind` that holds caches on this worker; -1 for none. */
-export function groupIndex(c: WorkerKVCaches, groupId: number | undefined, kind: 'attention' | 'state'): number {
+export function groupIndex(c: HostWorkerKVCaches, groupId: number | undefined, kind: 'attention' | 'state'): number {
   if (groupId !== undefined) return c.groupConfigs.findIndex((g) => g.groupId === groupId);
   return c.groupConfigs.findIndex((g, gi) => (kind === 'state' ? g.kind === 'state' : g.kind !== 'state') && c.groups[gi]?.caches.length > 0);
 }
 
 /** Index of the group `groupId`, or of the first attention group of the engine (held here or not); -1 for none. */
-export function attentionGroupIndex(c: WorkerKVCaches, groupId: number | undefined): number {
+export function attentionGroupIndex(c: HostWorkerKVCaches, groupId: number | undefined): number {
   if (groupId !== undefined) return c.groupConfigs.findIndex((g) => g.groupId === groupId);
   return c.groupConfigs.findIndex((g) => g.kind !== 'state');
 }

@@ -7,7 +7,8 @@
  * @module
  */
 import { performance } from 'node:perf_hooks';
-import type { KVConnectorWorker, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import { hostRegions } from '@kvconnect/core';
+import type { HostWorkerKVCaches, KVConnectorWorker, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import type { ByteRun } from '../locate.js';
 import { loadBytes, snapshot, type LoadMeta, type Snapshot } from './bytes.js';
 import type { Fault, NotifState, ResultHit } from './fault.js';
@@ -26,7 +27,7 @@ interface WorkerLoad extends LoadMeta {
 
 /** The worker half of a FaultInjectingConnector. */
 export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWorkerMeta, unknown> {
-  private caches: WorkerKVCaches | null = null;
+  private caches: HostWorkerKVCaches | null = null;
   private readonly loads = new Map<string, WorkerLoad>();
   private readonly restores = new Map<string, Array<readonly [ByteRun, Uint8Array]>>();
   private readonly notifState: NotifState = newNotifState();
@@ -42,7 +43,7 @@ export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWor
   ) {}
 
   async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
-    this.caches = caches;
+    this.caches = hostRegions(caches, 'FaultConnector');
     await this.inner.registerKvCaches(caches);
   }
 
