@@ -5,9 +5,9 @@
  * between the processes through EmbeddedAgents over 127.0.0.1 TCP, and the consumer verifies the
  * KV checksums. The output equals a single in-process engine's, for TP1 -> TP1 and TP2 -> TP1 with
  * the workers in the engine processes, and for pull TP2 -> TP1 and push TP1 -> TP2 with the
- * consumer's workers in worker processes (a producer with worker processes: skipped, see NIXL_HUB).
- * A consumer given another request's `kv_transfer_params` (payload version 2, SPEC 8.0) never
- * verifies.
+ * consumer's workers in worker processes, and with the workers of both in worker processes (TP1 -> TP1,
+ * TP2 -> TP1, TP1 -> TP2, a PP2 producer). A consumer given another request's `kv_transfer_params`
+ * (payload version 2, SPEC 8.0) never verifies.
  *
  * The bins run `dist/`; `beforeAll` brings it up to date with `tsc --build`.
  */
@@ -58,15 +58,13 @@ describe('NIXL across processes (producer, consumer, proxy)', () => {
     // The producer's too.
     for (const [ptp, ppp, dtp] of [[1, 1, 1], [2, 1, 1], [1, 1, 2], [1, 2, 1]] as const) cases.push([mode, ptp, ppp, dtp, 'processes', 'processes']);
   }
-  // A producer with worker processes does not work yet: NIXL's halves meet in a process-local hub
-  // (packages/nixl-common/src/hub.ts), so the producer's scheduler half finds no side channel (its
-  // workers started theirs in their own processes) and returns no kv_transfer_params; every
-  // request then prefills on the consumer. These cases run once NIXL uses the handshake hooks.
-  const NIXL_HUB = 'skipped: a NIXL producer needs its halves in one process (nixl-common/src/hub.ts), not yet on the handshake hooks';
+  // With worker processes the producer's scheduler half serves the side channel from its workers'
+  // handshake metadata (getHandshakeMetadata -> setXferHandshakeMetadata) and the leases cross in
+  // the step metadata (nixl-common/src/scheduler.ts): nothing is shared between the processes.
   for (const [mode, tp, pp, dtp, pex, dex] of cases) {
     const connector = mode === 'pull' ? 'NixlConnector' : 'NixlPushConnector';
     const name = `${mode} TP${tp}${pp > 1 ? ` PP${pp}` : ''} -> TP${dtp}, workers ${pex} -> ${dex}: the output equals a single instance and the load verifies`;
-    (pex === 'processes' ? it.skip : it)(pex === 'processes' ? `${name} (${NIXL_HUB})` : name, async () => {
+    it(name, async () => {
       const base = { preset: 'dense-gqa' as const, numBlocks: 128, imports: [mode === 'pull' ? PULL : PUSH] };
       const id = `mp-${mode}-${tp}${pp}${dtp}-${pex[0]}${dex[0]}`;
       const [p, d] = await Promise.all([
@@ -98,8 +96,9 @@ describe('NIXL across processes (producer, consumer, proxy)', () => {
       if (mode === 'pull') expect(typeof params.kv_checksums).toBe('string');
       else expect(params.kv_checksums).toBeUndefined();
       expect(await metric(d.url, 'kvconnect_kv_checksum_loads_total{verdict="verified"} 1')).toBe(true);
-      // The consumer's NIXL metrics (pull: its workers' READs) reach its /metrics, from worker processes too.
-      if (mode === 'pull') expect((await (await fetch(`${d.url}/metrics`)).text()).match(/^kvconnect_nixl_transfers_total\{mode="pull",op="READ"\} (\d+)$/m)?.[1]).toBe(String(Math.max(tp, dtp)));
+      // The consumer's NIXL metrics (pull: its workers' READs, one per producer rank a consumer rank
+      // maps to: max(TP sizes) per producer PP stage) reach its /metrics, from worker processes too.
+      if (mode === 'pull') expect((await (await fetch(`${d.url}/metrics`)).text()).match(/^kvconnect_nixl_transfers_total\{mode="pull",op="READ"\} (\d+)$/m)?.[1]).toBe(String(Math.max(tp, dtp) * pp));
     });
   }
 

@@ -9,7 +9,7 @@ import * as net from 'node:net';
 import { describe, expect, it } from 'vitest';
 import { KVChecksumObservability } from '@kvconnect/core';
 import { Engine, PDProxy } from '@kvconnect/engine';
-import { NIXL_METRIC_NAMES, type NixlWorkerBase } from '@kvconnect/nixl-common';
+import { NIXL_METRIC_NAMES, type NixlScheduler } from '@kvconnect/nixl-common';
 import { Registry } from 'prom-client';
 import { checksumCounter, connectorOf, makeNixlPD, metricValue, single, until } from './utils.js';
 
@@ -17,8 +17,8 @@ const SECRET = 'nixl-e2e-cluster-secret-0123456789abcdef';
 const PROMPT = 'Only engines that hold the cluster secret may read the producer KV cache blocks.';
 const S = { maxTokens: 4, ignoreEos: true };
 
-/** The NIXL hub of an engine's first worker (its side-channel counters). */
-const hubOf = (e: Engine) => (e.workers[0]![0]!.connector as unknown as NixlWorkerBase).hub;
+/** The producer side channel of an engine's NIXL scheduler half (its counters). */
+const channelOf = (e: Engine) => (e.kvConnectorScheduler as unknown as NixlScheduler).channel!;
 
 for (const mode of ['pull', 'push'] as const) {
   describe(`NIXL ${mode} with a cluster secret`, () => {
@@ -32,7 +32,7 @@ for (const mode of ['pull', 'push'] as const) {
         expect(r.tokenIds).toEqual(ref.tokenIds);
         expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(1);
         expect(pd.consumer.stats.loadsUsed).toBe(1);
-        expect(hubOf(pd.producer).sideChannelStats()?.droppedPeers).toBe(0);
+        expect(channelOf(pd.producer).sideChannelStats()?.droppedPeers).toBe(0);
         await until(() => pd.producer.scheduler.delayedFree.size === 0);
       } finally {
         await pd.shutdown();
@@ -49,7 +49,7 @@ for (const mode of ['pull', 'push'] as const) {
         expect(pd.consumer.stats.loadsRecomputed).toBe(1);
         expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers, { reason: 'handshake' })).toBe(1);
         expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.handshakes, { result: 'unauthenticated' })).toBe(1);
-        expect(hubOf(pd.producer).sideChannelStats()?.droppedPeers).toBeGreaterThanOrEqual(1);
+        expect(channelOf(pd.producer).sideChannelStats()?.droppedPeers).toBeGreaterThanOrEqual(1);
         expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(0);
       } finally {
         await pd.shutdown();
@@ -64,8 +64,8 @@ describe('a flood on the producer side channel during loads', () => {
       const ref = await single('dense-gqa').generate(PROMPT, S);
       const extra = { cluster_secret: SECRET };
       const pd = await makeNixlPD({ mode, model: 'dense-gqa', policy: 'fail', producerExtra: extra, consumerExtra: extra });
-      const hub = hubOf(pd.producer);
-      const addr = hub.address!;
+      const channel = channelOf(pd.producer);
+      const addr = channel.address!;
       const socks: net.Socket[] = [];
       const timers: NodeJS.Timeout[] = [];
       try {
@@ -79,14 +79,14 @@ describe('a flood on the producer side channel during loads', () => {
           timers.push(setInterval(() => s.writable && s.write(Buffer.alloc(4096)), 5));
         }
         let maxBuffered = 0;
-        const poll = setInterval(() => (maxBuffered = Math.max(maxBuffered, hub.sideChannelStats()!.bufferedBytes)), 2);
+        const poll = setInterval(() => (maxBuffered = Math.max(maxBuffered, channel.sideChannelStats()!.bufferedBytes)), 2);
         timers.push(poll);
         const r = await pd.proxy.generate(PROMPT, S);
         expect(r.tokenIds).toEqual(ref.tokenIds);
         expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(1);
         // Before authentication a frame is at most 8 KiB: every flooder is dropped at its prefix.
         await until(() => socks.every((s) => s.destroyed || s.readableEnded), 5000);
-        expect(hub.sideChannelStats()!.droppedPeers).toBe(6);
+        expect(channel.sideChannelStats()!.droppedPeers).toBe(6);
         expect(maxBuffered).toBeLessThanOrEqual(64 * 1024);
       } finally {
         timers.forEach(clearInterval);
@@ -141,7 +141,7 @@ describe('recovery after a producer restart on the same side-channel port', () =
         await p.shutdown();
         p = producer();
         await p.ready;
-        expect(hubOf(p).address?.port).toBe(port);
+        expect(channelOf(p).address?.port).toBe(port);
         const proxy = new PDProxy({ prefill: p, decode: consumer });
         const K = 4;
         for (let i = 0; i < K; i++) expect((await proxy.generate(PROMPT, S)).tokenIds).toEqual(ref.tokenIds);

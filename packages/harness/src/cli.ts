@@ -57,7 +57,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     .option('--no-checksums', 'turn KV checksums off (faults then go undetected)')
     .option('--fail-open', 'use loads that do not verify (default: fail-closed)')
     .option('--policy <policy>', 'what a fail-closed consumer does with a load that does not verify: recompute | fail', policyArg, 'recompute')
-    .option('--workers <kind>', 'multi-process: processes (one worker process per TP rank) | inprocess, for both engines (default: processes, except a NIXL producer (pull, push): in its engine process until NIXL no longer needs a process-local hub)')
+    .option('--workers <kind>', 'multi-process: processes (one worker process per TP rank) | inprocess, for both engines (default: processes)')
     .option('--verbose', 'copy the engine and proxy processes\' stderr to this stderr')
     .option('--no-progress', 'no progress bar')
     .action(

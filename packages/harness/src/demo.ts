@@ -90,9 +90,8 @@ export interface DemoOptions {
   echoStderr?: boolean;
   /**
    * Multi-process: where both engines run their TP x PP workers: `processes` (one worker process
-   * each: the producer's TP2 is two worker processes) or `inprocess`. Default per side: processes
-   * where the connector supports them (Mooncake; a NIXL consumer), else in the engine's process
-   * (a NIXL producer; see `PROCESS_CONNECTORS` in topology-multiprocess.ts).
+   * each: the producer's TP2 is two worker processes) or `inprocess`. Default: processes on both
+   * sides, for every connector (see `PROCESS_CONNECTORS` in topology-multiprocess.ts).
    */
   workers?: WorkersMode;
   /** A custom topology for the scenario runner (single-process path, whatever the connector). */

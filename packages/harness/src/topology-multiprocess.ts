@@ -32,16 +32,15 @@ export type WorkersMode = 'processes' | 'inprocess';
 
 /**
  * Package, registered name and proxy mode of each {@link ProcessConnector}, and where each side's
- * engine runs its workers by default: one process per worker where the connector's halves talk
- * only through the connector contract (Mooncake: bootstrap server and ZeroMQ, producer workers
- * registered by the handshake hooks; a NIXL consumer); in the engine's process for a NIXL
- * producer, whose halves still meet in a process-local hub (packages/nixl-common/src/hub.ts: with
- * worker processes its scheduler half finds no side channel and returns no `kv_transfer_params`,
- * so every request would prefill on the consumer).
+ * engine runs its workers by default: one process per worker on both sides, as the connectors'
+ * halves talk only through the connector contract (Mooncake: bootstrap server and ZeroMQ,
+ * producer workers registered by the handshake hooks; NIXL: the producer's scheduler half serves
+ * the side channel from its workers' handshake metadata, leases and push registrations cross in
+ * the step metadata, packages/nixl-common/src/scheduler.ts).
  */
 export const PROCESS_CONNECTORS: Readonly<Record<ProcessConnector, { pkg: string; name: string; mode: 'sequential' | 'concurrent'; workers: { producer: WorkersMode; consumer: WorkersMode } }>> = Object.freeze({
-  'nixl-pull': { pkg: '@kvconnect/nixl-pull', name: 'NixlConnector', mode: 'sequential', workers: { producer: 'inprocess', consumer: 'processes' } },
-  'nixl-push': { pkg: '@kvconnect/nixl-push', name: 'NixlPushConnector', mode: 'sequential', workers: { producer: 'inprocess', consumer: 'processes' } },
+  'nixl-pull': { pkg: '@kvconnect/nixl-pull', name: 'NixlConnector', mode: 'sequential', workers: { producer: 'processes', consumer: 'processes' } },
+  'nixl-push': { pkg: '@kvconnect/nixl-push', name: 'NixlPushConnector', mode: 'sequential', workers: { producer: 'processes', consumer: 'processes' } },
   mooncake: { pkg: '@kvconnect/mooncake', name: 'MooncakeConnector', mode: 'concurrent', workers: { producer: 'processes', consumer: 'processes' } },
 });
 

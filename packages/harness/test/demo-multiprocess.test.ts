@@ -71,7 +71,7 @@ describe('kvconnect demo, multi-process topology', () => {
     const lines = r.stdout.split('\n');
     expect(lines.some((l) => l.startsWith('processes on 127.0.0.1: proxy (sequential)'))).toBe(true);
     expect(lines.some((l) => l.startsWith('connector NixlConnector'))).toBe(true);
-    expect(lines).toContain('workers: producer in the engine process, consumer 1 worker process');
+    expect(lines).toContain('workers: producer 2 worker processes, consumer 1 worker process');
     expect(lines).toContain('outputs identical to a single instance: 4/4');
     expect(lines.some((l) => /^checksum time: producer \d/.test(l))).toBe(true);
     const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
@@ -112,9 +112,9 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(md).toContain('## Summary');
     expect(md).toContain('## Process metrics');
     expect(md).toContain('| outputs identical to a single instance | 4/4 |');
-    expect(s.workerProcesses).toMatchObject({ producer: [], consumer: [expect.any(Number)] });
+    expect(s.workerProcesses).toMatchObject({ producer: [expect.any(Number), expect.any(Number)], consumer: [expect.any(Number)] });
     // Every child process went away with the demo.
-    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.consumer])).toBe(true);
+    expect(await gone([...Object.values(s.processes), ...s.workerProcesses.producer, ...s.workerProcesses.consumer])).toBe(true);
   }, 60_000);
 
   it('--connector push (exported runDemo): faults detected and recomputed, outputs = single instance, report written', async () => {

@@ -3,7 +3,7 @@
  * share, written once: the side-channel handshake and control protocol (strict decoders with
  * size limits), the mapping of a consumer rank's caches onto the producer's ranks as descriptor
  * pairs (TP sizes, replicated GQA heads, MLA, Mamba state splits, block sizes, prefix hits), the
- * notif codec (SPEC 7), producer leases, metrics, the per-engine hub, and the scheduler and worker
+ * notif codec (SPEC 7), producer leases, metrics, the producer side channel (owned by the scheduler half), side-channel clients (owned by each half that uses them), and the scheduler and worker
  * halves' common parts.
  * @packageDocumentation
  */
@@ -16,6 +16,7 @@ export * from './lease.js';
 export * from './metrics.js';
 export * from './config.js';
 export * from './agent.js';
-export * from './hub.js';
+export * from './peers.js';
+export * from './producer.js';
 export * from './scheduler.js';
 export * from './worker.js';

@@ -38,6 +38,10 @@
  * - 16: cluster-secret authentication (`AUTH`, sealed frames, refusal codes `unauthenticated`
  *   and `busy`); smaller limits before authentication ({@link LIMITS}.authFrameBytes) and for
  *   requests ({@link LIMITS}.requestFrameBytes).
+ *   Unchanged on the wire when the side channel moved to the producer's scheduler half (served
+ *   from the workers' handshake metadata, producer.ts) and consumer workers got their own
+ *   side-channel clients (peers.ts); `PUSH_REG` may now also be refused `busy` (too many
+ *   registrations queued for the next engine step).
  * @module
  */
 import { createHash } from 'node:crypto';

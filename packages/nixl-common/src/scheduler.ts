@@ -13,6 +13,25 @@
  *   async load, ships the load (only the tokens not hit locally) to the workers in the next
  *   step's metadata, heartbeats the producer's lease while the load is pending, and releases the
  *   producer's blocks when it will not read them (full local hit, abort).
+ *
+ * The halves talk only through the connector contract (packages/core/src/connector.ts), so the
+ * scheduler half may run in the engine process and each worker half in a worker process:
+ *
+ * - handshake: every worker's {@link NixlHandshakeMetadata} (`getHandshakeMetadata`) reaches
+ *   {@link NixlScheduler.setXferHandshakeMetadata}, which builds the engine's handshake info and
+ *   (producer) starts the side channel (producer.ts: INFO, LEASE, RELEASE, PUSH_REG, the lease
+ *   table). A consumer's loads carry the engine's compatibility hash to its workers.
+ * - scheduler -> workers ({@link NixlMeta}): loads, finished push requests, push registrations,
+ *   the producer's handshake info (push, once), and per worker the requests whose lease ended
+ *   (released, expired, read by every consumer rank, or the worker's push writes done): the
+ *   worker reports them in `finishedSending` (the engine frees blocks only then).
+ * - workers -> scheduler ({@link NixlWorkerMeta}): read-done notifs (pull) and finished push
+ *   writes, applied to the lease table in `updateConnectorOutput`.
+ *
+ * Consumer side, each worker holds its own side-channel clients and cached handshakes
+ * (peers.ts, as vLLM's consumer workers handshake themselves): the handshake, the lease pin
+ * before a READ and PUSH_REG run where the load runs, and a failed load forgets the handshake it
+ * used there. This half's own clients send heartbeats and releases. Nothing blocks a hook.
  * @module
  */
 import type {
@@ -20,6 +39,7 @@ import type {
   ConnectorRequest,
   FinishReason,
   KVChecksumCarrier,
+  HandshakeMetadataByWorker,
   KVConnectorOutput,
   KVConnectorScheduler,
   KVTransferConfig,
@@ -27,10 +47,12 @@ import type {
   RequestFinishedResult,
   SchedulerContext,
 } from '@kvconnect/core';
-import { UnusableParams, hasRemoteKeys } from '@kvconnect/core';
+import { UnusableParams, hasRemoteKeys, workerKey } from '@kvconnect/core';
 import { parseNixlConfig, type NixlConfig } from './config.js';
-import { acquireHub, type NixlEngineHub } from './hub.js';
-import { LIMITS, type TransferMode } from './protocol.js';
+import { nixlMetrics, type NixlMetrics } from './metrics.js';
+import { NixlPeers } from './peers.js';
+import { NixlProducerChannel, engineInfoOf, type NixlHandshakeMetadata } from './producer.js';
+import { LIMITS, type EngineInfo, type PushRegistration, type TransferMode } from './protocol.js';
 
 /** The producer's params as the consumer reads them. */
 export interface RemoteParams {
@@ -52,6 +74,8 @@ export interface LoadSpec extends RemoteParams {
   /** First loaded token (local prefix hit) and the load's numTokens. */
   firstToken: number;
   numTokens: number;
+  /** The consumer engine's compatibility hash (the INFO request's; '' before the handshake metadata arrived). */
+  compatHash: string;
 }
 
 /** Push: a finished producer request whose blocks the workers write once the consumer registers. */
@@ -64,10 +88,28 @@ export interface PushSpec {
   checksums: Uint8Array | null;
 }
 
-/** Scheduler-to-worker metadata of a step. */
+/** Scheduler-to-worker metadata of a step (plain data: it crosses to worker processes). */
 export interface NixlMeta {
+  /** Consumer: loads to start. */
   loads: LoadSpec[];
+  /** Push producer: finished requests whose blocks the workers write once consumers register. */
   pushes: PushSpec[];
+  /** Push producer: consumer ranks' registrations (`PUSH_REG`) accepted since the previous step. */
+  pushRegs?: PushRegistration[];
+  /** Push producer: the engine's handshake info (every rank's layout, to plan WRITEs); sent once. */
+  producer?: EngineInfo;
+  /** Producer: per worker key (`workerKey`), the requests it reports in `finishedSending` now. */
+  finished?: Record<string, string[]>;
+  /** Producer: leases still held (the workers poll notifs fast while some are). */
+  leasesHeld?: number;
+}
+
+/** Worker-to-scheduler metadata of a step ({@link TransferResults.workerMeta}, plain data). */
+export interface NixlWorkerMeta {
+  /** Pull producer: read-done notifs `[producerRequestId, consumer agent, consumer world]`. */
+  readDone?: Array<[string, string, number]>;
+  /** Push producer: requests this worker finished writing to every registered consumer rank. */
+  pushDone?: string[];
 }
 
 const isStr = (x: unknown): x is string => typeof x === 'string' && x.length > 0 && x.length <= LIMITS.idLength;
@@ -115,9 +157,16 @@ export function checkRemoteParams(p: Record<string, unknown> | undefined): Remot
 }
 
 /** The shared scheduler half; pull and push set the mode and the carrier. */
-export class NixlScheduler implements KVConnectorScheduler {
+export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerMeta, NixlHandshakeMetadata> {
   readonly config: NixlConfig;
-  readonly hub: NixlEngineHub;
+  readonly metrics: NixlMetrics;
+  /** Producer: the side channel, leases and push registrations (null on a consumer). */
+  readonly channel: NixlProducerChannel | null;
+  /** This half's side-channel clients (consumer heartbeats and releases). */
+  readonly peers: NixlPeers;
+  /** This engine's handshake info once every worker's metadata arrived. */
+  private info: EngineInfo | null = null;
+  private sentProducerInfo = false;
   private readonly asked = new Map<string, { hit: number; remote: RemoteParams }>();
   private pendingLoads: LoadSpec[] = [];
   private pendingPushes = new Map<string, PushSpec>();
@@ -134,9 +183,23 @@ export class NixlScheduler implements KVConnectorScheduler {
     readonly mode: TransferMode,
   ) {
     this.config = parseNixlConfig(transferConfig);
-    this.hub = acquireHub({ engineId: ctx.engineId, mode, role: transferConfig.kv_role, tpSize: ctx.tpSize, ppSize: ctx.ppSize, config: this.config, registry: metricsRegistryOf(ctx) });
-    this.hub.setGroups(ctx.groupConfigs);
+    this.metrics = nixlMetrics(this.config.metricsRegistry ?? metricsRegistryOf(ctx) ?? undefined);
+    this.peers = new NixlPeers({ mode, config: this.config, metrics: this.metrics });
+    this.channel = this.isProducer ? new NixlProducerChannel({ engineId: ctx.engineId, mode, workers: ctx.tpSize * ctx.ppSize, config: this.config, metrics: this.metrics }) : null;
     this.unusable = new UnusableParams(transferConfig.kv_connector, ctx.metricsRegistry);
+  }
+
+  /**
+   * Every worker's handshake metadata (vLLM `set_xfer_handshake_metadata`): builds the engine's
+   * handshake info and, on a producer, starts the side channel that serves it.
+   * @throws ClusterSecretError (rejected) for a non-loopback side channel without a secret.
+   */
+  async setXferHandshakeMetadata(metadata: HandshakeMetadataByWorker<NixlHandshakeMetadata>): Promise<void> {
+    this.info = engineInfoOf({ engineId: this.ctx.engineId, mode: this.mode, tpSize: this.ctx.tpSize, ppSize: this.ctx.ppSize, groups: this.ctx.groupConfigs, workers: metadata.values(), salt: this.config.compatSalt });
+    if (this.channel) {
+      this.channel.info = this.info;
+      await this.channel.listen();
+    }
   }
 
   private get isConsumer(): boolean {
@@ -161,7 +224,7 @@ export class NixlScheduler implements KVConnectorScheduler {
     const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
     if (count === 0) {
       // Everything is local: the producer can free its blocks now.
-      this.hub.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId]);
+      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId]);
       return { count: 0, loadAsync: false };
     }
     this.asked.set(request.requestId, { hit: numComputedTokens, remote });
@@ -174,10 +237,10 @@ export class NixlScheduler implements KVConnectorScheduler {
     this.asked.delete(request.requestId);
     if (!a) return;
     if (numExternalTokens <= 0) {
-      this.hub.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
+      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
       return;
     }
-    this.pendingLoads.push({ ...a.remote, requestId: request.requestId, localBlocks: blocks.map((b) => b.slice()), firstToken: a.hit, numTokens: a.hit + numExternalTokens });
+    this.pendingLoads.push({ ...a.remote, requestId: request.requestId, localBlocks: blocks.map((b) => b.slice()), firstToken: a.hit, numTokens: a.hit + numExternalTokens, compatHash: this.info?.compatHash ?? '' });
     this.loading.set(request.requestId, { remote: a.remote, workers: new Set() });
   }
 
@@ -185,12 +248,37 @@ export class NixlScheduler implements KVConnectorScheduler {
     const meta: NixlMeta = { loads: this.pendingLoads, pushes: [...this.pendingPushes.values()] };
     this.pendingLoads = [];
     this.pendingPushes = new Map();
+    const ch = this.channel;
+    if (ch) {
+      const finished: Record<string, string[]> = {};
+      for (let pp = 0; pp < this.ctx.ppSize; pp++) {
+        for (let tp = 0; tp < this.ctx.tpSize; tp++) {
+          const k = workerKey(pp, tp);
+          const ids = ch.leases.take(k);
+          if (ids.length > 0) finished[k] = ids;
+        }
+      }
+      meta.finished = finished;
+      meta.leasesHeld = ch.leases.size;
+      if (this.mode === 'push') {
+        meta.pushRegs = ch.takePushRegs();
+        if (!this.sentProducerInfo && ch.info) {
+          meta.producer = ch.info;
+          this.sentProducerInfo = true;
+        }
+      }
+    }
     return meta;
   }
 
-  updateConnectorOutput(outputs: readonly KVConnectorOutput[]): void {
+  updateConnectorOutput(outputs: readonly KVConnectorOutput<NixlWorkerMeta>[]): void {
     const world = this.ctx.tpSize * this.ctx.ppSize;
     for (const out of outputs) {
+      const wm = out.kvConnectorWorkerMeta;
+      if (wm && this.channel) {
+        for (const [id, reader, size] of wm.readDone ?? []) if (!this.channel.leases.readerDone(id, reader, size)) this.metrics.failedNotifs.inc({ mode: this.mode });
+        for (const id of wm.pushDone ?? []) this.channel.leases.workerDone(id, workerKey(out.ppRank, out.tpRank));
+      }
       for (const id of out.finishedRecving) {
         const l = this.loading.get(id);
         if (!l) continue;
@@ -205,16 +293,16 @@ export class NixlScheduler implements KVConnectorScheduler {
     const a = this.asked.get(id);
     if (a) {
       this.asked.delete(id);
-      this.hub.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
+      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
     }
     this.loading.delete(id);
     const p = request.kvTransferParams;
     const rejected = this.unusable.take(id);
     if (rejected) return { delayFree: false, kvTransferParams: rejected };
     if (!this.isProducer || p?.do_remote_decode !== true || (reason !== 'stop' && reason !== 'length')) return { delayFree: false };
-    const addr = this.hub.address;
+    const addr = this.channel?.address;
     if (!addr) return { delayFree: false };
-    const leaseExpiry = this.hub.leases.add(id);
+    const leaseExpiry = this.channel!.leases.add(id);
     const copy = blocks.map((b) => b.slice());
     if (this.mode === 'push') this.pendingPushes.set(id, { requestId: id, blocks: copy, numTokens: request.numComputedTokens, checksums: null });
     return {
@@ -271,7 +359,7 @@ export class NixlScheduler implements KVConnectorScheduler {
       this.timer = null;
       return;
     }
-    for (const e of by.values()) this.hub.lease(e.host, e.port, e.ids, 0).catch(() => {});
+    for (const e of by.values()) this.peers.lease(e.host, e.port, e.ids, 0).catch(() => {});
   }
 
   /** Requests with consumer-side state (asked or loading), for leak tests. */
@@ -283,7 +371,8 @@ export class NixlScheduler implements KVConnectorScheduler {
     if (this.closed) return;
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
-    await this.hub.releaseUser();
+    this.peers.close();
+    await this.channel?.close();
   }
 }
 

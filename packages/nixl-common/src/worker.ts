@@ -1,8 +1,14 @@
 /**
  * The worker half shared by NIXL pull and push: the rank's transfer agent (by
- * `kv_connector_extra_config.backend`), memory registration, its handshake info in the engine's
- * hub, a notif poller, transfers with metrics, and the results a step reports. Loads and writes
- * run asynchronously; no hook waits on the network.
+ * `kv_connector_extra_config.backend`), memory registration, its handshake metadata for the
+ * scheduler half (`getHandshakeMetadata`: its {@link RankInfo} and backend; the scheduler serves
+ * them on the producer's side channel), a notif poller, transfers with metrics (on the worker
+ * context's `metricsRegistry`), and the results a step reports. A consumer worker handshakes with
+ * producers on its own side-channel clients ({@link NixlPeers}); a producer worker reports
+ * read-done notifs and finished push writes in its worker metadata and reports `finishedSending`
+ * for the leases the scheduler says ended (scheduler.ts). It shares nothing with the scheduler
+ * half but the contract's plain data, so it runs in a worker process as well as in the engine's.
+ * Loads and writes run asynchronously; no hook waits on the network.
  * @module
  */
 import { randomBytes } from 'node:crypto';
@@ -11,10 +17,12 @@ import { loadBlockIds } from '@kvconnect/core';
 import { toMemoryRegion, type TransferAgent, type XferOp } from '@kvconnect/transfer';
 import { createAgent } from './agent.js';
 import { parseNixlConfig, type NixlConfig } from './config.js';
-import { acquireHub, type HubWorker, type NixlEngineHub } from './hub.js';
 import { type Pair } from './mapping.js';
+import { nixlMetrics, type NixlMetrics } from './metrics.js';
+import { NixlPeers } from './peers.js';
+import type { NixlHandshakeMetadata } from './producer.js';
 import { buildRankInfo, type RankInfo, type TransferMode } from './protocol.js';
-import { metricsRegistryOf, type LoadSpec, type NixlMeta } from './scheduler.js';
+import { metricsRegistryOf, type LoadSpec, type NixlMeta, type NixlWorkerMeta } from './scheduler.js';
 
 /** A transfer that did not complete (`status`: the agent's error kind). */
 export class TransferFailedError extends Error {
@@ -41,9 +49,12 @@ const sleep = (ms: number) =>
   });
 
 /** The shared worker half; pull and push implement loads, notifs and (push) writes. */
-export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
+export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, NixlWorkerMeta, NixlHandshakeMetadata> {
   readonly config: NixlConfig;
-  readonly hub: NixlEngineHub;
+  /** This worker's metrics (the worker context's registry; the engine aggregates it on /metrics). */
+  readonly metrics: NixlMetrics;
+  /** This worker's side-channel clients and cached producer handshakes (consumer loads). */
+  readonly peers: NixlPeers;
   /** `ppRank:tpRank`. */
   readonly key: string;
   /** The rank's transfer agent (after `registerKvCaches`). */
@@ -60,7 +71,15 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
   protected readonly recvChecksums = new Map<string, Uint8Array>();
   /** Consumer loads started and not reported yet. */
   protected readonly active = new Set<string>();
-  private readonly peers = new Map<string, Promise<string>>();
+  /** Remote agents loaded into this rank's agent, by name. */
+  private readonly agents = new Map<string, Promise<string>>();
+  /** Producer: requests the scheduler said ended, not reported in `finishedSending` yet. */
+  protected readonly toReport = new Set<string>();
+  /** Producer: leases the scheduler holds (poll fast while some are). */
+  private leasesHeld = 0;
+  /** This step's worker metadata so far. */
+  protected readonly readDone: Array<[string, string, number]> = [];
+  protected readonly pushDone: string[] = [];
   protected closed = false;
   private polling: Promise<void> | null = null;
 
@@ -70,7 +89,8 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
     readonly mode: TransferMode,
   ) {
     this.config = parseNixlConfig(transferConfig);
-    this.hub = acquireHub({ engineId: ctx.engineId, mode, role: transferConfig.kv_role, tpSize: ctx.tpSize, ppSize: ctx.ppSize, config: this.config, registry: metricsRegistryOf(ctx) });
+    this.metrics = nixlMetrics(this.config.metricsRegistry ?? metricsRegistryOf(ctx) ?? undefined);
+    this.peers = new NixlPeers({ mode, config: this.config, metrics: this.metrics });
     this.key = `${ctx.ppRank}:${ctx.tpRank}`;
   }
 
@@ -91,7 +111,6 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
 
   async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
     this.caches = caches;
-    this.hub.setGroups(caches.groupConfigs);
     const name = `${this.ctx.engineId}/pp${this.ctx.ppRank}tp${this.ctx.tpRank}/${randomBytes(4).toString('hex')}`;
     const agent = await (this.config.agentFactory ?? createAgent)({
       backend: this.config.backend,
@@ -105,14 +124,20 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
     const reg = await agent.registerMemory(caches.regions.map((r) => toMemoryRegion(r)));
     const md = await agent.getLocalMetadata();
     this.rank = buildRankInfo(caches, agent.name, md, reg.regions);
-    this.hub.addRank(this.rank, this, agent.backend);
-    if (this.isProducer) await this.hub.ensureListening();
     this.polling = this.pollLoop();
   }
 
-  bindConnectorMetadata(meta: unknown): void {
-    this.meta = (meta as NixlMeta | null) ?? null;
-    if (this.meta) this.onMeta(this.meta);
+  /** This rank's {@link RankInfo} and agent backend, for the scheduler half (null before `registerKvCaches`). */
+  getHandshakeMetadata(): NixlHandshakeMetadata | null {
+    return this.rank && this.agent ? { rank: this.rank, backend: this.agent.backend } : null;
+  }
+
+  bindConnectorMetadata(meta: NixlMeta): void {
+    this.meta = meta ?? null;
+    if (!this.meta) return;
+    if (this.meta.leasesHeld !== undefined) this.leasesHeld = this.meta.leasesHeld;
+    for (const id of this.meta.finished?.[this.key] ?? []) this.toReport.add(id);
+    this.onMeta(this.meta);
   }
 
   startLoadKv(_output: SchedulerOutput): void {
@@ -122,15 +147,25 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
     }
   }
 
-  getTransferResults(): TransferResults {
+  getTransferResults(): TransferResults<NixlWorkerMeta> {
     this.onTick();
-    const res: TransferResults = {
-      finishedSending: new Set(this.isProducer ? this.hub.leases.take(this.key) : []),
+    const sent = new Set<string>();
+    for (const id of this.toReport) {
+      if (this.writing(id)) continue;
+      sent.add(id);
+      this.toReport.delete(id);
+      this.onSent(id);
+    }
+    const res: TransferResults<NixlWorkerMeta> = {
+      finishedSending: sent,
       finishedRecving: new Set(this.recvDone),
       invalidBlockIds: new Set(this.invalid),
       kvChecksums: new Map(this.recvChecksums),
       loadErrors: new Map(this.loadErrors),
     };
+    if (this.readDone.length > 0 || this.pushDone.length > 0) {
+      res.workerMeta = { readDone: this.readDone.splice(0), pushDone: this.pushDone.splice(0) };
+    }
     for (const id of this.recvDone) this.active.delete(id);
     this.recvDone.clear();
     this.invalid.clear();
@@ -143,8 +178,17 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
     this.meta = null;
   }
 
-  /** New step metadata (push producers take their finished blocks here). */
+  /** New step metadata (push producers take their finished blocks and registrations here). */
   protected onMeta(_meta: NixlMeta): void {}
+  /**
+   * Push producer: whether WRITEs of `requestId` are still in flight (its blocks must not be
+   * freed yet: `finishedSending` waits for them).
+   */
+  protected writing(_requestId: string): boolean {
+    return false;
+  }
+  /** `requestId` was reported in `finishedSending` (forget its state). */
+  protected onSent(_requestId: string): void {}
   /** Starts one consumer load (asynchronously; report through {@link finishLoad} / {@link failLoad}). */
   protected abstract startLoad(load: LoadSpec): void;
   /** One notif from agent `sender`. */
@@ -153,7 +197,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
   protected onTick(): void {}
   /** Whether the poller should poll fast (something is in flight). */
   protected busy(): boolean {
-    return this.active.size > 0 || this.hub.leases.size > 0;
+    return this.active.size > 0 || this.leasesHeld > 0 || this.toReport.size > 0;
   }
 
   private async pollLoop(): Promise<void> {
@@ -186,24 +230,24 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
   protected failLoad(load: LoadSpec, reason: string, err?: unknown): void {
     if (!this.active.has(load.requestId) || this.recvDone.has(load.requestId)) return;
     debug(this.key, 'load failed', load.requestId, reason, err instanceof Error ? err.message : err);
-    this.hub.metrics.failedTransfers.inc({ mode: this.mode, reason });
+    this.metrics.failedTransfers.inc({ mode: this.mode, reason });
     const held = this.caches!.groupConfigs.map((g, gi) => (this.rank!.caches.some((c) => c.group === gi) ? g : null));
     for (const b of loadBlockIds(held, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
     this.loadErrors.set(load.requestId, { reason, message: err instanceof Error ? err.message : err === undefined ? reason : String(err) });
     this.recvDone.add(load.requestId);
-    this.hub.release(load.remoteHost, load.remotePort, [load.remoteRequestId]);
+    this.peers.release(load.remoteHost, load.remotePort, [load.remoteRequestId]);
   }
 
   /** The agent name of `rank` once its metadata is loaded into this rank's agent. */
   protected ensurePeer(rank: RankInfo): Promise<string> {
-    let p = this.peers.get(rank.agentName);
+    let p = this.agents.get(rank.agentName);
     if (!p) {
       p = this.agent!.loadRemoteMetadata(rank.agentMetadata).then((name) => {
         if (name !== rank.agentName) throw new TransferFailedError('invalid', `agent metadata names ${name}, the handshake ${rank.agentName}`);
         return name;
       });
-      this.peers.set(rank.agentName, p);
-      p.catch(() => this.peers.delete(rank.agentName));
+      this.agents.set(rank.agentName, p);
+      p.catch(() => this.agents.delete(rank.agentName));
     }
     return p;
   }
@@ -225,13 +269,13 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
     try {
       let s = await agent.post(req, { timeoutMs: this.config.transferTimeoutMs });
       const t1 = performance.now();
-      this.hub.metrics.postSeconds.observe({ mode: this.mode, op }, (t1 - t0) / 1000);
+      this.metrics.postSeconds.observe({ mode: this.mode, op }, (t1 - t0) / 1000);
       if (s === 'in-progress') s = await agent.wait(req);
       if (s !== 'done') throw new TransferFailedError(s, `${op} with ${remoteName}: ${s}${req.error ? ` (${req.error.message})` : ''}`, { cause: req.error });
-      this.hub.metrics.xferSeconds.observe({ mode: this.mode, op }, (performance.now() - t1) / 1000);
-      this.hub.metrics.bytes.inc({ mode: this.mode, op }, req.bytes);
-      this.hub.metrics.descriptors.inc({ mode: this.mode, op }, req.count);
-      this.hub.metrics.transfers.inc({ mode: this.mode, op });
+      this.metrics.xferSeconds.observe({ mode: this.mode, op }, (performance.now() - t1) / 1000);
+      this.metrics.bytes.inc({ mode: this.mode, op }, req.bytes);
+      this.metrics.descriptors.inc({ mode: this.mode, op }, req.count);
+      this.metrics.transfers.inc({ mode: this.mode, op });
     } finally {
       await agent.release(req).catch(() => {});
       await agent.releaseDescList(local).catch(() => {});
@@ -244,6 +288,6 @@ export abstract class NixlWorkerBase implements KVConnectorWorker, HubWorker {
     this.closed = true;
     await this.agent?.close().catch(() => {});
     await this.polling?.catch(() => {});
-    await this.hub.releaseUser();
+    this.peers.close();
   }
 }

@@ -14,7 +14,8 @@ import {
   SideChannelClient,
   SideChannelError,
   SideChannelServer,
-  acquireHub,
+  NixlProducerChannel,
+  nixlMetrics,
   decodeEmptyBody,
   decodeLeaseBody,
   parseNixlConfig,
@@ -179,8 +180,8 @@ describe('consumer heartbeats extend the producer lease', () => {
   for (const [name, hb, held] of [['with heartbeats', 20, true], ['without', 0, false]] as const) {
     it(`${name}: the producer ${held ? 'still holds' : 'expired'} the lease`, async () => {
       const registry = new Registry();
-      const producer = acquireHub({ engineId: `hb-producer-${hb}`, mode: 'pull', role: 'kv_producer', tpSize: 1, ppSize: 1, config: parseNixlConfig(cfg('kv_producer', { lease_ms: 80, metrics_registry: registry })) });
-      const addr = await producer.ensureListening();
+      const producer = new NixlProducerChannel({ engineId: `hb-producer-${hb}`, mode: 'pull', workers: 1, config: parseNixlConfig(cfg('kv_producer', { lease_ms: 80 })), metrics: nixlMetrics(registry) });
+      const addr = await producer.listen();
       producer.leases.add('p-1');
       const sched = new NixlScheduler(cfg('kv_consumer', { heartbeat_ms: hb }), { engineId: `hb-consumer-${hb}`, tpSize: 1, ppSize: 1, groupConfigs: [] }, 'pull');
       const req: ConnectorRequest = {
@@ -202,7 +203,7 @@ describe('consumer heartbeats extend the producer lease', () => {
         expect(producer.leases.stateOf('p-1')).toBe('released');
       }
       await sched.shutdown();
-      await producer.releaseUser();
+      await producer.close();
     });
   }
 });

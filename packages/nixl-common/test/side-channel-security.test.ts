@@ -14,7 +14,8 @@ import {
   NIXL_PROTOCOL_VERSION,
   SideChannelClient,
   SideChannelServer,
-  acquireHub,
+  NixlProducerChannel,
+  nixlMetrics,
   decodeEmptyBody,
   decodeLeaseBody,
   encodeAuthRequest,
@@ -202,16 +203,16 @@ describe('side channel with a cluster secret', () => {
   });
 });
 
-describe('bind rule of the hub', () => {
+describe('bind rule of the producer side channel', () => {
   const cfg = (extra: Record<string, unknown>) =>
     parseNixlConfig({ kv_connector: 'NixlConnector', kv_role: 'kv_producer', enable_kv_checksum: false, kv_checksum_fail_closed: false, kv_load_failure_policy: 'recompute', kv_connector_extra_config: extra });
   it('refuses a non-loopback side channel without a cluster secret; loopback is the default', async () => {
-    const bad = acquireHub({ engineId: 'bind-bad', mode: 'pull', role: 'kv_producer', tpSize: 1, ppSize: 1, config: cfg({ side_channel_host: '0.0.0.0' }) });
-    await expect(bad.ensureListening()).rejects.toBeInstanceOf(ClusterSecretError);
-    await bad.releaseUser();
-    const ok = acquireHub({ engineId: 'bind-ok', mode: 'pull', role: 'kv_producer', tpSize: 1, ppSize: 1, config: cfg({}) });
-    expect((await ok.ensureListening()).host).toBe('127.0.0.1');
-    await ok.releaseUser();
+    const bad = new NixlProducerChannel({ engineId: 'bind-bad', mode: 'pull', workers: 1, config: cfg({ side_channel_host: '0.0.0.0' }), metrics: nixlMetrics() });
+    await expect(bad.listen()).rejects.toBeInstanceOf(ClusterSecretError);
+    await bad.close();
+    const ok = new NixlProducerChannel({ engineId: 'bind-ok', mode: 'pull', workers: 1, config: cfg({}), metrics: nixlMetrics() });
+    expect((await ok.listen()).host).toBe('127.0.0.1');
+    await ok.close();
   });
   it('takes cluster_secret from the config and checks its length', () => {
     expect(cfg({ cluster_secret: SECRET.toString() }).clusterSecret?.equals(SECRET)).toBe(true);

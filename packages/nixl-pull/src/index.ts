@@ -9,7 +9,9 @@
  *    (carrier `kv_transfer_params`, SPEC 7). The producer keeps the blocks (`delayFree`) until every
  *    consumer rank sent its read-done notif, the consumer released them, or the lease expired
  *    (consumer heartbeats extend it).
- * 2. Each consumer worker handshakes with the producer (compatibility checked on both sides),
+ * 2. Each consumer worker handshakes with the producer on its own side-channel clients
+ *    (compatibility checked on both sides; the producer's scheduler half answers from its
+ *    workers' handshake metadata),
  *    maps its caches onto the producer's ranks (TP sizes, block sizes, only the tokens past its
  *    local prefix hit), checks (and pins) the lease with the producer, and READs through its
  *    transfer agent; its last READ carries the read-done notif `remoteRequestId:consumerWorld`.
@@ -23,6 +25,9 @@ import { NixlScheduler, NixlWorkerBase, decodeNotif, encodeNotif, planTransfer, 
 
 /** The registered connector name. */
 export const NIXL_CONNECTOR = 'NixlConnector';
+
+/** Read-done notifs a producer worker keeps for its next step's worker metadata, at most. */
+export const MAX_READ_DONE_PER_STEP = 16_384;
 
 /** Scheduler half of {@link NIXL_CONNECTOR} (carrier `kv_transfer_params`). */
 export class NixlPullScheduler extends NixlScheduler {
@@ -46,7 +51,7 @@ export class NixlPullWorker extends NixlWorkerBase {
     let info: EngineInfo | null = null;
     try {
       // The first handshake waits as long as a transfer: a busy producer answers between steps.
-      info = await this.hub.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId, this.config.transferTimeoutMs);
+      info = await this.peers.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId, load.compatHash, this.config.transferTimeoutMs);
       stage = 'plan';
       const plans = planTransfer({
         dst: this.rank!,
@@ -61,7 +66,7 @@ export class NixlPullWorker extends NixlWorkerBase {
         // Pin the lease for the READ's duration; 0 = the producer no longer holds the blocks. The
         // pin is part of the transfer: the producer answers between its engine steps, which can
         // take longer than a handshake, so it waits as long as a READ would.
-        const m = await this.hub.lease(load.remoteHost, load.remotePort, [load.remoteRequestId], this.config.transferTimeoutMs + 5_000, this.config.transferTimeoutMs);
+        const m = await this.peers.lease(load.remoteHost, load.remotePort, [load.remoteRequestId], this.config.transferTimeoutMs + 5_000, this.config.transferTimeoutMs);
         if (!((m.get(load.remoteRequestId) ?? 0) > 0)) {
           this.failLoad(load, 'lease-expired');
           return;
@@ -79,7 +84,7 @@ export class NixlPullWorker extends NixlWorkerBase {
       this.finishLoad(load);
     } catch (e) {
       // The producer may have restarted (new agents, same port): the next load handshakes again.
-      if (info) this.hub.invalidatePeer(load.remoteHost, load.remotePort, info);
+      if (info) this.peers.invalidatePeer(load.remoteHost, load.remotePort, info);
       this.failLoad(load, stage, e);
     }
   }
@@ -87,9 +92,13 @@ export class NixlPullWorker extends NixlWorkerBase {
   protected onNotif(sender: string, bytes: Uint8Array): void {
     try {
       const n = decodeNotif(bytes);
-      if (n.payload !== null || !this.isProducer || !this.hub.leases.readerDone(n.remoteRequestId, sender, n.size)) this.hub.metrics.failedNotifs.inc({ mode: 'pull' });
+      // The scheduler half's lease table counts the readers (updateConnectorOutput).
+      if (n.payload !== null || !this.isProducer) this.metrics.failedNotifs.inc({ mode: 'pull' });
+      // Bounded between two steps: a flood of notifs while the engine is idle is dropped and counted.
+      else if (this.readDone.length >= MAX_READ_DONE_PER_STEP) this.metrics.failedNotifs.inc({ mode: 'pull' });
+      else this.readDone.push([n.remoteRequestId, sender, n.size]);
     } catch {
-      this.hub.metrics.failedNotifs.inc({ mode: 'pull' });
+      this.metrics.failedNotifs.inc({ mode: 'pull' });
     }
   }
 }

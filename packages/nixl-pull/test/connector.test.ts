@@ -39,21 +39,21 @@ describe('NixlConnector', () => {
 
   it('producer: a normal finish returns the params and holds the blocks under a lease; abort returns none', async () => {
     const s = sched('kv_producer');
-    const addr = await s.hub.ensureListening();
+    const addr = await s.channel!.listen();
     const t0 = Date.now();
     const r = s.requestFinished(req('p1', { do_remote_decode: true }), [[4, 5, 6]], 'length');
     expect(r.delayFree).toBe(true);
     expect(r.kvTransferParams).toMatchObject({ remote_engine_id: s.ctx.engineId, remote_request_id: 'p1', remote_block_ids: [[4, 5, 6]], remote_host: addr.host, remote_port: addr.port, remote_tp_size: 2 });
     expect(r.kvTransferParams!.lease_expiry as number).toBeGreaterThanOrEqual(t0 + 60_000);
-    expect(s.hub.leases.isHeld('p1')).toBe(true);
+    expect(s.channel!.leases.isHeld('p1')).toBe(true);
     expect(s.requestFinished(req('p2', { do_remote_decode: true }), [[1]], 'abort')).toEqual({ delayFree: false });
     expect(s.requestFinished(req('p3'), [[1]], 'stop')).toEqual({ delayFree: false });
-    expect(s.hub.leases.isHeld('p2')).toBe(false);
+    expect(s.channel!.leases.isHeld('p2')).toBe(false);
   });
 
   it('consumer: loads only past the local hit; malformed params prefill locally', async () => {
     const producer = sched('kv_producer');
-    const addr = await producer.hub.ensureListening();
+    const addr = await producer.channel!.listen();
     const p = producer.requestFinished(req('p1', { do_remote_decode: true }), [[4, 5, 6]], 'length').kvTransferParams!;
     const s = sched('kv_consumer');
     const r = req('d1', { ...p, do_remote_prefill: true });
@@ -68,7 +68,7 @@ describe('NixlConnector', () => {
     // Every token local: nothing to load, the producer releases its blocks.
     expect(s.getNumNewMatchedTokens(req('d3', { ...p, do_remote_prefill: true }), 40)).toEqual({ count: 0, loadAsync: false });
     const t0 = Date.now();
-    while (producer.hub.leases.stateOf('p1') === 'held' && Date.now() - t0 < 2000) await new Promise((x) => setTimeout(x, 5));
-    expect(producer.hub.leases.stateOf('p1')).toBe('released');
+    while (producer.channel!.leases.stateOf('p1') === 'held' && Date.now() - t0 < 2000) await new Promise((x) => setTimeout(x, 5));
+    expect(producer.channel!.leases.stateOf('p1')).toBe('released');
   });
 });

@@ -6,9 +6,11 @@
  *    `kv_transfer_params` (as pull). The KV checksum scheduler hands the request's payload to
  *    `sendKvChecksums` (carrier `connector`); it rides to the producer workers with the finished
  *    blocks in the next step's metadata.
- * 2. Each consumer worker handshakes (compatibility checked on both sides; pull and push refuse
- *    each other), works out which producer ranks will write to it (the same mapping the producer
- *    uses), and registers its blocks with the producer (`PUSH_REG` over the side channel).
+ * 2. Each consumer worker handshakes on its own side-channel clients (compatibility checked on
+ *    both sides; pull and push refuse each other), works out which producer ranks will write to
+ *    it (the same mapping the producer uses), and registers its blocks with the producer
+ *    (`PUSH_REG` over the side channel). The producer's scheduler half serves the side channel
+ *    and passes each registration to its workers in the next step's metadata.
  * 3. Each producer worker WRITEs its part of every registered consumer rank's blocks (TP sizes,
  *    block sizes, only the tokens past the consumer's local prefix hit; replicated B/C of Mamba2
  *    are written to every consumer rank that holds them). The WRITE's completion notif, delivered
@@ -21,7 +23,7 @@
  * @packageDocumentation
  */
 import { defaultRegistry, type KVConnectorFactory, type KVConnectorRegistry, type KVTransferConfig, type SchedulerContext, type WorkerContext } from '@kvconnect/core';
-import { NixlScheduler, NixlWorkerBase, SideChannelError, decodeNotif, encodeNotif, planTransfer, type EngineInfo, type LoadSpec, type NixlMeta, type PushSpec } from '@kvconnect/nixl-common';
+import { NixlScheduler, NixlWorkerBase, SideChannelError, decodeNotif, encodeNotif, planTransfer, type EngineInfo, type LoadSpec, type NixlMeta, type PushRegistration, type PushSpec } from '@kvconnect/nixl-common';
 
 /** The registered connector name. */
 export const NIXL_PUSH_CONNECTOR = 'NixlPushConnector';
@@ -47,7 +49,7 @@ interface PushLoad {
 }
 
 interface ReadyPush {
-  spec: PushSpec;
+  spec: PushSpec | null;
   /** Consumer agents this worker has handled (written, or nothing to write). */
   handled: Set<string>;
   inflight: number;
@@ -56,7 +58,11 @@ interface ReadyPush {
 /** Worker half of {@link NIXL_PUSH_CONNECTOR}: producer WRITEs with completion notifs, consumer registration and notif accounting. */
 export class NixlPushWorker extends NixlWorkerBase {
   private readonly loads = new Map<string, PushLoad>();
+  /** Producer: requests finished here (their spec, once it arrived) and the consumer ranks' registrations. */
   private readonly ready = new Map<string, ReadyPush>();
+  private readonly regs = new Map<string, Map<string, PushRegistration>>();
+  /** Producer: this engine's handshake info (from the scheduler half's first metadata). */
+  private producer: EngineInfo | null = null;
 
   constructor(config: KVTransferConfig, ctx: WorkerContext) {
     super(config, ctx, 'push');
@@ -73,7 +79,7 @@ export class NixlPushWorker extends NixlWorkerBase {
     let info: EngineInfo | null = null;
     try {
       // The first handshake waits as long as a transfer: a busy producer answers between steps.
-      info = await this.hub.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId, this.config.transferTimeoutMs);
+      info = await this.peers.peerInfo(load.remoteHost, load.remotePort, load.remoteEngineId, load.compatHash, this.config.transferTimeoutMs);
       stage = 'plan';
       const plans = planTransfer({ dst: this.rank!, producer: info, dstBlocks: load.localBlocks, srcBlocks: load.remoteBlockIds, firstToken: load.firstToken, numTokens: load.numTokens });
       const e: PushLoad = {
@@ -90,7 +96,7 @@ export class NixlPushWorker extends NixlWorkerBase {
       stage = 'register';
       // The producer answers between its engine steps: the registration may take what is left
       // of the load's deadline, not just a handshake's time.
-      await this.hub.pushRegister(
+      await this.peers.pushRegister(
         load.remoteHost,
         load.remotePort,
         {
@@ -108,7 +114,7 @@ export class NixlPushWorker extends NixlWorkerBase {
       this.check(load.requestId);
     } catch (err) {
       // The producer may have restarted (new agents, same port): the next load handshakes again.
-      if (info) this.hub.invalidatePeer(load.remoteHost, load.remotePort, info);
+      if (info) this.peers.invalidatePeer(load.remoteHost, load.remotePort, info);
       this.loads.delete(load.requestId);
       this.failLoad(load, err instanceof SideChannelError && err.code === 'lease-expired' ? 'lease-expired' : stage, err);
     }
@@ -124,7 +130,7 @@ export class NixlPushWorker extends NixlWorkerBase {
 
   private fail(e: PushLoad, reason: string, err?: unknown): void {
     // E.g. notifs from agents the handshake did not name (a restarted producer): handshake again.
-    this.hub.invalidatePeer(e.load.remoteHost, e.load.remotePort, e.info);
+    this.peers.invalidatePeer(e.load.remoteHost, e.load.remotePort, e.info);
     this.loads.delete(e.load.requestId);
     this.failLoad(e.load, reason, err);
   }
@@ -134,18 +140,18 @@ export class NixlPushWorker extends NixlWorkerBase {
     try {
       n = decodeNotif(bytes);
     } catch (err) {
-      this.hub.metrics.failedNotifs.inc({ mode: 'push' });
+      this.metrics.failedNotifs.inc({ mode: 'push' });
       // The request cannot be told: fail every load still waiting for this producer rank.
       for (const e of [...this.loads.values()]) if (e.expected.has(sender) && !e.got.has(sender)) this.fail(e, 'malformed-notif', err);
       return;
     }
     const e = this.loads.get(n.remoteRequestId);
     if (!e) {
-      this.hub.metrics.failedNotifs.inc({ mode: 'push' });
+      this.metrics.failedNotifs.inc({ mode: 'push' });
       return;
     }
     if (!e.expected.has(sender) || n.size !== e.producerTpSize) {
-      this.hub.metrics.failedNotifs.inc({ mode: 'push' });
+      this.metrics.failedNotifs.inc({ mode: 'push' });
       this.fail(e, 'unexpected-notif');
       return;
     }
@@ -159,67 +165,81 @@ export class NixlPushWorker extends NixlWorkerBase {
 
   protected override onMeta(meta: NixlMeta): void {
     if (!this.isProducer) return;
+    if (meta.producer) this.producer = meta.producer;
     for (const p of meta.pushes ?? []) {
-      this.ready.set(p.requestId, { spec: p, handled: new Set(), inflight: 0 });
-      this.tryWrites(p.requestId);
+      const r = this.ready.get(p.requestId);
+      if (r) r.spec = p;
+      else this.ready.set(p.requestId, { spec: p, handled: new Set(), inflight: 0 });
     }
-  }
-
-  /** A consumer rank registered for `requestId` (called by the hub). */
-  onPushReg(requestId: string): void {
-    this.tryWrites(requestId);
+    // Registrations the scheduler half's side channel accepted (PUSH_REG): one per consumer rank.
+    for (const reg of meta.pushRegs ?? []) {
+      let m = this.regs.get(reg.producerRequestId);
+      if (!m) this.regs.set(reg.producerRequestId, (m = new Map()));
+      m.set(reg.rank.agentName, reg);
+    }
+    for (const id of new Set([...(meta.pushes ?? []).map((p) => p.requestId), ...(meta.pushRegs ?? []).map((r) => r.producerRequestId)])) this.tryWrites(id);
   }
 
   private tryWrites(id: string): void {
     const r = this.ready.get(id);
-    const regs = this.hub.pushRegs.get(id);
-    if (!r || !regs || this.closed) return;
-    const info = this.hub.engineInfo();
+    const regs = this.regs.get(id);
+    if (!r?.spec || !regs || this.closed || this.toReport.has(id)) return;
+    const spec = r.spec;
+    const info = this.producer;
     if (!info) return;
     for (const reg of regs.values()) {
       if (r.handled.has(reg.rank.agentName)) continue;
       r.handled.add(reg.rank.agentName);
       let mine;
       try {
-        if (reg.numTokens > r.spec.numTokens) throw new Error(`consumer asks for ${reg.numTokens} tokens, the producer holds ${r.spec.numTokens}`);
-        mine = planTransfer({ dst: reg.rank, producer: info, dstBlocks: reg.blockIds, srcBlocks: r.spec.blocks, firstToken: reg.firstToken, numTokens: reg.numTokens }).find((p) => p.src.agentName === this.rank!.agentName);
+        if (reg.numTokens > spec.numTokens) throw new Error(`consumer asks for ${reg.numTokens} tokens, the producer holds ${spec.numTokens}`);
+        mine = planTransfer({ dst: reg.rank, producer: info, dstBlocks: reg.blockIds, srcBlocks: spec.blocks, firstToken: reg.firstToken, numTokens: reg.numTokens }).find((p) => p.src.agentName === this.rank!.agentName);
       } catch {
-        this.hub.metrics.failedTransfers.inc({ mode: 'push', reason: 'plan' });
+        this.metrics.failedTransfers.inc({ mode: 'push', reason: 'plan' });
         continue;
       }
       if (!mine || mine.pairs.length === 0) continue;
       r.inflight++;
-      this.hub.leases.inflight(id, 1);
-      this.transfer('WRITE', reg.rank, mine.pairs, encodeNotif(reg.consumerRequestId, this.ctx.tpSize, r.spec.checksums))
-        .catch(() => this.hub.metrics.failedTransfers.inc({ mode: 'push', reason: 'write' }))
+      this.transfer('WRITE', reg.rank, mine.pairs, encodeNotif(reg.consumerRequestId, this.ctx.tpSize, spec.checksums))
+        .catch(() => this.metrics.failedTransfers.inc({ mode: 'push', reason: 'write' }))
         .finally(() => {
           r.inflight--;
-          this.hub.leases.inflight(id, -1);
           this.checkDone(id);
         });
     }
     this.checkDone(id);
   }
 
-  /** This worker's part is done once every consumer rank registered and its writes ended. */
+  /**
+   * This worker's part is done once every consumer rank registered and its writes ended: the
+   * scheduler half hears it in the worker metadata (`pushDone`) and ends the worker's lease part.
+   */
   private checkDone(id: string): void {
     const r = this.ready.get(id);
-    const regs = this.hub.pushRegs.get(id);
+    const regs = this.regs.get(id);
     if (!r || !regs || r.inflight > 0) return;
     const first = regs.values().next().value;
     if (!first || regs.size < first.rank.tpSize * first.rank.ppSize) return;
     for (const a of regs.keys()) if (!r.handled.has(a)) return;
-    this.hub.leases.workerDone(id, this.key);
+    this.pushDone.push(id);
     this.ready.delete(id);
+    this.regs.delete(id);
+  }
+
+  /** WRITEs in flight keep the blocks (the scheduler's lease may have ended meanwhile). */
+  protected override writing(requestId: string): boolean {
+    return (this.ready.get(requestId)?.inflight ?? 0) > 0;
+  }
+
+  /** The lease ended (done, released, expired): forget the request. */
+  protected override onSent(requestId: string): void {
+    this.ready.delete(requestId);
+    this.regs.delete(requestId);
   }
 
   protected override onTick(): void {
     const now = Date.now();
     for (const e of [...this.loads.values()]) if (now > e.deadline) this.fail(e, 'timeout');
-    for (const [id, r] of this.ready) {
-      if (r.inflight === 0 && this.hub.leases.stateOf(id) !== 'held') this.ready.delete(id);
-    }
-    for (const id of [...this.hub.pushRegs.keys()]) if (this.hub.leases.stateOf(id) === undefined) this.hub.pushRegs.delete(id);
   }
 
   protected override busy(): boolean {

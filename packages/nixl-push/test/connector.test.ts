@@ -22,7 +22,7 @@ describe('NixlPushConnector', () => {
   it('carrier connector; checksums ship with the finished blocks; none for an aborted request', async () => {
     const s = new NixlPushScheduler(cfg, { engineId: 'push-unit-0', tpSize: 1, ppSize: 1, groupConfigs: [{ groupId: 0, kind: 'full-attention', blockSize: 16, layerNames: ['a.0.b'] }] });
     open.push(s);
-    await s.hub.ensureListening();
+    await s.channel!.listen();
     expect(s.kvChecksumCarrier(req('x', { do_remote_decode: true }))).toBe('connector');
     expect(s.kvChecksumCarrier(req('x'))).toBeNull();
     const a = req('a', { do_remote_decode: true });
