@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // P/D with the KV cache in GPU memory (issue 10, part 5): a producer engine (TP2) and a consumer
-// engine (TP1) as separate processes with `device: 'cuda'` (KV allocated through the addon; the
+// engine (TP1) as separate processes, each with its workers in worker processes, with `device: 'cuda'` (KV allocated through the addon; the
 // model computes on a host mirror), the checksum backend chosen by `auto` (cuda on GPU KV), NIXL
 // pull and push over the embedded agent (device regions between processes of one host: CUDA IPC),
 // a proxy process. Prints, per connector: outputs equal to a single host instance, verdicts, a
@@ -45,13 +45,13 @@ for (const mode of ['pull', 'push']) {
   const base = { preset: 'dense-gqa', numBlocks: 256, imports: [modules[mode]], device: DEVICE };
   const t0 = performance.now();
   const [p, d] = await Promise.all([
-    launchEngineProcess({ config: { ...base, tpSize: 2, engineId: `dev-${mode}-p`, kvTransferConfig: { kv_connector: names[mode], kv_role: 'kv_producer', enable_kv_checksum: true } } }),
+    launchEngineProcess({ config: { ...base, executor: 'processes', tpSize: 2, engineId: `dev-${mode}-p`, kvTransferConfig: { kv_connector: names[mode], kv_role: 'kv_producer', enable_kv_checksum: true } } }),
     launchEngineProcess({
       config: { ...base, executor: 'processes', engineId: `dev-${mode}-d`, kvTransferConfig: { kv_connector: names[mode], kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'recompute' } },
     }),
   ]);
   const proxy = await launchProxyProcess({ config: { prefill: [p.url], decode: [d.url], mode: 'sequential' } });
-  console.log(`== ${mode}: device ${DEVICE}, producer TP2 (pid ${p.pid}), consumer TP1 in a worker process (pid ${d.pid}); started in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  console.log(`== ${mode}: device ${DEVICE}, producer TP2 in two worker processes (pid ${p.pid}), consumer TP1 in a worker process (pid ${d.pid}); started in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
   try {
     let same = 0;
     const t1 = performance.now();
