@@ -346,6 +346,9 @@ export class BootstrapServer {
       this.pruneSeen(now);
       if (this.seen.has(m[2])) return this.refuse(req, res, 401, 'replayed request (nonce already seen)', nonce);
       if (this.seen.size >= BOOTSTRAP_LIMITS.replayEntries) return this.refuse(req, res, 503, 'too many requests in the freshness window', nonce);
+      // Remembered now, before the body is read: the same signed request on a second connection
+      // while the first one's body is still arriving is a replay too.
+      this.seen.set(m[2], Number(ts) + BOOTSTRAP_LIMITS.authWindowMs);
     }
     if (!isQuery && !isRegister && !this.secret) return this.refuse(req, res, 404, 'not found (POST /register, GET /query)', nonce);
     // 2. The body, bounded while it is read.
@@ -360,6 +363,7 @@ export class BootstrapServer {
       size += c.length;
       if (size > limit) {
         over = true;
+        if (nonce) this.seen.delete(nonce.toString('hex'));
         this.refuse(req, res, 413, `body over ${limit} bytes`, nonce);
         return;
       }
@@ -370,8 +374,10 @@ export class BootstrapServer {
       const raw = Buffer.concat(chunks);
       // 3. The proof, before the body is parsed.
       if (this.secret) {
-        if (!checkProof(proof, this.secret, 'mooncake-bootstrap/request', req.method ?? '', target, ts, nonce!, sha256(raw))) return this.reply(res, 401, { error: 'wrong proof (another cluster secret?)' }, nonce);
-        this.seen.set(nonce!.toString('hex'), Number(ts) + BOOTSTRAP_LIMITS.authWindowMs);
+        if (!checkProof(proof, this.secret, 'mooncake-bootstrap/request', req.method ?? '', target, ts, nonce!, sha256(raw))) {
+          this.seen.delete(nonce!.toString('hex')); // unproven requests hold no replay-cache entry past their body
+          return this.reply(res, 401, { error: 'wrong proof (another cluster secret?)' }, nonce);
+        }
       }
       if (isQuery) return this.answerQuery(res, url, nonce);
       if (!isRegister) return this.reply(res, 404, { error: 'not found (POST /register, GET /query)' }, nonce);

@@ -200,6 +200,25 @@ describe('authentication (cluster secret)', () => {
     expect(s.replayCacheSize).toBe(1);
   });
 
+  it('the same signed request on two connections at once, bodies still arriving: one 200, one replay 401', async () => {
+    const s = await start(SECRET);
+    const header = signRequest(SECRET, 'POST', '/register', Buffer.from(body)).header;
+    const [host, port] = s.address.split(':');
+    // Headers of both requests first, their bodies 100 ms later (the race a replayer would use).
+    const send = () =>
+      new Promise<number>((resolve, reject) => {
+        const req = http.request({ host, port: Number(port), method: 'POST', path: '/register', headers: { [BOOTSTRAP_AUTH_HEADER]: header, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
+          res.resume();
+          res.on('end', () => resolve(res.statusCode ?? 0));
+        });
+        req.on('error', reject);
+        req.flushHeaders();
+        setTimeout(() => req.end(body), 100);
+      });
+    const statuses = (await Promise.all([send(), send()])).sort();
+    expect(statuses).toEqual([200, 401]);
+  });
+
   it('the proof is checked before the body is parsed (a bad body with a bad proof is a 401, not a 400)', async () => {
     const s = await start(SECRET);
     const h = signRequest(OTHER, 'POST', '/register', Buffer.from('{')).header;

@@ -425,6 +425,7 @@ export class SideChannelServer {
       c.lastSeq = seq;
       if (!c.proven) {
         c.proven = true;
+        c.frames.setMaxBytes(this.o.maxFrameBytes ?? LIMITS.requestFrameBytes);
         if (c.authTimer) clearTimeout(c.authTimer);
         c.authTimer = null;
       }
@@ -447,7 +448,8 @@ export class SideChannelServer {
     const proof = makeProof(secret, SIDE_AUTH_CONTEXT.auth, clientNonce, serverNonce);
     c.socket.write(frame(encodeOk(0, encodeAuthBody(serverNonce, proof))));
     c.session = { clientNonce, serverNonce };
-    c.frames.setMaxBytes(this.o.maxFrameBytes ?? LIMITS.requestFrameBytes);
+    // The frame limit stays at the pre-authentication one until a request proved the secret
+    // (AUTH itself proves nothing: anyone can send one).
   }
 
   private async serve(c: ServerConn, seq: number, req: SideRequest): Promise<void> {
