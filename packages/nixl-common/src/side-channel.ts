@@ -13,7 +13,7 @@
  * @module
  */
 import * as net from 'node:net';
-import { NONCE_BYTES, PROOF_BYTES, checkProof, makeNonce, makeProof } from '@kvconnect/transfer';
+import { NONCE_BYTES, PROOF_BYTES, checkProof, makeNonce, makeProof, takeBytes } from '@kvconnect/transfer';
 import { NixlDecodeError } from './codec.js';
 import {
   LIMITS,
@@ -166,24 +166,7 @@ export class FrameAssembler {
 
   /** The first `n` held bytes as one buffer (a view when they lie in one chunk, else one copy). */
   private take(n: number): Buffer {
-    const first = this.chunks[0]!;
-    let out: Buffer;
-    if (first.length >= n) {
-      out = first.subarray(0, n);
-      if (first.length === n) this.chunks.shift();
-      else this.chunks[0] = first.subarray(n);
-    } else {
-      out = Buffer.allocUnsafe(n);
-      let off = 0;
-      while (off < n) {
-        const c = this.chunks[0]!;
-        const k = Math.min(c.length, n - off);
-        c.copy(out, off, 0, k);
-        off += k;
-        if (k === c.length) this.chunks.shift();
-        else this.chunks[0] = c.subarray(k);
-      }
-    }
+    const out = takeBytes(this.chunks, n);
     this.held -= n;
     if (this.o.budget) this.o.budget.used -= n;
     return out;

@@ -300,26 +300,7 @@ export class FrameReader {
   }
 
   private take(n: number): Buffer {
-    const first = this.chunks[0]!;
-    let out: Buffer;
-    if (first.length === n) {
-      this.chunks.shift();
-      out = first;
-    } else if (first.length > n) {
-      out = first.subarray(0, n);
-      this.chunks[0] = first.subarray(n);
-    } else {
-      out = Buffer.allocUnsafe(n);
-      let off = 0;
-      while (off < n) {
-        const c = this.chunks[0]!;
-        const k = Math.min(c.length, n - off);
-        c.copy(out, off, 0, k);
-        off += k;
-        if (k === c.length) this.chunks.shift();
-        else this.chunks[0] = c.subarray(k);
-      }
-    }
+    const out = takeBytes(this.chunks, n);
     this.avail -= n;
     return out;
   }
@@ -377,4 +358,30 @@ export class FrameReader {
       this.running = false;
     }
   }
+}
+
+/**
+ * Removes the first `n` bytes from a queue of received chunks and returns them as one buffer: a
+ * view when they lie in the first chunk, else one copy. The queue must hold at least `n` bytes.
+ * Shared by the frame readers of the embedded agent and the NIXL side channel, so that received
+ * bytes are copied at most once.
+ */
+export function takeBytes(chunks: Buffer[], n: number): Buffer {
+  const first = chunks[0]!;
+  if (first.length >= n) {
+    if (first.length === n) chunks.shift();
+    else chunks[0] = first.subarray(n);
+    return first.subarray(0, n);
+  }
+  const out = Buffer.allocUnsafe(n);
+  let off = 0;
+  while (off < n) {
+    const c = chunks[0]!;
+    const k = Math.min(c.length, n - off);
+    c.copy(out, off, 0, k);
+    off += k;
+    if (k === c.length) chunks.shift();
+    else chunks[0] = c.subarray(k);
+  }
+  return out;
 }
