@@ -22,6 +22,7 @@ import {
 } from '@kvconnect/checksum';
 import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
+import { result } from './lib/results.mjs';
 
 const require = createRequire(import.meta.url);
 const { addon } = require('@kvconnect/native');
@@ -61,6 +62,7 @@ const fmt = (x, d = 2) => x.toFixed(d);
 const rows = [];
 const report = (name, figure, baseline, ratio, target, met) => {
   rows.push({ name, figure, baseline, ratio, target, met });
+  result('checksum', { name, figure, baseline, ratio, target, met });
   console.log(`${name.padEnd(58)} ${figure.padStart(14)} ${baseline.padStart(16)} ${ratio.padStart(8)}  ${target.padEnd(12)} ${met ? 'met' : 'MISSED'}`);
 };
 console.log(`${'benchmark'.padEnd(58)} ${'figure'.padStart(14)} ${'baseline'.padStart(16)} ${'ratio'.padStart(8)}  ${'target'.padEnd(12)} verdict`);

@@ -3,6 +3,7 @@
 // (median) and their ratio (processes / in process). Asserts nothing.
 // Run after `npm run build`; `KVC_BENCH_QUICK=1` for a short run.
 import { Engine } from '../packages/engine/dist/index.js';
+import { result } from './lib/results.mjs';
 
 const quick = process.env.KVC_BENCH_QUICK === '1';
 const DECODE = quick ? 16 : 64;
@@ -41,4 +42,5 @@ for (const [preset, tp, pp] of configs) {
   const a = await run(preset, tp, pp, 'inprocess');
   const b = await run(preset, tp, pp, 'processes');
   console.log(`| ${preset} | ${tp} x ${pp} | ${f(a.start)} / ${f(b.start)} | ${f(a.prefill)} / ${f(b.prefill)} | ${f(a.decode)} / ${f(b.decode)} | ${(b.decode / a.decode).toFixed(2)} |`);
+  result('executor', { name: `decode step, ${preset} TP${tp} x PP${pp}, worker processes`, figure: f(b.decode), baseline: `${f(a.decode)} in process`, ratio: (b.decode / a.decode).toFixed(2) });
 }

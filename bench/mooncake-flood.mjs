@@ -14,6 +14,7 @@ import * as zmq from 'zeromq';
 import { pagedAttentionBytes, pagedAttentionCache } from '@kvconnect/checksum';
 import { EmbeddedAgent } from '@kvconnect/transfer';
 import { BootstrapServer, ConsumerSession, MooncakeWorker, decodeEnvelope, decodeTransferResponse, encodeEnvelope, encodeTransferMetadata, parseMooncakeOptions } from '@kvconnect/mooncake';
+import { result } from './lib/results.mjs';
 
 const MB = (n) => `${(n / 2 ** 20).toFixed(1)} MiB`;
 const gc = () => globalThis.gc?.();
@@ -36,6 +37,7 @@ async function bootstrapFlood() {
   const t0 = performance.now();
   await (await fetch(`http://${s.address}/query?engine_id=wide-1`)).text();
   const q = performance.now() - t0;
+  result('mooncake-flood', { name: 'bootstrap: 329 registrations of tp_size 4096, heap growth', figure: MB(m1.heapUsed - m0.heapUsed) });
   console.log(`bootstrap: 329 registrations -> HTTP ${JSON.stringify(st)}; kept ${JSON.stringify(s.counts)}; heap +${MB(m1.heapUsed - m0.heapUsed)}, rss +${MB(m1.rss - m0.rss)}; query after: ${q.toFixed(1)} ms`);
   await s.close();
 }
@@ -94,6 +96,7 @@ async function sideChannelFlood(label, peersN, messagesPerPeer, idsPerMessage) {
   const dt = performance.now() - t0;
   const m1 = mem();
   const r = w.resourceCounts();
+  result('mooncake-flood', { name: `side channel ${label}: waiters parked`, figure: String(r.waiters), target: 'bounded by the caps' });
   console.log(
     `side channel ${label}: ${sent} made-up ids in ${peersN * messagesPerPeer} messages over ${peersN} connections -> ${r.waiters} waiters parked (most of one connection ${r.maxPeerWaiters}), ${w.stats.waitersRefused} refused and answered; all handled in ${dt.toFixed(0)} ms; heap +${MB(m1.heapUsed - m0.heapUsed)}, rss +${MB(m1.rss - m0.rss)}; a new connection's hello during the flood: ${helloDuring?.toFixed(1) ?? 'n/a'} ms`,
   );

@@ -9,6 +9,7 @@
 // median over R runs (default 7; quick 3) of the whole latency without streaming, and with
 // streaming the time to the first content chunk, the whole latency and the number of chunks.
 import { performance } from 'node:perf_hooks';
+import { result } from './lib/results.mjs';
 
 let engine;
 let testing;
@@ -64,6 +65,7 @@ for (let i = -1; i < R; i++) {
   }
 }
 console.log(`not streamed: whole ${fmt(median(whole))}`);
+result('openai-stream', { name: `${N} tokens streamed with the openai client: first content chunk`, figure: fmt(median(ttft)), baseline: `${fmt(median(whole))} whole, not streamed` });
 console.log(`streamed: first content chunk ${fmt(median(ttft))}, whole ${fmt(median(streamed))}, ${median(chunks)} chunks`);
 await proxy.close();
 await ps.close();

@@ -16,6 +16,7 @@
 //    then 50 at once: statuses, the producer's steps, held requests and KV usage. Then the
 //    consumer is started again on its port: the next request after the check interval.
 import { performance } from 'node:perf_hooks';
+import { result } from './lib/results.mjs';
 
 let engine;
 let testing;
@@ -87,6 +88,7 @@ await longPrefill(0, 400); // warm-up (JIT)
 for (const threshold of [0, 64]) {
   const r = await longPrefill(threshold);
   console.log(`threshold ${threshold === 0 ? '0 (off)' : `${threshold} (default)`}: short requests median ${fmt(r.shortMedian)}, max ${fmt(r.shortMax)}; the long prompt ${fmt(r.longMs)}`);
+  result('serving', { name: `short requests beside a ${LONG}-token prefill, long-prefill threshold ${threshold === 0 ? 'off' : threshold}`, figure: `median ${fmt(r.shortMedian)}` });
 }
 
 {
@@ -107,6 +109,7 @@ for (const threshold of [0, 64]) {
   await Promise.all(gone);
   const after = await normalLatencies(proxy.url, 5, 'after');
   await until(() => consumer.scheduler.numUnfinished === 0);
+  result('serving', { name: 'normal request right after 20 abandoned ones', figure: fmt(median(after)), baseline: `${fmt(median(base))} alone`, ratio: (median(after) / median(base)).toFixed(2) });
   console.log(`normal request latency (median of 5): alone ${fmt(median(base))}; beside the 20 still running ${fmt(median(during))}; right after their clients went away ${fmt(median(after))}`);
   console.log(`consumer steps from the abort until its abandoned requests were gone (with the 5 normal ones): ${consumer.stats.steps - steps0}; unfinished now ${consumer.scheduler.numUnfinished}`);
 

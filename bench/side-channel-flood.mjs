@@ -8,6 +8,7 @@
 // Target: latency and memory with flooders within a small factor of the quiet run.
 import * as net from 'node:net';
 import { pathToFileURL } from 'node:url';
+import { result } from './lib/results.mjs';
 
 const mod = process.env.KVC_NIXL_COMMON ? await import(pathToFileURL(process.env.KVC_NIXL_COMMON).href) : await import('@kvconnect/nixl-common');
 const { SideChannelServer, SideChannelClient, decodeLeaseBody } = mod;
@@ -36,6 +37,7 @@ async function measure(label) {
   const cpu = process.cpuUsage(cpu0);
   t.sort((a, b) => a - b);
   const st = stats();
+  result('side-channel-flood', { name: `LEASE latency p50, ${label}`, figure: `${t[N >> 1].toFixed(2)} ms` });
   console.log(
     `${label.padEnd(34)} p50 ${t[N >> 1].toFixed(2)} ms  p99 ${t[Math.floor(N * 0.99)].toFixed(2)} ms  cpu ${((cpu.user + cpu.system) / 1e6 / wall).toFixed(2)} core  rss +${((process.memoryUsage().rss - rss0) / 2 ** 20).toFixed(0)} MiB  buffered max ${st ? `${(maxBuffered / 2 ** 20).toFixed(1)} MiB` : 'n/a'}  dropped ${st ? st.droppedPeers : 'n/a'}`,
   );

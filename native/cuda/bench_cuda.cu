@@ -312,12 +312,50 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
     CK(cudaMalloc(&big, 8 * bytes));
     fill_kernel<<<g_sms * 4, 256, 0, st>>>((uint4*)big, 8 * bytes / 16, 99);
     const double plain = plain_read_us(st, big, bytes, d_out, 8);
+    if (H == 2u) {
+      // floors of the isolated step from an idle GPU (same events as the isolated step below): an
+      // empty launch, and the plain read of the step's bytes launched alone
+      cudaEvent_t f0, f1;
+      CK(cudaEventCreate(&f0));
+      CK(cudaEventCreate(&f1));
+      auto idle_us = [&](auto&& enqueue) {
+        std::vector<double> v;
+        for (int i = 0; i < g_iters * 4; ++i) {
+          CK(cudaStreamSynchronize(st));
+          CK(cudaEventRecord(f0, st));
+          enqueue(i);
+          CK(cudaEventRecord(f1, st));
+          CK(cudaEventSynchronize(f1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, f0, f1));
+          if (i >= 5) v.push_back(ms * 1000.0);
+        }
+        return median(v);
+      };
+      const double empty = idle_us([&](int) { spin_kernel<<<1, 32, 0, st>>>(0); });
+      const double alone = idle_us([&](int i) {
+        const uint4* w = reinterpret_cast<const uint4*>(static_cast<const char*>(big) + (size_t)(i % 8) * bytes);
+        plain_sum<<<g_sms * 4, 256, 0, st>>>(w, bytes / 16, d_out);
+      });
+      std::printf("  floors from an idle GPU: empty launch %.1f us, plain read of %.1f MiB launched alone %.1f us\n", empty, bytes / 1048576.0, alone);
+      char fb[160];
+      std::snprintf(fb, sizeof fb, "step28 floors from an idle GPU: empty launch %.1f us, plain read alone %.1f us (%.1f MiB)", empty, alone, bytes / 1048576.0);
+      g_summary.push_back(fb);
+      cudaEventDestroy(f0);
+      cudaEventDestroy(f1);
+    }
     CK(cudaFree(big));
+    // work-item size sweep (issue 16 part 4): smaller items put more loads in flight at once for a
+    // small step; 0 = the default (32 KiB). Each line: the default kernel variant, the default submit.
+    for (uint32_t chunk : {0u, 4096u, 2048u, 1024u})
     for (int variant : {2, 1, 8}) {
     if (quick && variant != 2) continue;
-    std::printf("  kernel variant V%d%s\n", variant, variant == 2 ? " (default)" : "");
+    if (chunk != 0 && (variant != 2 || H != 2u)) continue;
+    std::printf("  kernel variant V%d%s, work items of %u bytes\n", variant, variant == 2 ? " (default)" : "", chunk ? chunk : 32768u);
     kvc_cuda_ctx* ctx = nullptr;
-    if (kvc_cuda_create(0, nullptr, &ctx) != KVC_OK) std::exit(1);
+    kvc_cuda_options copt{};
+    copt.chunk_bytes = chunk;
+    if (kvc_cuda_create(0, &copt, &ctx) != KVC_OK) std::exit(1);
     kvc_cuda_debug_set_variant(ctx, variant);
     kvc_tables t = Tb.t();
     if (kvc_cuda_set_tables(ctx, &t, Tb.addr.data(), Tb.bytes.data(), (uint32_t)Tb.addr.size()) != KVC_OK) {
@@ -357,7 +395,7 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
       }
       *d = median(dev), *hs = median(host_submit), *w = median(wall);
     };
-    if (variant == 2 && H == 2u) {  // the enqueueing options, isolated step (the default last)
+    if (variant == 2 && H == 2u && chunk == 0) {  // the enqueueing options, isolated step (the default last)
       struct Opt { uint32_t lim, tier; int ck; const char* what; };
       for (Opt o : {Opt{0, 0, 0, "rows copied, results by copy + memset"},
                     Opt{128, 128, 0, "rows inline (1.9 KiB parameters), results by copy + memset"},
@@ -396,9 +434,9 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
                 d, hs, w);
     char buf[240];
     std::snprintf(buf, sizeof buf,
-                  "step28 H=%u (%.1f MiB) V%d: queued step %.1f us, isolated step %.1f us device incl. launch (target <= 15), "
+                  "step28 H=%u (%.1f MiB) V%d items %u B: queued step %.1f us, isolated step %.1f us device incl. launch (target <= 15), "
                   "submit() %.1f us host, results after %.1f us; pipelined %.1f us = %.3f of the plain read",
-                  H, bytes / 1048576.0, variant, qd, d, hs, w, pipelined, plain / pipelined);
+                  H, bytes / 1048576.0, variant, chunk ? chunk : 32768u, qd, d, hs, w, pipelined, plain / pipelined);
     g_summary.push_back(buf);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
