@@ -23,8 +23,10 @@ interface Lease {
   /** Producer workers done with their part (push). */
   workersDone: Set<string>;
   reported: Set<string>;
-  /** When the consumer side was done (pull: last reader; push: last producer worker), ms; 0 = not yet. */
-  doneAt: number;
+  /** When the consumer side was done (pull: last reader; push: last producer worker), ms; null = not yet. */
+  doneAt: number | null;
+  /** A RELEASE ended the hold after done (`holdAfterDoneMs`). */
+  holdEnded: boolean;
   /** `LOCALIZE` requests being answered (the blocks must stay). */
   localizing: number;
 }
@@ -57,7 +59,7 @@ export class LeaseTable {
   /** Holds `requestId`'s blocks. @returns the expiry (ms since epoch). */
   add(requestId: string): number {
     const expiry = this.now() + this.o.leaseMs;
-    this.leases.set(requestId, { expiry, pinnedUntil: 0, inflight: 0, state: 'held', readers: new Set(), workersDone: new Set(), reported: new Set(), doneAt: 0, localizing: 0 });
+    this.leases.set(requestId, { expiry, pinnedUntil: 0, inflight: 0, state: 'held', readers: new Set(), workersDone: new Set(), reported: new Set(), doneAt: null, holdEnded: false, localizing: 0 });
     return expiry;
   }
 
@@ -128,7 +130,7 @@ export class LeaseTable {
     const l = this.leases.get(requestId);
     if (!l) return;
     l.workersDone.add(worker);
-    if (l.doneAt === 0 && l.workersDone.size >= this.o.workers) l.doneAt = this.now();
+    if (l.doneAt === null && l.workersDone.size >= this.o.workers) l.doneAt = this.now();
   }
 
   /**
@@ -150,6 +152,7 @@ export class LeaseTable {
   /** The consumer will not use the blocks. */
   release(requestId: string): void {
     const l = this.leases.get(requestId);
+    if (l) l.holdEnded = true;
     if (l && l.state === 'held') l.state = 'released';
   }
 
@@ -166,7 +169,7 @@ export class LeaseTable {
       if (l.localizing > 0) continue;
       // localize_hold_ms: done leases stay held a while (a RELEASE or an expiry ends it).
       const hold = this.o.holdAfterDoneMs ?? 0;
-      if (hold > 0 && (l.state === 'done' || l.state === 'held') && (l.doneAt === 0 || this.now() < l.doneAt + hold)) continue;
+      if (hold > 0 && !l.holdEnded && (l.state === 'done' || l.state === 'held') && (l.doneAt === null || this.now() < l.doneAt + hold)) continue;
       if (l.inflight > 0 && l.state !== 'held') continue;
       l.reported.add(worker);
       out.push(id);

@@ -107,6 +107,8 @@ export class NixlProducerChannel {
   private localizeOrders: LocalizeOrder[] = [];
   private readonly localizing = new Map<number, { order: LocalizeOrder; results: Map<string, LocalizeResult>; resolve: (a: LocalizeAnswer | Error) => void; timer: NodeJS.Timeout }>();
   private nextTicket = 1;
+  /** Requests served, by type (diagnostics; a verified load never makes a `localize`). */
+  readonly served: Record<SideRequest['type'], number> = { info: 0, lease: 0, release: 0, 'push-reg': 0, localize: 0 };
 
   constructor(private readonly o: NixlProducerChannelOptions) {
     this.leases = new LeaseTable({ leaseMs: o.config.leaseMs, workers: o.workers, holdAfterDoneMs: o.config.localizeHoldMs, onExpired: () => o.metrics.expiredLeases.inc({ mode: o.mode }) });
@@ -178,8 +180,9 @@ export class NixlProducerChannel {
   private async localize(requestId: string, query: LocalizeQuery): Promise<HandlerResult> {
     const held = this.finished.get(requestId);
     if (!held || !this.leases.blocksHeld(requestId)) {
-      const state = this.leases.stateOf(requestId) ?? this.leases.endedAs(requestId);
-      const why = state === undefined ? 'unknown request' : state === 'done' || state === 'held' ? 'blocks being freed' : `lease ${state}`;
+      const state = this.leases.stateOf(requestId);
+      const ended = this.leases.endedAs(requestId);
+      const why = state === 'held' || state === 'done' ? 'blocks being freed' : state !== undefined ? `lease ${state}` : ended !== undefined ? `blocks freed (lease ${ended})` : 'unknown request';
       return { ok: encodeLocalizeBody({ status: 'gone', detail: `request ${requestId}: ${why}` }) };
     }
     if (this.localizing.size >= MAX_PENDING_LOCALIZE) return { refuse: 'busy', message: `engine ${this.o.engineId}: ${MAX_PENDING_LOCALIZE} LOCALIZE requests wait for the workers` };
@@ -205,6 +208,7 @@ export class NixlProducerChannel {
   /** Serves one side-channel request. */
   handle(req: SideRequest): HandlerResult | Promise<HandlerResult> {
     const { engineId, mode, metrics } = this.o;
+    this.served[req.type]++;
     switch (req.type) {
       case 'info': {
         const info = this.info;
