@@ -49,6 +49,7 @@ export {
   compareFineSums,
   summarizeDifferences,
   regionText,
+  describeRegions,
   encodeFineSums,
   decodeFineSums,
   finePartCode,

@@ -388,6 +388,35 @@ export function regionText(r: LocalizedRegion): string {
   return `layer ${r.layer}, ${r.part}${seg}, ${what}${reps}`;
 }
 
+/**
+ * Regions in words, compacted: {@link regionText} per region, except that the K and V regions of one
+ * layer with the same heads, tokens and replicas read as one (`K and V`), and then consecutive
+ * layers that read alike merge (`layers 0-3, heads 0-1, K and V, tokens 0-24`).
+ */
+export function describeRegions(regions: readonly LocalizedRegion[]): string[] {
+  type Row = { layers: [number, number]; rest: string; part: string };
+  const rows: Row[] = [];
+  const body = (r: LocalizedRegion, part: string) => regionText({ ...r, part: part as FinePart }).replace(/^layer \d+, /, '');
+  const used = new Set<number>();
+  regions.forEach((r, i) => {
+    if (used.has(i)) return;
+    let part: string = r.part;
+    if (r.part === 'K') {
+      const j = regions.findIndex((v, k) => !used.has(k) && k !== i && v.part === 'V' && v.layer === r.layer && v.heads[0] === r.heads[0] && v.heads[1] === r.heads[1] && JSON.stringify([v.tokens, v.replicas ?? null]) === JSON.stringify([r.tokens, r.replicas ?? null]));
+      if (j >= 0) {
+        used.add(j);
+        part = 'K and V';
+      }
+    }
+    used.add(i);
+    const rest = body(r, part === 'K and V' ? 'KV' : part).replace(/, KV, /, part === 'K and V' ? ', K and V, ' : ', KV, ');
+    const last = rows[rows.length - 1];
+    if (last && last.rest === rest && last.layers[1] === r.layer - 1) last.layers[1] = r.layer;
+    else rows.push({ layers: [r.layer, r.layer], rest, part });
+  });
+  return rows.map((x) => `${x.layers[0] === x.layers[1] ? `layer ${x.layers[0]}` : `layers ${x.layers[0]}-${x.layers[1]}`}, ${x.rest}`);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Wire form (docs/localize.md): parts as small integers, keys as arrays, values as LE uint64 bins.
 // ---------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import {
   fineSums,
   mergeFineSums,
   regionText,
+  describeRegions,
   summarizeDifferences,
   LocalizeError,
   type FineSum,
@@ -133,6 +134,13 @@ describe('summaries and the wire form', () => {
     const d = (head: number, part: 'K' | 'V', tokenStart: number, replicas = 1, replica = 0) => ({ layer: 3, head, part, segment: -1, tokenStart, tokenEnd: tokenStart + 16, replicas, replica, producer: 1n, consumer: 2n });
     expect(summarizeDifferences([d(4, 'V', 32), d(5, 'V', 32), d(5, 'V', 48), d(4, 'V', 48), d(7, 'V', 32)]).map(regionText)).toEqual(['layer 3, heads 4-5, V, tokens 32-63', 'layer 3, head 7, V, tokens 32-47']);
     expect(summarizeDifferences([d(0, 'K', 0, 2, 0)]).map(regionText)).toEqual(['layer 3, head 0, K, tokens 0-15, replica 2:0']);
+  });
+
+  it('in words: K and V of a layer read as one, then alike layers merge', () => {
+    const r = (layer: number, part: 'K' | 'V', heads: [number, number], tokens: Array<[number, number]>) => ({ layer, part, heads, segment: -1, tokens });
+    expect(
+      describeRegions([r(0, 'K', [0, 1], [[0, 25]]), r(0, 'V', [0, 1], [[0, 25]]), r(1, 'K', [0, 1], [[0, 25]]), r(1, 'V', [0, 1], [[0, 25]]), r(2, 'K', [0, 1], [[0, 25]]), r(3, 'V', [2, 2], [[16, 32]])]),
+    ).toEqual(['layers 0-1, heads 0-1, K and V, tokens 0-24', 'layer 2, heads 0-1, K, tokens 0-24', 'layer 3, head 2, V, tokens 16-31']);
   });
 
   it('K and V on one side, one part on the other: compared as KV', () => {

@@ -26,10 +26,10 @@
  */
 import {
   compareFineSums,
+  describeRegions,
   fineSums,
   isDeviceRegion,
   mergeFineSums,
-  regionText,
   summarizeDifferences,
   type FineSum,
   type GroupPlan,
@@ -118,7 +118,7 @@ export interface Localization {
   requestId: string;
   status: 'localized' | 'no-difference' | 'gone' | 'dropped' | 'unsupported' | 'error';
   detail: string;
-  /** Per mismatched group: where the sides differ. */
+  /** Per mismatched group: where the sides differ (`regions`), and in words (`text`, compacted: `describeRegions`). */
   groups: Array<{ groupId: number; regions: LocalizedRegion[]; text: string[] }>;
   /** Wall time of the drill-down, ms. */
   ms: number;
@@ -277,7 +277,7 @@ export class ChecksumLocalizer {
         if (wg) mine.push(wg.sums);
       }
       const regions = summarizeDifferences(compareFineSums(prod.sums, mergeFineSums(mine)));
-      if (regions.length > 0) groups.push({ groupId: g.groupId, regions, text: regions.map(regionText) });
+      if (regions.length > 0) groups.push({ groupId: g.groupId, regions, text: describeRegions(regions) });
     }
     if (errors.length > 0) return this.finish(id, p, { status: 'error', detail: errors.join('; '), groups });
     if (groups.length === 0) return this.finish(id, p, { status: 'no-difference', detail: "the producer's blocks now hold the received bytes: they changed after they were checksummed (stale or reused blocks)", groups });

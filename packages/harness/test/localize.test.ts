@@ -76,7 +76,7 @@ describe('a mismatch is localized to where the fault was injected (NIXL pull, P 
     const rec = /layer (\d+) head (\d+) tokens (\d+)-(\d+)/.exec(details[0] ?? '');
     expect(rec).not.toBeNull();
     const [, layer, head, a, b] = rec!.map(Number);
-    expect(where(o.localization)).toEqual([[0, [`layer ${layer}, head ${head}, K, tokens ${a}-${Math.min(b, 39)}`, `layer ${layer}, head ${head}, V, tokens ${a}-${Math.min(b, 39)}`]]]);
+    expect(where(o.localization)).toEqual([[0, [`layer ${layer}, head ${head}, K and V, tokens ${a}-${Math.min(b, 39)}`]]]);
   });
 
   for (const [name, fault, consumer] of [
