@@ -43,6 +43,9 @@ import type { KVChecksumObservability } from './observability.js';
 
 /** Default token range width of fine sums, tokens. */
 export const DEFAULT_LOCALIZE_RANGE_TOKENS = 16;
+/** Most token ranges per group a drill-down asks for: the range width doubles until the mismatched span fits. */
+export const MAX_LOCALIZE_RANGES = 256;
+
 /** Default deadline of one drill-down, ms (past it: `dropped`, `deadline`). */
 export const DEFAULT_LOCALIZE_TIMEOUT_MS = 5000;
 
@@ -200,7 +203,9 @@ export class ChecksumLocalizer {
       groups.push({ groupId: m.groupId, start: first, blockIds: ge.blockIds.slice(first - ge.start, last - ge.start + 1), tokenStart: first * B, tokenEnd: Math.min(entry.numTokens, (last + 1) * B) });
     }
     if (groups.length === 0) return;
-    const order: LocalizeStepEntry = { requestId: id, numTokens: entry.numTokens, rangeTokens: this.rangeTokens, groups };
+    let rangeTokens = this.rangeTokens;
+    while (groups.some((g) => Math.ceil((g.tokenEnd - g.tokenStart) / rangeTokens) > MAX_LOCALIZE_RANGES)) rangeTokens *= 2;
+    const order: LocalizeStepEntry = { requestId: id, numTokens: entry.numTokens, rangeTokens, groups };
     const t0 = performance.now();
     const ask = this.o.connector.localizeKvChecksums?.bind(this.o.connector);
     if (!ask) {

@@ -96,6 +96,8 @@ export const LIMITS = Object.freeze({
   requestIds: 65536,
   /** Longest error message. */
   message: 4096,
+  /** Most token ranges of one group in one `LOCALIZE` (`ceil((tokenEnd - tokenStart) / rangeTokens)`). */
+  localizeRanges: 1024,
 });
 
 /** Message types of the side channel. */
@@ -572,7 +574,11 @@ export function decodeRequest(bytes: Uint8Array): { seq: number; req: SideReques
         if (tokenEnd < tokenStart) fail(`LOCALIZE.groups[${i}]: tokenEnd before tokenStart`);
         return { groupId, tokenStart, tokenEnd };
       });
-      return { seq, req: { type: 'localize', requestId: str(a[2], 'LOCALIZE.requestId', LIMITS.idLength), query: { rangeTokens: pos(a[3], 'LOCALIZE.rangeTokens', 1 << 20), groups } } };
+      const rangeTokens = pos(a[3], 'LOCALIZE.rangeTokens', 1 << 20);
+      for (const [i, g] of groups.entries()) {
+        if (Math.ceil((g.tokenEnd - g.tokenStart) / rangeTokens) > LIMITS.localizeRanges) fail(`LOCALIZE.groups[${i}]: more than ${LIMITS.localizeRanges} token ranges`);
+      }
+      return { seq, req: { type: 'localize', requestId: str(a[2], 'LOCALIZE.requestId', LIMITS.idLength), query: { rangeTokens, groups } } };
     }
     default:
       return fail(`request: unknown type ${type}`);

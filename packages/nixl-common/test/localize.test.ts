@@ -29,6 +29,7 @@ describe('LOCALIZE codec', () => {
       [1, 6, '', 16, []],
       [1, 6, 'r1', 16, [[0, -1, 16]]],
       [1, 6, 'r1', 16, [[0, 0]]],
+      [1, 6, 'r1', 1, [[0, 0, 1025]]],
     ]) {
       expect(() => decodeRequest(packr.pack(bad)), JSON.stringify(bad)).toThrow(NixlDecodeError);
     }
