@@ -137,3 +137,19 @@ function mergeRanges(set: Set<string>): string[] {
   return out.map(([s, e]) => `${s}-${e}`);
 }
 
+
+describe("the demo report's section", () => {
+  it('one line per drill-down: where, or why not', async () => {
+    const { localizationLines } = await import('../src/report.js');
+    const base = { faultKinds: ['bit-flip'] } as unknown as RequestOutcome;
+    const loc = (status: Localization['status'], detail: string, text: string[] = []): Localization => ({ requestId: 'r', status, detail, groups: text.length ? [{ groupId: 0, regions: [], text }] : [], ms: 1 });
+    const lines = localizationLines([
+      { ...base, index: 3, localization: loc('localized', '', ['layer 1, head 2, K, tokens 16-31']) },
+      { ...base, index: 4, faultKinds: [], localization: loc('gone', 'request x: lease expired') },
+      { ...base, index: 5, localization: null },
+    ]);
+    expect(lines.slice(4)).toEqual(['- r3 (bit-flip): group 0: layer 1, head 2, K, tokens 16-31', '- r4: gone: request x: lease expired', '']);
+    expect(lines[0]).toBe('## Where the mismatches are');
+    expect(localizationLines([{ ...base, index: 0, localization: null }])).toEqual([]);
+  });
+});
