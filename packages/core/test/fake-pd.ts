@@ -194,7 +194,8 @@ export function cellAddress(view: AttentionCacheView, block: number, h: number, 
   return p.offset + block * p.blockStride + Math.floor(t / kbt) * (p.kernelBlockStride ?? 0) + (t % kbt) * p.tokenStride + h * p.headStride;
 }
 
-function writeCell(view: AttentionCacheView, region: Uint8Array, block: number, h: number, t: number, cell: Uint8Array): void {
+/** Writes one logical cell (K then V bytes) at (block, local head h, token t) of a view. */
+export function writeCell(view: AttentionCacheView, region: Uint8Array, block: number, h: number, t: number, cell: Uint8Array): void {
   let at = 0;
   for (const p of view.parts) {
     const kbt = p.kernelBlockTokens ?? view.blockSize;

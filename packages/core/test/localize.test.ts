@@ -11,7 +11,7 @@ import { localizeOnRank, type Localization, type LocalizeAnswer, type LocalizeQu
 import type { ConnectorRequest } from '../src/connector.js';
 import { METRIC_NAMES } from '../src/observability.js';
 import { KVChecksumObservability } from '../src/observability.js';
-import { blockTables, captureLogger, cellAddress, FakeConnector, logicalKV, metricValue, runConsumer, runProducer, type FakeWorker, type SideShape } from './fake-pd.js';
+import { CELL, HEADS, blockTables, captureLogger, cellAddress, writeCell, FakeConnector, logicalKV, metricValue, runConsumer, runProducer, type FakeWorker, type SideShape } from './fake-pd.js';
 
 const TOKENS = 40;
 const side = (tp: number, pp: number, blockSize: number, layout: 'NHD' | 'HND' = 'NHD'): SideShape => ({ tp, pp, blockSize, layout, kvLayout: 'kv-first' });
@@ -58,8 +58,22 @@ const corrupt = (pos: number, t: number) => (workers: FakeWorker[], blocks: numb
   }
 };
 
+/**
+ * Wrong head mapping across TP: consumer TP rank 1 gets the producer's global heads 0-1 of group 0
+ * (what rank 0 holds) instead of its own 2-3, as a mapping that ignores the rank's head offset would.
+ */
+const wrongHeads = (kv: ReturnType<typeof logicalKV>, B: number) => (workers: FakeWorker[], blocks: number[][]) => {
+  for (const w of workers) {
+    if (w.tpRank !== 1) continue;
+    for (const c of w.groups[0].caches as AttentionCacheView[]) {
+      const data = kv.attn.get(Number(c.name.split('.')[2]))!;
+      for (let t = 0; t < TOKENS; t++) for (let h = 0; h < c.localHeads; h++) writeCell(c, w.region, blocks[0][Math.floor(t / B)], h, t % B, data.subarray((t * HEADS + h) * CELL, (t * HEADS + h + 1) * CELL));
+    }
+  }
+};
+
 /** Runs a producer and a consumer whose load mismatches; then one more consumer step (the drill-down's). */
-async function mismatched(p: SideShape, d: SideShape, answer: ((q: LocalizeQuery, prod: FakeWorker[]) => Promise<LocalizeAnswer>) | null, timeoutMs = 2000) {
+async function mismatched(p: SideShape, d: SideShape, answer: ((q: LocalizeQuery, prod: FakeWorker[]) => Promise<LocalizeAnswer>) | null, timeoutMs = 2000, corruptWith?: (kv: ReturnType<typeof logicalKV>) => Parameters<typeof runConsumer>[0]['corrupt']) {
   const kv = logicalKV(42, TOKENS);
   const prod = runProducer({ shape: p, kv, carrier: 'kv_transfer_params' });
   const connector = answer ? new LocalizingConnector((q) => answer(q, prod.workers)) : new FakeConnector('kv_transfer_params');
@@ -73,7 +87,7 @@ async function mismatched(p: SideShape, d: SideShape, answer: ((q: LocalizeQuery
     if (!decided) eventsBeforeDecision++;
     events.push(e);
   });
-  const cons = runConsumer({ shape: d, kv, carrier: 'kv_transfer_params', params: prod.params, failClosed: true, corrupt: corrupt(1, 3), connector, localize: { timeoutMs }, obs });
+  const cons = runConsumer({ shape: d, kv, carrier: 'kv_transfer_params', params: prod.params, failClosed: true, corrupt: corruptWith ? corruptWith(kv) : corrupt(1, 3), connector, localize: { timeoutMs }, obs });
   // The engine's next step: the workers' orders, before that step's forward pass.
   const meta = cons.scheduler.buildStepMeta();
   cons.scheduler.updateFromOutputs(
@@ -112,6 +126,14 @@ describe('drill-down of a mismatched load', () => {
       expect(r.cons.scheduler.localizer?.inProgress).toBe(0);
     });
   }
+
+  it('wrong head mapping across TP (P TP1 -> D TP2, rank 1 gets heads 0-1): heads 2-3 of every layer, K and V, every token', async () => {
+    const p = side(1, 1, 16);
+    const r = await mismatched(p, side(2, 1, 16, 'HND'), async (q, prod) => producerAnswer(prod, p, q), 2000, (kv) => wrongHeads(kv, 16));
+    expect(r.cons.decision.verdict?.mismatches).toEqual([{ groupId: 0, positions: [0, 1, 2] }]);
+    await until(() => r.events.length > 0);
+    expect(r.events.map((e) => [e.status, e.groups.map((g) => [g.groupId, g.text])])).toEqual([['localized', [[0, ['layers 0-1, heads 2-3, K and V, tokens 0-39']]]]]);
+  });
 
   it('the producer no longer holds the blocks: gone', async () => {
     const r = await mismatched(side(1, 1, 16), side(1, 1, 16), async () => ({ status: 'gone', detail: 'request req-1: lease expired' }));
