@@ -43,3 +43,22 @@ export { BlockChecksummer, StepRows, selectBackend, type BlockRun, type BlockChe
 export * from './payload.js';
 export * from './verify.js';
 export { runVectors, type CaseResult } from './conformance.js';
+export {
+  fineSums,
+  mergeFineSums,
+  compareFineSums,
+  summarizeDifferences,
+  regionText,
+  describeRegions,
+  encodeFineSums,
+  decodeFineSums,
+  finePartCode,
+  finePartOfCode,
+  LocalizeError,
+  MAX_FINE_SUMS,
+  type FineSum,
+  type FinePart,
+  type FineRun,
+  type FineDifference,
+  type LocalizedRegion,
+} from './localize.js';

@@ -12,6 +12,7 @@ import { EventEmitter } from 'eventemitter3';
 import { pino, type DestinationStream, type Logger, type LevelWithSilent } from 'pino';
 import { Counter, Histogram, Registry } from 'prom-client';
 import type { UnverifiedReason, Verdict } from '@kvconnect/checksum';
+import type { Localization } from './checksum-localize.js';
 import type { LoadError } from './connector.js';
 
 /** Metric names (all counters end in `_total`; the histogram is in seconds). */
@@ -27,6 +28,7 @@ export const METRIC_NAMES = Object.freeze({
   bytesSummed: 'kvconnect_kv_checksum_bytes_summed_total',
   payloadsSent: 'kvconnect_kv_checksum_payloads_sent_total',
   payloadsNotSent: 'kvconnect_kv_checksum_payloads_not_sent_total',
+  localizations: 'kvconnect_kv_checksum_localizations_total',
 });
 
 /** Which side's sums a timing or byte count belongs to: producer sends or consumer loads. */
@@ -116,6 +118,8 @@ export interface KVChecksumEvents {
   'checksum-payload-received': [{ requestId: string; bytes: number }];
   /** Checksums were turned off at start (fail-open, connector without a carrier). */
   'checksums-disabled': [{ reason: string }];
+  /** A mismatched load's drill-down ended (checksum-localize.ts): where the sides differ, or why that is not known. */
+  'load-localized': [Localization];
 }
 
 /** Options of {@link KVChecksumObservability}. */
@@ -167,6 +171,8 @@ export interface KVChecksumMetrics {
   payloadsSent: Counter<'carrier'>;
   /** `kvconnect_kv_checksum_payloads_not_sent_total{reason}`: finished checksummed requests without a payload. */
   payloadsNotSent: Counter<'reason'>;
+  /** `kvconnect_kv_checksum_localizations_total{result}`: drill-downs of mismatched loads by `Localization.status`. */
+  localizations: Counter<'result'>;
 }
 
 /**
@@ -209,6 +215,7 @@ export class KVChecksumObservability {
       bytesSummed: new Counter({ name: METRIC_NAMES.bytesSummed, help: 'KV bytes summed by checksum workers', labelNames: ['side'], registers }),
       payloadsSent: new Counter({ name: METRIC_NAMES.payloadsSent, help: 'Checksum payloads handed to a carrier by the producer', labelNames: ['carrier'], registers }),
       payloadsNotSent: new Counter({ name: METRIC_NAMES.payloadsNotSent, help: 'Finished checksummed requests whose payload was not sent', labelNames: ['reason'], registers }),
+      localizations: new Counter({ name: METRIC_NAMES.localizations, help: 'Drill-downs of mismatched KV loads (finer sums from the producer), by result', labelNames: ['result'], registers }),
     };
   }
 
