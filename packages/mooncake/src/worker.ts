@@ -59,7 +59,7 @@ import {
   type WireCache,
   type WireLoad,
 } from './protocol.js';
-import { localBootstrap, type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
+import { type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
 
 const log = debuglog('kvconnect:mooncake');
 
@@ -246,13 +246,10 @@ export class MooncakeWorker implements KVConnectorWorker {
       await registerWorker(this.opts.bootstrapAddr, reg, { timeoutMs: this.opts.bootstrapTimeoutMs, secret: this.opts.clusterSecret });
       return;
     }
-    // The engine's own bootstrap server (its scheduler half's): registered through the handshake
-    // hooks (getHandshakeMetadata -> MooncakeScheduler.setXferHandshakeMetadata), which work when
-    // this worker runs in its own process; directly too when that server is in this process (hosts
-    // or wrapping connectors that do not pass the handshake on).
+    // The engine's own bootstrap server (its scheduler half's): registered only through the
+    // handshake hooks (getHandshakeMetadata -> MooncakeScheduler.setXferHandshakeMetadata), in
+    // process or from a worker process alike; no process-global lookup.
     this.handshake = registrationBody(reg);
-    const local = localBootstrap(this.ctx.engineId);
-    if (local) (await local).register(reg);
   }
 
   /** Producer without `bootstrap_addr`: this worker's registration body for its engine's bootstrap server. */
