@@ -18,7 +18,7 @@ export { MooncakeWorker, type MooncakeConnectorHooks, type MooncakeWorkerStats }
 export { parseMooncakeOptions, type MooncakeBackend, type MooncakeOptions } from './config.js';
 export { MooncakeUnavailableError, createAgent, mooncakeUnavailableReason } from './agent.js';
 export * from './protocol.js';
-export { LayoutMismatchError, describeLayout, partOffset, planWrites, stateStrides, type ConsumerSide, type ProducerSide, type WritePlan } from './layout.js';
+export { LayoutMismatchError, describeLayout, partOffset, planWrites, stateStrides, workerMemory, type ConsumerSide, type ProducerSide, type WritePlan } from './layout.js';
 export * from './bootstrap.js';
 export { ConsumerSession, ProducerSessions, SIDE_CHANNEL_AUTH_WINDOW_MS, SideChannelAuthError, helloProof, messageProof, welcomeProof, type ProducerSessionOptions } from './channel.js';
 

@@ -7,7 +7,8 @@
  *
  * - {@link TransferMetadata}, consumer -> producer: the consumer worker's transfer agent metadata,
  *   its engine id, TP/PP size and rank, its registered regions (addresses and lengths: the "cache
- *   base addresses"), the layout of its caches (per cache: strides, block sizes, parts), and the
+ *   base addresses") and the memory they are in (`memory`: `[kind, device]`, `DRAM` host memory or
+ *   `VRAM` device memory of CUDA device `device`; one kind and device per worker), the layout of its caches (per cache: strides, block sizes, parts), and the
  *   requests to write: consumer request id -> `[transfer_id, block ids per group, first token,
  *   numTokens]`.
  * - {@link TransferResponse}, producer -> consumer: `status` (0 finish, 1 continue, 2 error),
@@ -30,6 +31,8 @@
  * - 1: bare `TransferMetadata` / `TransferResponse` maps (vLLM's layout), no version field.
  * - 2: the envelope (`v`, `compat`, `kind`), a HELLO / WELCOME handshake per connection, and
  *   HMAC proofs over every message when a cluster secret is set.
+ * - 3: `TransferMetadata.memory` (`[kind, device]`): the consumer's KV may be device memory, which
+ *   the producer writes as such (issue 10: device KV).
  *
  * The strict decoder helpers below (`uint`, `str`, `arr`, `bin`, `strMap`) duplicate those of
  * `packages/nixl-common/src/codec.ts`; TODO: share one copy (left here while nixl-common is being
@@ -130,6 +133,13 @@ export interface WireLoad {
   numTokens: number;
 }
 
+/** The memory a worker's KV regions are in (one kind and device per worker). */
+export interface WireMemory {
+  kind: 'DRAM' | 'VRAM';
+  /** CUDA device ordinal for VRAM, 0 for DRAM. */
+  deviceId: number;
+}
+
 /** Consumer -> producer: what to write where. */
 export interface TransferMetadata {
   /** The consumer worker's transfer agent metadata blob. */
@@ -143,6 +153,11 @@ export interface TransferMetadata {
   ppRank: number;
   /** Registered regions, in the worker's region order: `[addr, length]`. */
   regions: Array<[number, number]>;
+  /**
+   * The memory every region is in (wire `memory: [kind, device]`): `DRAM` (host memory, device 0)
+   * or `VRAM` (device memory of CUDA device `deviceId`). Default `{ kind: 'DRAM', deviceId: 0 }`.
+   */
+  memory?: WireMemory;
   caches: WireCache[];
   /** Consumer request id -> load. */
   requests: Map<string, WireLoad>;
@@ -202,6 +217,7 @@ export function encodeTransferMetadata(m: TransferMetadata): Uint8Array {
       ['pp_size', m.ppSize],
       ['pp_rank', m.ppRank],
       ['regions', m.regions],
+      ['memory', [m.memory?.kind ?? 'DRAM', m.memory?.deviceId ?? 0]],
       ['caches', caches],
       ['requests', requests],
     ]),
@@ -414,6 +430,11 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
       if (a.length !== 2) fail(`regions[${i}]`, 'expected [addr, length]');
       return [uint(a[0], `regions[${i}][0]`), uint(a[1], `regions[${i}][1]`)] as [number, number];
     });
+    const mem = arr(field(m, 'memory', true), 'memory', 2);
+    if (mem.length !== 2) fail('memory', 'expected [kind, device]');
+    if (mem[0] !== 'DRAM' && mem[0] !== 'VRAM') fail('memory[0]', `expected "DRAM" or "VRAM", got ${typeof mem[0] === 'string' ? JSON.stringify(mem[0]) : describe(mem[0])}`);
+    const memory: WireMemory = { kind: mem[0] as 'DRAM' | 'VRAM', deviceId: uint(mem[1], 'memory[1]', 0xffff) };
+    if (memory.kind === 'DRAM' && memory.deviceId !== 0) fail('memory[1]', 'DRAM is device 0');
     const caches = arr(field(m, 'caches', true), 'caches', LIMITS.caches).map((c, i) => decodeCache(c, `caches[${i}]`, regions.length));
     const reqMap = strMap(field(m, 'requests', true), 'requests', LIMITS.requests);
     const requests = new Map<string, WireLoad>();
@@ -438,6 +459,7 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
       ppSize,
       ppRank,
       regions,
+      memory,
       caches,
       requests,
     };
@@ -480,7 +502,7 @@ export function decodeTransferResponse(bytes: Uint8Array, maxBytes: number = LIM
 // The envelope (protocol version 2)
 
 /** Side-channel protocol version (see the version history in the module comment). */
-export const MOONCAKE_PROTOCOL_VERSION = 2;
+export const MOONCAKE_PROTOCOL_VERSION = 3;
 
 /** The envelope's message kinds: the handshake, the two messages, and a refusal. */
 export type EnvelopeKind = 'hello' | 'welcome' | 'md' | 'resp' | 'refuse';
@@ -502,7 +524,7 @@ export const MOONCAKE_COMPAT_HASH: string = createHash('sha256')
       version: MOONCAKE_PROTOCOL_VERSION,
       envelope: ['v', 'compat', 'kind', 'cn', 'sn', 'ts', 'seq', 'body', 'proof', 'code', 'message'],
       kinds: KINDS,
-      metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'caches', 'requests'],
+      metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests'],
       response: ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums'],
     }),
   )
