@@ -34,13 +34,13 @@
  * - 3: `TransferMetadata.memory` (`[kind, device]`): the consumer's KV may be device memory, which
  *   the producer writes as such (issue 10: device KV).
  *
- * The strict decoder helpers below (`uint`, `str`, `arr`, `bin`, `strMap`) duplicate those of
- * `packages/nixl-common/src/codec.ts`; TODO: share one copy (left here while nixl-common is being
- * edited elsewhere).
+ * The field helpers (`uint`, `str`, `arr`, `bin`, `strMap`) are `@kvconnect/transfer`'s
+ * `strictDecoders` (`packages/transfer/src/strict-decode.ts`), the set nixl-common's codec uses too.
  * @module
  */
 import { createHash } from 'node:crypto';
 import { isDtype, type Dtype } from '@kvconnect/checksum';
+import { describeValue, strictDecoders } from '@kvconnect/transfer';
 import { Packr, Unpackr } from 'msgpackr';
 
 /** Transfer response status (vLLM `MooncakeXferResponseStatus`). */
@@ -243,13 +243,16 @@ const fail = (path: string, msg: string): never => {
   throw new MooncakeProtocolError(path, msg);
 };
 
-function describe(v: unknown): string {
-  if (v === null) return 'null';
-  if (Array.isArray(v)) return 'array';
-  if (v instanceof Uint8Array) return 'bin';
-  if (v instanceof Map) return 'map';
-  return typeof v;
-}
+const describe = describeValue;
+/** The shared strict field decoders (`@kvconnect/transfer`'s `strictDecoders`, also nixl-common's), throwing {@link MooncakeProtocolError}. */
+const fields = strictDecoders(fail);
+const uint = fields.nat;
+const arr = (v: unknown, path: string, max: number): unknown[] => fields.arr(v, path, max);
+const bin = fields.bin;
+/** A string of at most `maxLen` code units (default an id's), not empty unless `allowEmpty`. */
+const str = (v: unknown, path: string, maxLen: number = LIMITS.idLength, allowEmpty = false): string => fields.str(v, path, maxLen, allowEmpty ? 0 : 1);
+/** A map with id keys. */
+const strMap = (v: unknown, path: string, max: number): Map<string, unknown> => fields.strMap(v, path, max, LIMITS.idLength);
 
 function parse(bytes: Uint8Array, maxBytes: number): Map<unknown, unknown> {
   if (!(bytes instanceof Uint8Array)) fail('(message)', `expected bytes, got ${describe(bytes)}`);
@@ -270,45 +273,10 @@ function field(m: Map<unknown, unknown>, key: string, required: boolean): unknow
   return v;
 }
 
-function uint(v: unknown, path: string, max = Number.MAX_SAFE_INTEGER): number {
-  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) fail(path, `expected a non-negative integer, got ${describe(v)}${typeof v === 'number' ? ` ${v}` : ''}`);
-  if ((v as number) > max) fail(path, `${v as number} exceeds ${max}`);
-  return v as number;
-}
-
 /** A block id: a non-negative id, or a negative one for a null block (e.g. out of a sliding window). */
 function blockId(v: unknown, path: string): number {
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < -0x8000_0000 || v > 0xffff_ffff) fail(path, `expected a block id, got ${describe(v)}${typeof v === 'number' ? ` ${v}` : ''}`);
   return v as number;
-}
-
-function str(v: unknown, path: string, maxLen: number = LIMITS.idLength, allowEmpty = false): string {
-  if (typeof v !== 'string') fail(path, `expected a string, got ${describe(v)}`);
-  const s = v as string;
-  if (!allowEmpty && s.length === 0) fail(path, 'must not be empty');
-  if (s.length > maxLen) fail(path, `longer than ${maxLen} characters`);
-  return s;
-}
-
-function arr(v: unknown, path: string, max: number): unknown[] {
-  if (!Array.isArray(v)) fail(path, `expected an array, got ${describe(v)}`);
-  if ((v as unknown[]).length > max) fail(path, `more than ${max} entries`);
-  return v as unknown[];
-}
-
-function bin(v: unknown, path: string, max: number): Uint8Array {
-  if (!(v instanceof Uint8Array)) fail(path, `expected a bin, got ${describe(v)}`);
-  const b = v as Uint8Array;
-  if (b.byteLength > max) fail(path, `${b.byteLength} bytes exceed the limit of ${max}`);
-  return new Uint8Array(b); // a copy: the decoder's views share the message buffer
-}
-
-function strMap(v: unknown, path: string, max: number): Map<string, unknown> {
-  if (!(v instanceof Map)) fail(path, `expected a map, got ${describe(v)}`);
-  const m = v as Map<unknown, unknown>;
-  if (m.size > max) fail(path, `more than ${max} entries`);
-  for (const k of m.keys()) str(k, `${path} key`);
-  return m as Map<string, unknown>;
 }
 
 function dtype(v: unknown, path: string): Dtype {

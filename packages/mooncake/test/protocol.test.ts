@@ -5,6 +5,7 @@
  * throws a MooncakeProtocolError, nothing else.
  */
 import { describe, expect, it } from 'vitest';
+import { NixlDecodeError, str as nixlStr } from '@kvconnect/nixl-common';
 import fc from 'fast-check';
 import { Packr, Unpackr } from 'msgpackr';
 import {
@@ -306,5 +307,15 @@ describe('fuzz', () => {
       ),
       { numRuns: 1000 },
     );
+  });
+});
+
+describe('one set of strict decoders', () => {
+  it('nixl-common\'s codec and this side channel report a defect through the same helper, each with its own error type', () => {
+    expect(() => nixlStr(5, 'err_msg', 10)).toThrow(NixlDecodeError);
+    expect(() => nixlStr(5, 'err_msg', 10)).toThrow(/^err_msg: expected a string, got number 5$/);
+    const resp = new Uint8Array(packr.pack(new Map<string, unknown>([['status', 0], ['err_msg', 5]])));
+    expect(() => decodeTransferResponse(resp)).toThrow(MooncakeProtocolError);
+    expect(() => decodeTransferResponse(resp)).toThrow(/: err_msg: expected a string, got number 5$/);
   });
 });
