@@ -12,7 +12,8 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { KVChecksumObservability } from '@kvconnect/core';
 import { Engine, PDProxy } from '@kvconnect/engine';
-import { MOONCAKE_CONNECTOR, bootstrapAddressOf } from '@kvconnect/mooncake';
+import { MOONCAKE_CONNECTOR } from '@kvconnect/mooncake';
+import { bootstrapAddressOfEngine } from '../mooncake/utils.js';
 import { counter, makePD, prompts, single } from '../../packages/engine/test/utils/pd.js';
 
 
@@ -86,7 +87,7 @@ describe('determinism', () => {
           ...workers,
           engineId: `${id}-d`,
           observability: obs,
-          kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail', kv_connector_extra_config: { ...extra, remote_bootstrap_addr: await bootstrapAddressOf(`${id}-p`) } },
+          kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail', kv_connector_extra_config: { ...extra, remote_bootstrap_addr: await bootstrapAddressOfEngine(producer) } },
         });
         await consumer.ready;
         expect(producer.workerPids.flat()).toHaveLength(2);

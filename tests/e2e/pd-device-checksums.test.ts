@@ -17,7 +17,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { EmulatedDevice } from '@kvconnect/checksum';
 import { KVChecksumObservability, KVChecksumWorker, type KVChecksumReport, type LoadEvent } from '@kvconnect/core';
 import { Engine, PDProxy } from '@kvconnect/engine';
-import { MOONCAKE_CONNECTOR, bootstrapAddressOf } from '@kvconnect/mooncake';
+import { MOONCAKE_CONNECTOR } from '@kvconnect/mooncake';
+import { bootstrapAddressOfEngine } from '../mooncake/utils.js';
 import { counter, makePD, single } from '../../packages/engine/test/utils/pd.js';
 
 const PROMPT = 'The quick brown fox jumps over the lazy dog, twice.';
@@ -187,7 +188,7 @@ describe('device checksums with worker processes (Mooncake, cuda-emulated by nam
         ...workers,
         engineId: `${id}-d`,
         observability: obs,
-        kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail', kv_connector_extra_config: { ...extra, remote_bootstrap_addr: await bootstrapAddressOf(`${id}-p`) } },
+        kvTransferConfig: { kv_connector: MOONCAKE_CONNECTOR, kv_role: 'kv_consumer', enable_kv_checksum: true, kv_checksum_fail_closed: true, kv_load_failure_policy: 'fail', kv_connector_extra_config: { ...extra, remote_bootstrap_addr: await bootstrapAddressOfEngine(producer) } },
       });
       await consumer.ready;
       expect(producer.workerPids.flat()).toHaveLength(2);

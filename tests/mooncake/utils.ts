@@ -6,7 +6,7 @@
 import { KVChecksumObservability, KVConnectorRegistry } from '@kvconnect/core';
 import { Engine, PDProxy, type EngineOptions } from '@kvconnect/engine';
 import type { DescList, MakeTransferArgs, MemoryRegion, PostOptions, Registration, TransferAgent, TransferRequest, XferDesc, XferStatus } from '@kvconnect/transfer';
-import { MOONCAKE_CONNECTOR, MooncakeWorker, createMooncakeConnectorFactory, type MooncakeConnectorHooks } from '@kvconnect/mooncake';
+import { MOONCAKE_CONNECTOR, MooncakeWorker, createMooncakeConnectorFactory, type MooncakeScheduler, type MooncakeConnectorHooks } from '@kvconnect/mooncake';
 
 let seq = 0;
 
@@ -60,6 +60,7 @@ export async function makeMooncakePD(o: MooncakePDOptions): Promise<MooncakePD> 
     observability: new KVChecksumObservability({ level: 'silent' }),
   });
   await producer.ready;
+  const remote_bootstrap_addr = await bootstrapAddressOfEngine(producer);
   const consumer = new Engine({
     ...base,
     ...o.consumer,
@@ -70,7 +71,7 @@ export async function makeMooncakePD(o: MooncakePDOptions): Promise<MooncakePD> 
       enable_kv_checksum: checks,
       kv_checksum_fail_closed: o.failClosed ?? false,
       kv_load_failure_policy: o.policy ?? 'recompute',
-      kv_connector_extra_config: { ...extra, ...o.consumerExtra },
+      kv_connector_extra_config: { ...extra, ...(remote_bootstrap_addr ? { remote_bootstrap_addr } : {}), ...o.consumerExtra },
     },
     observability: obs,
   });
@@ -89,6 +90,17 @@ export async function makeMooncakePD(o: MooncakePDOptions): Promise<MooncakePD> 
       await producer.shutdown();
     },
   };
+}
+
+/**
+ * `host:port` of a producer engine's Mooncake bootstrap server (its connector's scheduler half
+ * started it; with `bootstrap_port: 0` the port is only known this way), or null when it started
+ * none. What the consumer is configured with: there is no lookup by engine id.
+ */
+export async function bootstrapAddressOfEngine(producer: Engine): Promise<string | null> {
+  const s = producer.kvConnectorScheduler as Partial<MooncakeScheduler> | null;
+  if (typeof s?.bootstrapAddress !== 'function') throw new TypeError(`engine ${producer.engineId} has no MooncakeConnector scheduler half`);
+  return s.bootstrapAddress();
 }
 
 /** A single instance of `model`. */

@@ -18,6 +18,7 @@ import { FAULT_INJECTING_CONNECTOR, applyGroundTruth, faultReportOf, registerFau
 import { IN_PROCESS_CONNECTOR, InProcessBus } from './in-process-connector.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts, promptText } from './prompts.js';
+import { freePort } from './topology-multiprocess.js';
 import type { ConnectorName, FinishKind, RequestExpectation, RunSpec, Scenario, SideSpec, VerdictKind } from './scenario.js';
 
 /** A connector's package and registered name. */
@@ -142,6 +143,19 @@ function runRegistry(inner: string, wrap?: (f: KVConnectorFactory) => KVConnecto
   return outer;
 }
 
+/**
+ * The inner connector's extra config of each side. MooncakeConnector: the consumers find the
+ * producer's bootstrap server only through their config (`remote_bootstrap_addr`; no lookup inside
+ * the process), so unless the scenario's `connectorConfig` names a bootstrap address or port, the
+ * producer's server gets a free loopback port and the consumers its address.
+ */
+async function bootstrapExtras(inner: string, config: Record<string, unknown> | undefined): Promise<{ producerExtra?: Record<string, unknown>; consumerExtra?: Record<string, unknown> }> {
+  const c = config ?? {};
+  if (inner !== CONNECTOR_PACKAGES.mooncake.name || 'bootstrap_port' in c || 'bootstrap_addr' in c || 'remote_bootstrap_addr' in c) return { producerExtra: config, consumerExtra: config };
+  const port = await freePort();
+  return { producerExtra: { ...c, bootstrap_port: port }, consumerExtra: { ...c, bootstrap_port: port, remote_bootstrap_addr: `127.0.0.1:${port}` } };
+}
+
 /** The default topology: producer and consumers as engines of this process. */
 export const inProcessTopology: Topology = (ctx) => inProcessEngines(ctx);
 
@@ -154,6 +168,7 @@ export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnec
   const checks = ctx.run.checksums ?? s.checksums;
   const id = engineSeq++;
   const registry = runRegistry(ctx.innerConnector, wrap);
+  const { producerExtra, consumerExtra } = await bootstrapExtras(ctx.innerConnector, s.connectorConfig);
   const pObs = new KVChecksumObservability({ level: 'silent' });
   const producer = new Engine({
     registry,
@@ -161,7 +176,7 @@ export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnec
     ...sideOptions(s.producer),
     engineId: `harness-p${id}`,
     observability: pObs,
-    kvTransferConfig: sideTransferConfig({ role: 'kv_producer', checksums: s.producer.checksums ?? checks, inner: ctx.innerConnector, innerExtra: s.connectorConfig, faults: ctx.faults }),
+    kvTransferConfig: sideTransferConfig({ role: 'kv_producer', checksums: s.producer.checksums ?? checks, inner: ctx.innerConnector, innerExtra: producerExtra, faults: ctx.faults }),
   });
   const consumers: Engine[] = [];
   const cObs: KVChecksumObservability[] = [];
@@ -181,7 +196,7 @@ export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnec
           failClosed: s.consumer.failClosed ?? true,
           policy: s.consumer.policy ?? 'recompute',
           inner: ctx.innerConnector,
-          innerExtra: s.connectorConfig,
+          innerExtra: consumerExtra,
           faults: ctx.faults,
         }),
       }),

@@ -142,7 +142,8 @@ export interface PDProcesses {
   shutdown(): Promise<void>;
 }
 
-async function freePort(): Promise<number> {
+/** A TCP port on 127.0.0.1 free at the time of the call (bound to 0 and closed again). */
+export async function freePort(): Promise<number> {
   const s = net.createServer();
   await new Promise<void>((r, j) => {
     s.once('error', j);

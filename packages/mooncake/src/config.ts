@@ -14,7 +14,7 @@ export interface MooncakeOptions {
   backend: MooncakeBackend;
   /** [`bootstrap_host`] Where the producer's bootstrap server listens (default `127.0.0.1`). */
   bootstrapHost: string;
-  /** [`bootstrap_port`] Its port (default 8998; 0 = any free port, see `bootstrapAddressOf`). */
+  /** [`bootstrap_port`] Its port (default 8998; 0 = any free port, see `MooncakeScheduler.bootstrapAddress`). */
   bootstrapPort: number;
   /**
    * [`bootstrap_addr`] Producer: an external bootstrap server (`host:port`) to register with instead

@@ -13,12 +13,12 @@
 import { registerMooncakeConnector } from './connector.js';
 
 export { MOONCAKE_CONNECTOR, createMooncakeConnectorFactory, mooncakeConnectorFactory, registerMooncakeConnector } from './connector.js';
-export { MooncakeScheduler, bootstrapAddressOf, type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
+export { MooncakeScheduler, type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
 export { MooncakeWorker, type MooncakeConnectorHooks, type MooncakeWorkerStats } from './worker.js';
 export { parseMooncakeOptions, type MooncakeBackend, type MooncakeOptions } from './config.js';
 export { MooncakeUnavailableError, createAgent, mooncakeUnavailableReason } from './agent.js';
 export * from './protocol.js';
-export { LayoutMismatchError, describeLayout, partOffset, planWrites, stateStrides, type ConsumerSide, type ProducerSide, type WritePlan } from './layout.js';
+export { LayoutMismatchError, describeLayout, partOffset, planWrites, stateStrides, workerMemory, type ConsumerSide, type ProducerSide, type WritePlan } from './layout.js';
 export * from './bootstrap.js';
 export { ConsumerSession, ProducerSessions, SIDE_CHANNEL_AUTH_WINDOW_MS, SideChannelAuthError, helloProof, messageProof, welcomeProof, type ProducerSessionOptions } from './channel.js';
 

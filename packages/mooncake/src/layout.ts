@@ -17,10 +17,10 @@
  * @module
  */
 import { DTYPE_BYTES, ReplicaCountError, contiguousStrides, replicaCount, type AttentionPart, type Replication, type StateTensor } from '@kvconnect/checksum';
-import type { HostWorkerKVCaches, WorkerKVCaches } from '@kvconnect/core';
+import type { WorkerKVCaches } from '@kvconnect/core';
 import { PlanError, buildRankInfo, planTransfer, type CacheLayout, type RankInfo } from '@kvconnect/nixl-common';
 import type { RegisteredRegion, XferDesc } from '@kvconnect/transfer';
-import type { WireCache, WireLoad, WirePart, WireState } from './protocol.js';
+import type { WireCache, WireLoad, WireMemory, WirePart, WireState } from './protocol.js';
 
 /** A write plan that cannot be built: the layouts disagree, or the request names blocks or tokens the producer lacks. */
 export class LayoutMismatchError extends Error {
@@ -84,14 +84,17 @@ export interface ConsumerSide {
   tpRank: number;
   /** Registered regions `[addr, length]`, in the consumer's region order. */
   regions: ReadonlyArray<readonly [number, number]>;
+  /** The memory of every region (default host memory, `DRAM` device 0). */
+  memory?: WireMemory;
   caches: readonly WireCache[];
 }
 
 /** The producer side of a write plan. */
 export interface ProducerSide {
-  caches: HostWorkerKVCaches;
-  /** Agent addresses of `caches.regions`, same order. */
-  regionAddrs: readonly number[];
+  /** The producer worker's caches (their regions host or device memory; only the layout is read here). */
+  caches: WorkerKVCaches;
+  /** The regions as the producer's agent registered them (address, length, kind, device), in `caches.regions` order. */
+  regions: readonly RegisteredRegion[];
   /** The producer request's block ids per group. */
   blocks: readonly (readonly number[])[];
   /** Tokens whose KV the producer computed. */
@@ -100,12 +103,32 @@ export interface ProducerSide {
 
 /** A write plan: `local[i]` goes to `remote[i]`. */
 export interface WritePlan {
+  /** Producer descriptors, in `localKind` memory (device ids set for VRAM). */
   local: XferDesc[];
+  /** Consumer descriptors, in `remoteKind` memory (device ids set for VRAM). */
   remote: XferDesc[];
+  /** The memory kind of the producer's regions (`prepDescList(null, localKind, local)`). */
+  localKind: 'DRAM' | 'VRAM';
+  /** The memory kind of the consumer's regions (`prepDescList(consumer, remoteKind, remote)`). */
+  remoteKind: 'DRAM' | 'VRAM';
   /** Bytes written. */
   bytes: number;
   /** Cells (attention token x head x part, or state elements) before coalescing. */
   cells: number;
+}
+
+/**
+ * The one memory kind and device of a worker's registered regions (`DRAM` device 0 when there are
+ * none). A worker's KV is in one memory: all host, or all on one CUDA device.
+ * @throws LayoutMismatchError for regions of several kinds or devices.
+ */
+export function workerMemory(regions: readonly RegisteredRegion[]): WireMemory {
+  const first = regions[0];
+  const m: WireMemory = { kind: first?.kind ?? 'DRAM', deviceId: first?.kind === 'VRAM' ? first.deviceId : 0 };
+  regions.forEach((r, i) => {
+    if (r.kind !== m.kind || (r.kind === 'VRAM' && r.deviceId !== m.deviceId)) throw new LayoutMismatchError(`KV region ${i} is ${r.kind} on device ${r.deviceId}, region 0 ${m.kind} on device ${m.deviceId}: a worker's KV must be in one memory (all host, or all on one CUDA device)`);
+  });
+  return m;
 }
 
 /** The wire layout of a consumer cache as nixl-common's mapping takes it (no block count on the wire: the regions bound it). */
@@ -159,8 +182,9 @@ function checkSplits(p: ProducerSide, c: ConsumerSide): void {
 export function planWrites(p: ProducerSide, c: ConsumerSide, load: WireLoad): WritePlan {
   if (load.numTokens > p.numTokens) throw new LayoutMismatchError(`the consumer asks for ${load.numTokens} tokens; the producer computed ${p.numTokens}`);
   checkSplits(p, c);
-  const regions = p.caches.regions.map((r, k): RegisteredRegion => ({ addr: p.regionAddrs[k], length: r.byteLength, kind: 'DRAM', deviceId: 0 }));
-  const producer = buildRankInfo(p.caches, 'producer', new Uint8Array(0), regions);
+  const mine = workerMemory(p.regions);
+  const theirs: WireMemory = c.memory ?? { kind: 'DRAM', deviceId: 0 };
+  const producer = buildRankInfo(p.caches, 'producer', new Uint8Array(0), p.regions);
   const consumer: RankInfo = {
     tpRank: c.tpRank,
     tpSize: c.tpSize,
@@ -168,7 +192,7 @@ export function planWrites(p: ProducerSide, c: ConsumerSide, load: WireLoad): Wr
     ppSize: 1,
     agentName: 'consumer',
     agentMetadata: new Uint8Array(0),
-    regions: c.regions.map(([addr, length]) => ({ addr, length, kind: 'DRAM', deviceId: 0 })),
+    regions: c.regions.map(([addr, length]) => ({ addr, length, kind: theirs.kind, deviceId: theirs.deviceId })),
     caches: c.caches.map((x) => wireToLayout(x, c.tpSize)),
   };
   let plans;
@@ -179,8 +203,10 @@ export function planWrites(p: ProducerSide, c: ConsumerSide, load: WireLoad): Wr
   }
   const plan = plans[0];
   return {
-    local: plan?.pairs.map((x) => ({ addr: x.src, length: x.len })) ?? [],
-    remote: plan?.pairs.map((x) => ({ addr: x.dst, length: x.len })) ?? [],
+    local: plan?.pairs.map((x) => ({ addr: x.src, length: x.len, deviceId: mine.deviceId })) ?? [],
+    remote: plan?.pairs.map((x) => ({ addr: x.dst, length: x.len, deviceId: theirs.deviceId })) ?? [],
+    localKind: mine.kind,
+    remoteKind: theirs.kind,
     bytes: plan?.bytes ?? 0,
     cells: plan?.cells ?? 0,
   };

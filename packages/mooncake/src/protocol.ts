@@ -7,7 +7,8 @@
  *
  * - {@link TransferMetadata}, consumer -> producer: the consumer worker's transfer agent metadata,
  *   its engine id, TP/PP size and rank, its registered regions (addresses and lengths: the "cache
- *   base addresses"), the layout of its caches (per cache: strides, block sizes, parts), and the
+ *   base addresses") and the memory they are in (`memory`: `[kind, device]`, `DRAM` host memory or
+ *   `VRAM` device memory of CUDA device `device`; one kind and device per worker), the layout of its caches (per cache: strides, block sizes, parts), and the
  *   requests to write: consumer request id -> `[transfer_id, block ids per group, first token,
  *   numTokens]`.
  * - {@link TransferResponse}, producer -> consumer: `status` (0 finish, 1 continue, 2 error),
@@ -30,14 +31,16 @@
  * - 1: bare `TransferMetadata` / `TransferResponse` maps (vLLM's layout), no version field.
  * - 2: the envelope (`v`, `compat`, `kind`), a HELLO / WELCOME handshake per connection, and
  *   HMAC proofs over every message when a cluster secret is set.
+ * - 3: `TransferMetadata.memory` (`[kind, device]`): the consumer's KV may be device memory, which
+ *   the producer writes as such (issue 10: device KV).
  *
- * The strict decoder helpers below (`uint`, `str`, `arr`, `bin`, `strMap`) duplicate those of
- * `packages/nixl-common/src/codec.ts`; TODO: share one copy (left here while nixl-common is being
- * edited elsewhere).
+ * The field helpers (`uint`, `str`, `arr`, `bin`, `strMap`) are `@kvconnect/transfer`'s
+ * `strictDecoders` (`packages/transfer/src/strict-decode.ts`), the set nixl-common's codec uses too.
  * @module
  */
 import { createHash } from 'node:crypto';
 import { isDtype, type Dtype } from '@kvconnect/checksum';
+import { describeValue, strictDecoders } from '@kvconnect/transfer';
 import { Packr, Unpackr } from 'msgpackr';
 
 /** Transfer response status (vLLM `MooncakeXferResponseStatus`). */
@@ -130,6 +133,13 @@ export interface WireLoad {
   numTokens: number;
 }
 
+/** The memory a worker's KV regions are in (one kind and device per worker). */
+export interface WireMemory {
+  kind: 'DRAM' | 'VRAM';
+  /** CUDA device ordinal for VRAM, 0 for DRAM. */
+  deviceId: number;
+}
+
 /** Consumer -> producer: what to write where. */
 export interface TransferMetadata {
   /** The consumer worker's transfer agent metadata blob. */
@@ -143,6 +153,11 @@ export interface TransferMetadata {
   ppRank: number;
   /** Registered regions, in the worker's region order: `[addr, length]`. */
   regions: Array<[number, number]>;
+  /**
+   * The memory every region is in (wire `memory: [kind, device]`): `DRAM` (host memory, device 0)
+   * or `VRAM` (device memory of CUDA device `deviceId`). Default `{ kind: 'DRAM', deviceId: 0 }`.
+   */
+  memory?: WireMemory;
   caches: WireCache[];
   /** Consumer request id -> load. */
   requests: Map<string, WireLoad>;
@@ -202,6 +217,7 @@ export function encodeTransferMetadata(m: TransferMetadata): Uint8Array {
       ['pp_size', m.ppSize],
       ['pp_rank', m.ppRank],
       ['regions', m.regions],
+      ['memory', [m.memory?.kind ?? 'DRAM', m.memory?.deviceId ?? 0]],
       ['caches', caches],
       ['requests', requests],
     ]),
@@ -227,13 +243,16 @@ const fail = (path: string, msg: string): never => {
   throw new MooncakeProtocolError(path, msg);
 };
 
-function describe(v: unknown): string {
-  if (v === null) return 'null';
-  if (Array.isArray(v)) return 'array';
-  if (v instanceof Uint8Array) return 'bin';
-  if (v instanceof Map) return 'map';
-  return typeof v;
-}
+const describe = describeValue;
+/** The shared strict field decoders (`@kvconnect/transfer`'s `strictDecoders`, also nixl-common's), throwing {@link MooncakeProtocolError}. */
+const fields = strictDecoders(fail);
+const uint = fields.nat;
+const arr = (v: unknown, path: string, max: number): unknown[] => fields.arr(v, path, max);
+const bin = fields.bin;
+/** A string of at most `maxLen` code units (default an id's), not empty unless `allowEmpty`. */
+const str = (v: unknown, path: string, maxLen: number = LIMITS.idLength, allowEmpty = false): string => fields.str(v, path, maxLen, allowEmpty ? 0 : 1);
+/** A map with id keys. */
+const strMap = (v: unknown, path: string, max: number): Map<string, unknown> => fields.strMap(v, path, max, LIMITS.idLength);
 
 function parse(bytes: Uint8Array, maxBytes: number): Map<unknown, unknown> {
   if (!(bytes instanceof Uint8Array)) fail('(message)', `expected bytes, got ${describe(bytes)}`);
@@ -254,45 +273,10 @@ function field(m: Map<unknown, unknown>, key: string, required: boolean): unknow
   return v;
 }
 
-function uint(v: unknown, path: string, max = Number.MAX_SAFE_INTEGER): number {
-  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) fail(path, `expected a non-negative integer, got ${describe(v)}${typeof v === 'number' ? ` ${v}` : ''}`);
-  if ((v as number) > max) fail(path, `${v as number} exceeds ${max}`);
-  return v as number;
-}
-
 /** A block id: a non-negative id, or a negative one for a null block (e.g. out of a sliding window). */
 function blockId(v: unknown, path: string): number {
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < -0x8000_0000 || v > 0xffff_ffff) fail(path, `expected a block id, got ${describe(v)}${typeof v === 'number' ? ` ${v}` : ''}`);
   return v as number;
-}
-
-function str(v: unknown, path: string, maxLen: number = LIMITS.idLength, allowEmpty = false): string {
-  if (typeof v !== 'string') fail(path, `expected a string, got ${describe(v)}`);
-  const s = v as string;
-  if (!allowEmpty && s.length === 0) fail(path, 'must not be empty');
-  if (s.length > maxLen) fail(path, `longer than ${maxLen} characters`);
-  return s;
-}
-
-function arr(v: unknown, path: string, max: number): unknown[] {
-  if (!Array.isArray(v)) fail(path, `expected an array, got ${describe(v)}`);
-  if ((v as unknown[]).length > max) fail(path, `more than ${max} entries`);
-  return v as unknown[];
-}
-
-function bin(v: unknown, path: string, max: number): Uint8Array {
-  if (!(v instanceof Uint8Array)) fail(path, `expected a bin, got ${describe(v)}`);
-  const b = v as Uint8Array;
-  if (b.byteLength > max) fail(path, `${b.byteLength} bytes exceed the limit of ${max}`);
-  return new Uint8Array(b); // a copy: the decoder's views share the message buffer
-}
-
-function strMap(v: unknown, path: string, max: number): Map<string, unknown> {
-  if (!(v instanceof Map)) fail(path, `expected a map, got ${describe(v)}`);
-  const m = v as Map<unknown, unknown>;
-  if (m.size > max) fail(path, `more than ${max} entries`);
-  for (const k of m.keys()) str(k, `${path} key`);
-  return m as Map<string, unknown>;
 }
 
 function dtype(v: unknown, path: string): Dtype {
@@ -414,6 +398,11 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
       if (a.length !== 2) fail(`regions[${i}]`, 'expected [addr, length]');
       return [uint(a[0], `regions[${i}][0]`), uint(a[1], `regions[${i}][1]`)] as [number, number];
     });
+    const mem = arr(field(m, 'memory', true), 'memory', 2);
+    if (mem.length !== 2) fail('memory', 'expected [kind, device]');
+    if (mem[0] !== 'DRAM' && mem[0] !== 'VRAM') fail('memory[0]', `expected "DRAM" or "VRAM", got ${typeof mem[0] === 'string' ? JSON.stringify(mem[0]) : describe(mem[0])}`);
+    const memory: WireMemory = { kind: mem[0] as 'DRAM' | 'VRAM', deviceId: uint(mem[1], 'memory[1]', 0xffff) };
+    if (memory.kind === 'DRAM' && memory.deviceId !== 0) fail('memory[1]', 'DRAM is device 0');
     const caches = arr(field(m, 'caches', true), 'caches', LIMITS.caches).map((c, i) => decodeCache(c, `caches[${i}]`, regions.length));
     const reqMap = strMap(field(m, 'requests', true), 'requests', LIMITS.requests);
     const requests = new Map<string, WireLoad>();
@@ -438,6 +427,7 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
       ppSize,
       ppRank,
       regions,
+      memory,
       caches,
       requests,
     };
@@ -480,7 +470,7 @@ export function decodeTransferResponse(bytes: Uint8Array, maxBytes: number = LIM
 // The envelope (protocol version 2)
 
 /** Side-channel protocol version (see the version history in the module comment). */
-export const MOONCAKE_PROTOCOL_VERSION = 2;
+export const MOONCAKE_PROTOCOL_VERSION = 3;
 
 /** The envelope's message kinds: the handshake, the two messages, and a refusal. */
 export type EnvelopeKind = 'hello' | 'welcome' | 'md' | 'resp' | 'refuse';
@@ -502,7 +492,7 @@ export const MOONCAKE_COMPAT_HASH: string = createHash('sha256')
       version: MOONCAKE_PROTOCOL_VERSION,
       envelope: ['v', 'compat', 'kind', 'cn', 'sn', 'ts', 'seq', 'body', 'proof', 'code', 'message'],
       kinds: KINDS,
-      metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'caches', 'requests'],
+      metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests'],
       response: ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums'],
     }),
   )

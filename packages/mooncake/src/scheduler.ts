@@ -13,15 +13,17 @@
  * past the local prefix hit is loaded asynchronously; the load ({@link MooncakeLoadSpec}: blocks,
  * first token, producer engine and bootstrap address) reaches the workers in the next metadata.
  * The bootstrap address comes from the params (`remote_bootstrap_addr`), else the extra config's
- * `remote_bootstrap_addr`, else a producer engine in this process. Params it cannot use (no
+ * `remote_bootstrap_addr`; never from process-global state (a producer engine in the same
+ * process is found only the same ways: {@link MooncakeScheduler.bootstrapAddress} tells its
+ * address to whoever configures the consumer). Params it cannot use (no
  * `transfer_id`, e.g. NIXL-shaped ones; no bootstrap address; a producer's params without
  * `do_remote_prefill`) are said in the returned params (`kv_transfer_params_error`, see
  * `@kvconnect/core`'s `UnusableParams`) and counted; the request prefills locally.
  *
  * The owner of the producer's bootstrap server is this half (one per engine); it listens from
- * construction, and the engine's workers register with it: through the handshake hooks
- * ({@link MooncakeScheduler.setXferHandshakeMetadata}; workers in their own processes), or with
- * `bootstrap_addr` over HTTP.
+ * construction, and the engine's workers register with it through the handshake hooks
+ * ({@link MooncakeScheduler.setXferHandshakeMetadata}, in process or with workers in their own
+ * processes), or with `bootstrap_addr` over HTTP.
  * @module
  */
 import type {
@@ -76,25 +78,6 @@ export interface MooncakeConnectorMetadata {
 
 const isStr = (x: unknown): x is string => typeof x === 'string' && x.length > 0;
 
-/** Bootstrap servers started in this process, by producer engine id. */
-const localServers = new Map<string, Promise<BootstrapServer>>();
-/** Their addresses once listening. */
-const localAddrs = new Map<string, string>();
-
-/**
- * The bootstrap server of a producer engine of this process (its scheduler half started it):
- * resolves with `host:port`, or undefined when this process runs no producer of that id.
- */
-export async function bootstrapAddressOf(engineId: string): Promise<string | undefined> {
-  const s = localServers.get(engineId);
-  return s ? (await s).address : undefined;
-}
-
-/** Internal: the in-process bootstrap server of `engineId` (workers register with it directly). */
-export function localBootstrap(engineId: string): Promise<BootstrapServer> | undefined {
-  return localServers.get(engineId);
-}
-
 /** The scheduler half. */
 export class MooncakeScheduler implements KVConnectorScheduler {
   private sends = new Map<string, MooncakeSendSpec>();
@@ -117,8 +100,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
       checkBindHost(opts.bootstrapHost, opts.clusterSecret, 'Mooncake bootstrap server'); // a config error, thrown here rather than from the listen
       const p = BootstrapServer.start({ host: opts.bootstrapHost, port: opts.bootstrapPort, secret: opts.clusterSecret });
       this.server = p;
-      localServers.set(ctx.engineId, p);
-      p.then((s) => localAddrs.set(ctx.engineId, s.address)).catch(() => localServers.delete(ctx.engineId));
+      p.catch(() => {}); // a listen failure is reported by setXferHandshakeMetadata (engine start) and bootstrapAddress
     }
   }
 
@@ -139,9 +121,21 @@ export class MooncakeScheduler implements KVConnectorScheduler {
     return this.server;
   }
 
-  private bootstrapFor(p: Record<string, unknown>, remoteEngineId: string): string | undefined {
+  /**
+   * `host:port` where this half's bootstrap server listens (with `bootstrap_port: 0`, the port it
+   * got), or null without a server (consumer, or `bootstrap_addr`). What a proxy or a deployment
+   * puts in a consumer's `remote_bootstrap_addr` (params or extra config); nothing else in the
+   * process learns it.
+   * @throws the listen error (e.g. EADDRINUSE) when the server could not start.
+   */
+  async bootstrapAddress(): Promise<string | null> {
+    return this.server ? (await this.server).address : null;
+  }
+
+  /** The producer's bootstrap address: the params' `remote_bootstrap_addr`, else the config's (nothing else: no process-global registry). */
+  private bootstrapFor(p: Record<string, unknown>): string | undefined {
     if (isStr(p.remote_bootstrap_addr)) return p.remote_bootstrap_addr;
-    return this.opts.remoteBootstrapAddr ?? localAddrs.get(remoteEngineId);
+    return this.opts.remoteBootstrapAddr;
   }
 
   getNumNewMatchedTokens(request: ConnectorRequest, numComputedTokens: number): MatchedTokens {
@@ -155,7 +149,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
       this.unusable.reject(request.requestId, `kv_transfer_params unusable by Mooncake (${isStr(p.transfer_id) ? 'remote_engine_id' : 'transfer_id'} missing: Mooncake pairs the two sides by a proxy-given transfer_id); prefilled locally`);
       return { count: 0, loadAsync: false };
     }
-    const bootstrapAddr = this.bootstrapFor(p, p.remote_engine_id);
+    const bootstrapAddr = this.bootstrapFor(p);
     if (bootstrapAddr === undefined) {
       this.noBootstrap++;
       this.unusable.reject(request.requestId, `no bootstrap address for producer ${p.remote_engine_id} (no remote_bootstrap_addr in the params or the config); prefilled locally`);
@@ -229,10 +223,6 @@ export class MooncakeScheduler implements KVConnectorScheduler {
 
   async shutdown(): Promise<void> {
     if (!this.server) return;
-    if (localServers.get(this.ctx.engineId) === this.server) {
-      localServers.delete(this.ctx.engineId);
-      localAddrs.delete(this.ctx.engineId);
-    }
     const s = await this.server.catch(() => null);
     await s?.close();
   }

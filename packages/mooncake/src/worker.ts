@@ -2,7 +2,8 @@
  * The worker half of `MooncakeConnector` (vLLM `MooncakeConnectorWorker`), P2P with producer
  * WRITEs.
  *
- * Producer worker: registers its KV memory with its transfer agent, binds a ZeroMQ ROUTER and
+ * Producer worker: registers its KV memory (host, or device memory as `VRAM`) with its transfer
+ * agent, binds a ZeroMQ ROUTER and
  * registers the ROUTER's address with the bootstrap server. A consumer worker's
  * {@link TransferMetadata} may arrive before the producer has the request: each request waits
  * (deadline `abort_timeout_ms`) until the scheduler's metadata ships the request's blocks. It then
@@ -35,15 +36,15 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { debuglog } from 'node:util';
-import { hostRegions, loadBlockIds } from '@kvconnect/core';
-import type { HostWorkerKVCaches, KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
-import { checkBindHost, type TransferAgent } from '@kvconnect/transfer';
+import { loadBlockIds } from '@kvconnect/core';
+import type { KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import { checkBindHost, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { createAgent } from './agent.js';
 import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
 import { queryEngine, registerWorker, registrationBody, type EngineWorkers } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
-import { describeLayout, planWrites } from './layout.js';
+import { describeLayout, planWrites, workerMemory } from './layout.js';
 import {
   decodeEnvelope,
   decodeTransferMetadata,
@@ -58,8 +59,9 @@ import {
   type TransferResponse,
   type WireCache,
   type WireLoad,
+  type WireMemory,
 } from './protocol.js';
-import { localBootstrap, type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
+import { type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
 
 const log = debuglog('kvconnect:mooncake');
 
@@ -168,9 +170,11 @@ export class MooncakeWorker implements KVConnectorWorker {
   };
   /** The last error message of a failed load or request (diagnostics). */
   lastError: string | null = null;
-  private caches: HostWorkerKVCaches | null = null;
+  private caches: WorkerKVCaches | null = null;
   private agent: TransferAgent | null = null;
-  private regionAddrs: number[] = [];
+  /** The KV regions as the agent registered them (host `DRAM`, or device `VRAM` with its CUDA device). */
+  private regions: readonly RegisteredRegion[] = [];
+  private memory: WireMemory = { kind: 'DRAM', deviceId: 0 };
   private layout: WireCache[] = [];
   private agentMetadata: Uint8Array | null = null;
   private router: zmq.Router | null = null;
@@ -218,15 +222,24 @@ export class MooncakeWorker implements KVConnectorWorker {
     return this.agent;
   }
 
-  async registerKvCaches(all: WorkerKVCaches): Promise<void> {
-    const caches = hostRegions(all, 'MooncakeConnector');
+  /**
+   * Registers the worker's KV regions with a new agent: host memory as `DRAM`, device memory
+   * (`DeviceMemoryRegion`) as `VRAM` with its CUDA device (`toMemoryRegion`; the embedded agent
+   * moves it by CUDA IPC on one host and pinned staging across hosts, the Mooncake agent registers
+   * it with location `cuda:N`). Producer: binds the side channel and registers with the bootstrap
+   * server.
+   * @throws LayoutMismatchError when the regions are not all in one memory (all host, or all on
+   *   one CUDA device); the agent's TransferError when it refuses a region.
+   */
+  async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
     this.caches = caches;
     const name = `${this.ctx.engineId.slice(0, 200)}/pp${this.ctx.ppRank}/tp${this.ctx.tpRank}/${randomUUID().slice(0, 8)}`;
     let agent = await createAgent(this.opts.backend, name, this.opts.host, this.opts.clusterSecret);
     if (this.hooks.wrapAgent) agent = this.hooks.wrapAgent(agent, this.ctx);
     this.agent = agent;
-    const reg = await agent.registerMemory(caches.regions.map((bytes) => ({ bytes })));
-    this.regionAddrs = reg.regions.map((r) => r.addr);
+    const reg = await agent.registerMemory(caches.regions.map((r) => toMemoryRegion(r)));
+    this.memory = workerMemory(reg.regions);
+    this.regions = reg.regions;
     this.layout = describeLayout(caches);
     this.agentMetadata = await agent.getLocalMetadata();
     if (this.role !== 'kv_consumer') await this.startRouter();
@@ -246,13 +259,10 @@ export class MooncakeWorker implements KVConnectorWorker {
       await registerWorker(this.opts.bootstrapAddr, reg, { timeoutMs: this.opts.bootstrapTimeoutMs, secret: this.opts.clusterSecret });
       return;
     }
-    // The engine's own bootstrap server (its scheduler half's): registered through the handshake
-    // hooks (getHandshakeMetadata -> MooncakeScheduler.setXferHandshakeMetadata), which work when
-    // this worker runs in its own process; directly too when that server is in this process (hosts
-    // or wrapping connectors that do not pass the handshake on).
+    // The engine's own bootstrap server (its scheduler half's): registered only through the
+    // handshake hooks (getHandshakeMetadata -> MooncakeScheduler.setXferHandshakeMetadata), in
+    // process or from a worker process alike; no process-global lookup.
     this.handshake = registrationBody(reg);
-    const local = localBootstrap(this.ctx.engineId);
-    if (local) (await local).register(reg);
   }
 
   /** Producer without `bootstrap_addr`: this worker's registration body for its engine's bootstrap server. */
@@ -528,14 +538,16 @@ export class MooncakeWorker implements KVConnectorWorker {
     st.inflight++;
     try {
       const plan = planWrites(
-        { caches: this.caches!, regionAddrs: this.regionAddrs, blocks: st.spec.blocks, numTokens: st.spec.numTokens },
-        { tpSize: md.tpSize, tpRank: md.tpRank, regions: md.regions, caches: md.caches },
+        { caches: this.caches!, regions: this.regions, blocks: st.spec.blocks, numTokens: st.spec.numTokens },
+        { tpSize: md.tpSize, tpRank: md.tpRank, regions: md.regions, memory: md.memory, caches: md.caches },
         load,
       );
       if (plan.local.length > 0) {
         const agent = this.agent!;
-        const local = await agent.prepDescList(null, 'DRAM', plan.local);
-        const remote = await agent.prepDescList(agentName, 'DRAM', plan.remote);
+        // The agent checks every descriptor against its registered regions (local) and those the
+        // consumer's agent metadata advertised (remote) of that kind and device.
+        const local = await agent.prepDescList(null, plan.localKind, plan.local);
+        const remote = await agent.prepDescList(agentName, plan.remoteKind, plan.remote);
         try {
           const req = await agent.makeTransfer({ op: 'WRITE', local, remote });
           try {
@@ -672,7 +684,8 @@ export class MooncakeWorker implements KVConnectorWorker {
         tpRank: this.ctx.tpRank,
         ppSize: this.ctx.ppSize,
         ppRank: this.ctx.ppRank,
-        regions: this.regionAddrs.map((a, i) => [a, this.caches!.regions[i].byteLength] as [number, number]),
+        regions: this.regions.map((r) => [r.addr, r.length] as [number, number]),
+        memory: this.memory,
         caches: this.layout,
         requests,
       });

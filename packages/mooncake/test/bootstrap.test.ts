@@ -325,4 +325,18 @@ describe('bounds under floods', () => {
     const addr = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
     await expect(queryEngine(addr, 'e', { deadlineMs: 10_000 })).rejects.toThrow(BootstrapLimitError);
   });
+
+  it('the client refuses an answer whose declared length is over its limit before reading it (register and query)', async () => {
+    const srv = http.createServer((_q, res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(BOOTSTRAP_LIMITS.answerBytes + 1) });
+      res.write('{"engine_id":'); // a few bytes, then nothing: only the declared length can refuse it in time
+    });
+    await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+    servers.push({ close: () => new Promise<void>((r) => (srv.closeAllConnections(), srv.close(() => r()))) });
+    const addr = `127.0.0.1:${(srv.address() as AddressInfo).port}`;
+    const t0 = Date.now();
+    await expect(queryEngine(addr, 'e', { deadlineMs: 3_000 })).rejects.toThrow(BootstrapLimitError);
+    await expect(registerWorker(addr, { engineId: 'e', tpRank: 0, ppRank: 0, tpSize: 1, ppSize: 1, addr: 'tcp://127.0.0.1:1' }, { timeoutMs: 3_000, attempts: 1 })).rejects.toThrow(/over 1048576/);
+    expect(Date.now() - t0).toBeLessThan(2_500);
+  });
 });

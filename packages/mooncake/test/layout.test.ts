@@ -8,7 +8,8 @@
 import { describe, expect, it } from 'vitest';
 import { pagedAttentionBytes, pagedAttentionCache, type AttentionCacheView, type StateCacheView } from '@kvconnect/checksum';
 import type { HostWorkerKVCaches } from '@kvconnect/core';
-import { LayoutMismatchError, describeLayout, partOffset, planWrites, type WritePlan } from '../src/layout.js';
+import type { RegisteredRegion } from '@kvconnect/transfer';
+import { LayoutMismatchError, describeLayout, partOffset, planWrites, workerMemory, type WritePlan } from '../src/layout.js';
 import type { WireLoad } from '../src/protocol.js';
 
 const KV_HEADS = 2;
@@ -89,6 +90,9 @@ function blocksFor(n: number, first: number, bs: number): number[] {
   return Array.from({ length: Math.ceil(n / bs) }, (_, i) => first + i);
 }
 
+/** A rank's regions as an agent registered them (host memory). */
+const registered = (r: { caches: { regions: readonly Uint8Array[] }; addrs: readonly number[] }): RegisteredRegion[] => r.addrs.map((addr, i) => ({ addr, length: r.caches.regions[i].byteLength, kind: 'DRAM', deviceId: 0 }));
+
 describe('planWrites', () => {
   const combos: Array<[number, number, number, number, 'NHD' | 'HND']> = [
     [1, 1, 4, 4, 'NHD'],
@@ -113,7 +117,7 @@ describe('planWrites', () => {
         let cells = 0;
         const writers = new Map<string, number>();
         for (const p of producers) {
-          const plan = planWrites({ caches: p.caches, regionAddrs: p.addrs, blocks: pBlocks, numTokens: N }, side, load);
+          const plan = planWrites({ caches: p.caches, regions: registered(p), blocks: pBlocks, numTokens: N }, side, load);
           cells += plan.cells;
           // Record who wrote each destination byte range.
           plan.remote.forEach((x) => {
@@ -157,7 +161,7 @@ describe('planWrites', () => {
     const p = rank(0, 1, 4, 'NHD', 0x10000, true);
     const c = rank(0, 1, 4, 'NHD', 0x900000, false);
     const plan = planWrites(
-      { caches: p.caches, regionAddrs: p.addrs, blocks: [[2, 3, 4, 5], [1]], numTokens: 16 },
+      { caches: p.caches, regions: registered(p), blocks: [[2, 3, 4, 5], [1]], numTokens: 16 },
       { tpSize: 1, tpRank: 0, regions: c.addrs.map((a, i) => [a, c.caches.regions[i].byteLength] as const), caches: describeLayout(c.caches) },
       { transferId: 't', blocks: [[6, 7, 8, 9], [2]], firstToken: 0, numTokens: 16 },
     );
@@ -166,13 +170,38 @@ describe('planWrites', () => {
     expect(plan.bytes).toBe(16 * 2 * 2 * HEAD * 2 + 5 * COLS * 4);
   });
 
+  it('device KV: descriptors in the memory of each side (kind and CUDA device), the same bytes as host KV', () => {
+    const p = rank(0, 1, 4, 'NHD', 0x10000, true);
+    const c = rank(0, 1, 4, 'NHD', 0x900000, false);
+    const load: WireLoad = { transferId: 't', blocks: [[6, 7, 8, 9], [2]], firstToken: 0, numTokens: 16 };
+    const blocks = [[2, 3, 4, 5], [1]];
+    const consumer = { tpSize: 1, tpRank: 0, regions: c.addrs.map((a, i) => [a, c.caches.regions[i].byteLength] as const), caches: describeLayout(c.caches) };
+    const host = planWrites({ caches: p.caches, regions: registered(p), blocks, numTokens: 16 }, consumer, load);
+    expect([host.localKind, host.remoteKind]).toEqual(['DRAM', 'DRAM']);
+    const vram = registered(p).map((r) => ({ ...r, kind: 'VRAM' as const, deviceId: 3 }));
+    const dev = planWrites({ caches: p.caches, regions: vram, blocks, numTokens: 16 }, { ...consumer, memory: { kind: 'VRAM', deviceId: 1 } }, load);
+    expect([dev.localKind, dev.remoteKind]).toEqual(['VRAM', 'VRAM']);
+    expect(dev.local.map((d) => [d.addr, d.length])).toEqual(host.local.map((d) => [d.addr, d.length]));
+    expect(dev.remote.map((d) => [d.addr, d.length])).toEqual(host.remote.map((d) => [d.addr, d.length]));
+    expect(new Set(dev.local.map((d) => d.deviceId))).toEqual(new Set([3]));
+    expect(new Set(dev.remote.map((d) => d.deviceId))).toEqual(new Set([1]));
+  });
+
+  it('a worker\'s KV is in one memory: regions of several kinds or devices are refused', () => {
+    const r = (kind: 'DRAM' | 'VRAM', deviceId: number): RegisteredRegion => ({ addr: 4096, length: 64, kind, deviceId });
+    expect(workerMemory([r('VRAM', 2), r('VRAM', 2)])).toEqual({ kind: 'VRAM', deviceId: 2 });
+    expect(workerMemory([r('DRAM', 0)])).toEqual({ kind: 'DRAM', deviceId: 0 });
+    expect(() => workerMemory([r('VRAM', 0), r('DRAM', 0)])).toThrow(LayoutMismatchError);
+    expect(() => workerMemory([r('VRAM', 0), r('VRAM', 1)])).toThrow(/one memory/);
+  });
+
   const mismatch = (mutate: (c: ReturnType<typeof describeLayout>) => void, load: Partial<WireLoad> = {}, tpD = 1) => () => {
     const p = rank(0, 1, 4, 'NHD', 0x10000, true);
     const c = rank(0, tpD, 4, 'NHD', 0x900000, false);
     const caches = describeLayout(c.caches);
     mutate(caches);
     return planWrites(
-      { caches: p.caches, regionAddrs: p.addrs, blocks: [[2, 3], [1]], numTokens: 8 },
+      { caches: p.caches, regions: registered(p), blocks: [[2, 3], [1]], numTokens: 8 },
       { tpSize: tpD, tpRank: 0, regions: c.addrs.map((a, i) => [a, c.caches.regions[i].byteLength] as const), caches },
       { transferId: 't', blocks: [[6, 7], [2]], firstToken: 0, numTokens: 8, ...load },
     );

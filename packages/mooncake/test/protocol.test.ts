@@ -5,6 +5,7 @@
  * throws a MooncakeProtocolError, nothing else.
  */
 import { describe, expect, it } from 'vitest';
+import { NixlDecodeError, str as nixlStr } from '@kvconnect/nixl-common';
 import fc from 'fast-check';
 import { Packr, Unpackr } from 'msgpackr';
 import {
@@ -35,6 +36,7 @@ function metadata(): TransferMetadata {
       [0x10000, 4096],
       [0x20000, 8192],
     ],
+    memory: { kind: 'VRAM', deviceId: 1 },
     caches: [
       {
         kind: 'attention',
@@ -82,7 +84,7 @@ describe('transfer metadata', () => {
 
   it('is a MessagePack map with vLLM-style snake_case keys', () => {
     const keys = [...raw(encodeTransferMetadata(metadata())).keys()];
-    expect(keys).toEqual(['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'caches', 'requests']);
+    expect(keys).toEqual(['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests']);
   });
 
   it('ignores unknown fields', () => {
@@ -98,6 +100,10 @@ describe('transfer metadata', () => {
     ['a negative address', (m) => m.set('regions', [[-1, 10]]), /regions\[0\]\[0\]/],
     ['agent metadata as a string', (m) => m.set('agent_metadata', 'abc'), /agent_metadata: expected a bin/],
     ['an empty engine id', (m) => m.set('engine_id', ''), /engine_id: must not be empty/],
+    ['no memory (a version-2 message)', (m) => m.delete('memory'), /memory: required/],
+    ['an unknown memory kind', (m) => m.set('memory', ['HBM', 0]), /memory\[0\]: expected "DRAM" or "VRAM"/],
+    ['host memory on a device other than 0', (m) => m.set('memory', ['DRAM', 2]), /memory\[1\]: DRAM is device 0/],
+    ['a memory device out of range', (m) => m.set('memory', ['VRAM', 70_000]), /memory\[1\]: 70000 exceeds 65535/],
     ['a too long engine id', (m) => m.set('engine_id', 'x'.repeat(LIMITS.idLength + 1)), /engine_id: longer than/],
     ['requests as an array', (m) => m.set('requests', []), /requests: expected a map/],
     ['a request key that is a number', (m) => m.set('requests', new Map([[5, ['x', [[1]], 0, 1]]])), /requests key: expected a string/],
@@ -269,7 +275,7 @@ describe('fuzz', () => {
   });
 
   it('arbitrary MessagePack values (maps with the right keys and wrong values)', () => {
-    const keys = ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums', 'agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'caches', 'requests'];
+    const keys = ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums', 'agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests'];
     const value = fc.oneof(fc.anything({ maxDepth: 3 }), fc.uint8Array({ maxLength: 8 }), fc.integer(), fc.double(), fc.constant(null));
     fc.assert(
       fc.property(fc.array(fc.tuple(fc.constantFrom(...keys), value), { maxLength: 12 }), (entries) => {
@@ -301,5 +307,15 @@ describe('fuzz', () => {
       ),
       { numRuns: 1000 },
     );
+  });
+});
+
+describe('one set of strict decoders', () => {
+  it('nixl-common\'s codec and this side channel report a defect through the same helper, each with its own error type', () => {
+    expect(() => nixlStr(5, 'err_msg', 10)).toThrow(NixlDecodeError);
+    expect(() => nixlStr(5, 'err_msg', 10)).toThrow(/^err_msg: expected a string, got number 5$/);
+    const resp = new Uint8Array(packr.pack(new Map<string, unknown>([['status', 0], ['err_msg', 5]])));
+    expect(() => decodeTransferResponse(resp)).toThrow(MooncakeProtocolError);
+    expect(() => decodeTransferResponse(resp)).toThrow(/: err_msg: expected a string, got number 5$/);
   });
 });

@@ -2,13 +2,14 @@
  * The scheduler half: the producer ships a finished request's blocks with its checksum payload
  * in the next metadata, drops the payload of a request with nothing to send, ships aborts, keeps
  * blocks (delayFree) and returns no params; the consumer loads every token past the local hit
- * asynchronously from the bootstrap address the params, the config or the process give; the
+ * asynchronously from the bootstrap address the params or the config give (never from another
+ * engine of the process: no module-level registry); the
  * checksum carrier is `connector` for both directions.
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseKVTransferConfig, type ConnectorRequest } from '@kvconnect/core';
 import { parseMooncakeOptions } from '../src/config.js';
-import { MooncakeScheduler, bootstrapAddressOf, type MooncakeConnectorMetadata } from '../src/scheduler.js';
+import { MooncakeScheduler, type MooncakeConnectorMetadata } from '../src/scheduler.js';
 
 const made: MooncakeScheduler[] = [];
 afterEach(async () => {
@@ -69,19 +70,35 @@ describe('producer', () => {
     expect(s.kvChecksumCarrier(req('a', undefined))).toBeNull();
   });
 
-  it('starts the bootstrap server; its address is known in this process; shutdown closes it', async () => {
+  it('starts the bootstrap server; the half tells its address; shutdown closes it', async () => {
     const s = sched('kv_producer', {}, 'boot-engine');
     const srv = await s.bootstrapServer()!;
-    expect(await bootstrapAddressOf('boot-engine')).toBe(srv.address);
+    expect(await s.bootstrapAddress()).toBe(srv.address);
+    expect(srv.address).toMatch(/^127\.0\.0\.1:\d+$/);
     expect((await fetch(`http://${srv.address}/query`)).status).toBe(200);
     await s.shutdown();
-    expect(await bootstrapAddressOf('boot-engine')).toBeUndefined();
     await expect(fetch(`http://${srv.address}/query`)).rejects.toThrow();
   });
 
-  it('with bootstrap_addr it starts no server', () => {
+  it('with bootstrap_addr it starts no server', async () => {
     expect(sched('kv_producer', { bootstrap_addr: '127.0.0.1:1' }).bootstrapServer()).toBeNull();
     expect(sched('kv_consumer').bootstrapServer()).toBeNull();
+    expect(await sched('kv_consumer').bootstrapAddress()).toBeNull();
+  });
+
+  it('two producers with the same engine id in one process keep their own servers and workers', async () => {
+    const a = sched('kv_producer', {}, 'same-id');
+    const b = sched('kv_producer', {}, 'same-id');
+    const [sa, sb] = [await a.bootstrapServer()!, await b.bootstrapServer()!];
+    expect(sa.address).not.toBe(sb.address);
+    const reg = (owner: string, addr: string) => ({ engine_id: 'same-id', tp_rank: 0, pp_rank: 0, tp_size: 1, pp_size: 1, addr, owner });
+    await a.setXferHandshakeMetadata(new Map([['0:0', reg('owner-a', 'tcp://127.0.0.1:1001')]]));
+    await b.setXferHandshakeMetadata(new Map([['0:0', reg('owner-b', 'tcp://127.0.0.1:1002')]]));
+    const q = async (addr: string) => JSON.stringify(await (await fetch(`http://${addr}/query?engine_id=same-id`)).json());
+    expect(await q(sa.address)).toContain('tcp://127.0.0.1:1001');
+    expect(await q(sa.address)).not.toContain('tcp://127.0.0.1:1002');
+    expect(await q(sb.address)).toContain('tcp://127.0.0.1:1002');
+    expect(await q(sb.address)).not.toContain('tcp://127.0.0.1:1001');
   });
 });
 
@@ -98,19 +115,27 @@ describe('consumer', () => {
     ]);
   });
 
-  it('the params\' remote_bootstrap_addr wins over the config; a producer of this process is found by engine id', async () => {
+  it('the params\' remote_bootstrap_addr wins over the config', () => {
     const s = sched('kv_consumer', { remote_bootstrap_addr: 'cfg:1' });
     const r = req('d2', { ...params, remote_bootstrap_addr: 'param:2' }, 20, 0);
     s.getNumNewMatchedTokens(r, 0);
     s.updateStateAfterAlloc(r, [[1]], 20);
     expect((s.buildConnectorMeta() as MooncakeConnectorMetadata).loads[0].bootstrapAddr).toBe('param:2');
+  });
+
+  it('a producer engine of this process is not found by its engine id (no process-global registry); only by configuration', async () => {
     const p = sched('kv_producer', {}, 'local-prod');
-    const addr = (await p.bootstrapServer()!).address;
+    const addr = (await p.bootstrapAddress())!;
     const c = sched('kv_consumer');
-    const r2 = req('d3', { ...params, remote_engine_id: 'local-prod' }, 20, 0);
-    expect(c.getNumNewMatchedTokens(r2, 0).count).toBe(20);
-    c.updateStateAfterAlloc(r2, [[1]], 20);
-    expect((c.buildConnectorMeta() as MooncakeConnectorMetadata).loads[0].bootstrapAddr).toBe(addr);
+    const r = req('d3', { ...params, remote_engine_id: 'local-prod' }, 20, 0);
+    expect(c.getNumNewMatchedTokens(r, 0)).toEqual({ count: 0, loadAsync: false });
+    expect(c.noBootstrap).toBe(1);
+    expect(c.requestFinished(r, [], 'length').kvTransferParams?.kv_transfer_params_error).toMatch(/no bootstrap address for producer local-prod/);
+    const configured = sched('kv_consumer', { remote_bootstrap_addr: addr });
+    const r2 = req('d3b', { ...params, remote_engine_id: 'local-prod' }, 20, 0);
+    expect(configured.getNumNewMatchedTokens(r2, 0).count).toBe(20);
+    configured.updateStateAfterAlloc(r2, [[1]], 20);
+    expect((configured.buildConnectorMeta() as MooncakeConnectorMetadata).loads[0].bootstrapAddr).toBe(addr);
   });
 
   it('no bootstrap address anywhere, no transfer id, or nothing left to load: no load', () => {

@@ -1,9 +1,12 @@
 /**
  * Strict MessagePack helpers shared by every decoder of this package (side-channel messages,
  * handshake info, push registrations, notifs). Every decoder checks types, ranges and sizes and
- * throws {@link NixlDecodeError} (never anything else) for bytes a peer got wrong.
+ * throws {@link NixlDecodeError} (never anything else) for bytes a peer got wrong. The field
+ * helpers are `@kvconnect/transfer`'s `strictDecoders` (`strict-decode.ts`), shared with the
+ * Mooncake side channel.
  * @module
  */
+import { strictDecoders } from '@kvconnect/transfer';
 import { Packr, Unpackr } from 'msgpackr';
 
 /** The MessagePack encoder (arrays and plain values only; no records). */
@@ -36,45 +39,15 @@ export function unpackStrict(bytes: Uint8Array, maxBytes: number, what: string):
   }
 }
 
-/** A safe non-negative integer `<= max`. */
-export function nat(x: unknown, what: string, max = Number.MAX_SAFE_INTEGER): number {
-  if (typeof x !== 'number' || !Number.isSafeInteger(x) || x < 0 || x > max) fail(`${what}: expected an integer in 0..${max}`);
-  return x;
-}
+const fields = strictDecoders((path, detail) => fail(`${path}: ${detail}`));
 
-/** A safe integer `>= 1` and `<= max`. */
-export function pos(x: unknown, what: string, max = Number.MAX_SAFE_INTEGER): number {
-  const v = nat(x, what, max);
-  if (v < 1) fail(`${what}: expected an integer >= 1`);
-  return v;
-}
-
-/** A string of `min..max` UTF-16 code units. */
-export function str(x: unknown, what: string, max: number, min = 1): string {
-  if (typeof x !== 'string' || x.length < min || x.length > max) fail(`${what}: expected a string of ${min}..${max} characters`);
-  return x;
-}
-
-/** A bin of at most `max` bytes, copied (decoded bins may view the frame). */
-export function bin(x: unknown, what: string, max: number): Uint8Array {
-  if (!(x instanceof Uint8Array) || x.byteLength > max) fail(`${what}: expected bytes (at most ${max})`);
-  return new Uint8Array(x);
-}
-
-/** An array of `min..max` elements. */
-export function arr(x: unknown, what: string, max: number, min = 0): unknown[] {
-  if (!Array.isArray(x) || x.length < min || x.length > max) fail(`${what}: expected an array of ${min}..${max} elements`);
-  return x;
-}
-
-/** A boolean. */
-export function bool(x: unknown, what: string): boolean {
-  if (typeof x !== 'boolean') fail(`${what}: expected a boolean`);
-  return x;
-}
-
-/** One of `values`. */
-export function oneOf<T extends string>(x: unknown, what: string, values: readonly T[]): T {
-  if (typeof x !== 'string' || !(values as readonly string[]).includes(x)) fail(`${what}: expected one of ${values.join(', ')}`);
-  return x as T;
-}
+/**
+ * The field helpers: `@kvconnect/transfer`'s {@link strictDecoders} (the one set the Mooncake side
+ * channel uses too), throwing {@link NixlDecodeError} `"<what>: <detail>"`.
+ * - `nat(x, what, max?)`: a safe integer in `0..max`; `pos`: in `1..max`;
+ * - `str(x, what, max, min = 1)`: a string of `min..max` code units;
+ * - `bin(x, what, max)`: a bin of at most `max` bytes, copied (decoded bins may view the frame);
+ * - `arr(x, what, max, min = 0)`: an array of `min..max` elements;
+ * - `bool(x, what)`; `oneOf(x, what, values)`: one of the strings `values`.
+ */
+export const { nat, pos, str, bin, arr, bool, oneOf } = fields;

@@ -36,3 +36,4 @@ export {
   type DeviceMemoryErrorCode,
   type KVDeviceMode,
 } from './device.js';
+export { strictDecoders, describeValue, type DecodeFail, type StrictDecoders } from './strict-decode.js';
