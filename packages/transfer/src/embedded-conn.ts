@@ -11,7 +11,8 @@ import { checkProof, makeNonce, makeProof } from './auth.js';
 import { ProtocolError, TransferError } from './errors.js';
 import type { StagingPool } from './device.js';
 import type { HostRegion } from './memory.js';
-import type { TransferErrorKind, TransferRequest, XferDesc, XferOp, XferStatus } from './types.js';
+import { isCurrent, RequestState } from './agent-base.js';
+import type { TransferErrorKind, XferDesc, XferOp } from './types.js';
 import {
   encodeFrame,
   F,
@@ -57,27 +58,21 @@ export interface OutFrame {
   stage?: { buf: Uint8Array; pool: StagingPool } | null;
 }
 
-export class EmbeddedRequest implements TransferRequest {
-  error: Error | null = null;
-  state: XferStatus | 'idle' = 'idle';
-  released = false;
-  gen = 0;
+/** A request of the embedded agent: its descriptor pairs, its notif and the frames of the current post not yet landed. */
+export class EmbeddedRequest extends RequestState {
+  /** Frames of the current post not yet done. */
   pending = 0;
-  timer: NodeJS.Timeout | null = null;
-  waiters: Array<(s: XferStatus) => void> = [];
   constructor(
-    readonly owner: EmbeddedAgent,
-    readonly op: XferOp,
-    readonly remoteAgent: string,
+    owner: EmbeddedAgent,
+    op: XferOp,
+    remoteAgent: string,
     readonly pairs: readonly Pair[],
-    readonly bytes: number,
+    bytes: number,
     public notif: Uint8Array | null,
-  ) {}
-  get count(): number {
-    return this.pairs.length;
+  ) {
+    super(owner, op, remoteAgent, bytes, pairs.length);
   }
 }
-
 
 /** Outgoing connection to one remote agent. */
 export class OutConn {
@@ -164,7 +159,7 @@ export class OutConn {
     let corked = false;
     while (this.qHead < this.queue.length && !this.blocked && !this.staging) {
       const f = this.queue[this.qHead]!;
-      if (f.req.gen !== f.gen || f.req.state !== 'in-progress') {
+      if (!isCurrent(f.req, f.gen)) {
         this.qHead++; // canceled or timed out before it was sent
         continue;
       }
@@ -179,7 +174,7 @@ export class OutConn {
           });
           break;
         }
-        if (f.req.gen !== f.gen || f.req.state !== 'in-progress') continue;
+        if (!isCurrent(f.req, f.gen)) continue;
       }
       this.qHead++;
       f.id = this.nextId;
@@ -263,7 +258,7 @@ export class OutConn {
           write: (chunk: Buffer) => {
             // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
             // post), its memory is the caller's again and late bytes are dropped.
-            if (f.req.gen !== f.gen || f.req.state !== 'in-progress') return;
+            if (!isCurrent(f.req, f.gen)) return;
             let c = 0;
             while (c < chunk.length) {
               const dst = f.locals[seg]!;

@@ -53,8 +53,8 @@ import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { checkBindHost, MIN_CLUSTER_SECRET_BYTES } from './auth.js';
 import * as net from 'node:net';
 import { ProtocolError, TransferError } from './errors.js';
-import { deviceMemoryFor, IPC_HANDLE_BYTES, StagingPool, type DeviceCopy, type DeviceMemory } from './device.js';
-import { inFlatRegions, RegionTable, toU8, type DeviceRef, type HostRegion } from './memory.js';
+import { deviceMemoryFor, StagingPool, type DeviceCopy, type DeviceMemory } from './device.js';
+import { inFlatRegions, RegionTable, type DeviceRef, type HostRegion } from './memory.js';
 import type {
   AgentCapabilities,
   DescList,
@@ -73,6 +73,8 @@ import type {
 import { F, MAX_NAME_LENGTH, MAX_NOTIF_BYTES, MAX_PAYLOAD_BYTES, MAX_SEGMENTS, SECRET_BYTES } from './wire.js';
 import { EmbeddedRequest, InConn, OutConn, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
 import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo } from './embedded-metadata.js';
+
+import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, startPost, waitRequest } from './agent-base.js';
 
 export { decodeMetadata, type PeerDeviceRegion, type PeerInfo } from './embedded-metadata.js';
 
@@ -132,12 +134,6 @@ export interface EmbeddedAgentOptions {
   readonly deviceIpc?: boolean;
 }
 
-
-function checkPositiveInt(name: string, v: number | undefined, dflt: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (v === undefined) return dflt;
-  if (!Number.isSafeInteger(v) || v <= 0 || v > max) throw new TransferError('invalid', `${name} must be an integer in 1..${max}`);
-  return v;
-}
 
 
 /** A {@link TransferAgent} over TCP in plain Node. Create with {@link EmbeddedAgent.create}. */
@@ -269,24 +265,16 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   }
 
   private checkOpen(): void {
-    if (this.closed) throw new TransferError('canceled', `agent ${this.name} is closed`);
+    checkOpen(this.closed, this.name);
   }
 
   async registerMemory(regions: readonly MemoryRegion[]): Promise<Registration> {
     this.checkOpen();
-    if (!Array.isArray(regions) || regions.length === 0) throw new TransferError('invalid', 'registerMemory needs at least one region');
     const views: Array<Uint8Array | { ref: DeviceRef; length: number }> = [];
-    for (const [i, r] of regions.entries()) {
-      if (r && typeof r === 'object' && !('bytes' in r) && r.kind === 'VRAM') {
-        views.push(this.deviceRegion(i, r));
-        continue;
-      }
-      if (!r || typeof r !== 'object' || !('bytes' in r)) throw new TransferError('invalid', `regions[${i}]: the embedded agent registers host memory given as bytes (DRAM) or device memory (VRAM)`);
-      if (r.kind !== undefined && r.kind !== 'DRAM') throw new TransferError('invalid', `regions[${i}]: kind ${String(r.kind)} is not supported`);
-      const v = toU8(r.bytes);
-      if (!v) throw new TransferError('invalid', `regions[${i}].bytes must be an ArrayBuffer, SharedArrayBuffer or ArrayBufferView`);
-      if (v.byteLength === 0) throw new TransferError('invalid', `regions[${i}] is empty`);
-      views.push(v);
+    for (const [i, r] of checkRegions(regions).entries()) {
+      if ('bytes' in r) views.push(r.bytes);
+      else if (r.kind === 'VRAM') views.push(this.deviceRegion(i, r));
+      else throw new TransferError('invalid', `regions[${i}]: the embedded agent registers host memory given as bytes (DRAM) or device memory (VRAM)`);
     }
     const hosts = views.map((v) => (v instanceof Uint8Array ? this.regions.add(v) : this.regions.add(EMPTY, v)));
     const reg: Registration = Object.freeze({
@@ -334,9 +322,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   async prepDescList(agent: string | null, kind: MemoryKind, descs: readonly XferDesc[]): Promise<DescList> {
     this.checkOpen();
-    if (kind !== 'DRAM' && kind !== 'VRAM') throw new TransferError('invalid', `memory kind ${String(kind)} is not supported by the embedded agent`);
-    const vram = kind === 'VRAM';
-    if (!Array.isArray(descs)) throw new TransferError('invalid', 'descs must be an array');
+    const vram = checkKind(kind) === 'VRAM';
     let check: (addr: number, len: number) => boolean;
     if (agent === null || agent === this.name) {
       check = (a, l) => {
@@ -349,11 +335,11 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       check = (a, l) => inFlatRegions(peer.regions, a, l) && (findPeerDevice(peer.devices, a, l) !== null) === vram;
     }
     const copy: XferDesc[] = [];
-    for (const [i, d] of descs.entries()) {
-      if (!d || !check(d.addr, d.length)) {
-        throw new TransferError('invalid', `descs[${i}] (addr ${d?.addr}, length ${d?.length}) is not inside a registered ${kind} region of ${agent ?? this.name}`);
+    for (const [i, d] of checkDescs(descs).entries()) {
+      if (!check(d.addr, d.length)) {
+        throw new TransferError('invalid', `descs[${i}] (addr ${d.addr}, length ${d.length}) is not inside a registered ${kind} region of ${agent ?? this.name}`);
       }
-      copy.push(Object.freeze({ addr: d.addr, length: d.length, deviceId: vram ? (d.deviceId ?? 0) : 0 }));
+      copy.push(vram ? d : Object.freeze({ addr: d.addr, length: d.length, deviceId: 0 }));
     }
     const list: DescList = Object.freeze({ agent, kind, descs: Object.freeze(copy) });
     this.lists.add(list);
@@ -366,45 +352,21 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   async makeTransfer(args: MakeTransferArgs): Promise<TransferRequest> {
     this.checkOpen();
-    const { op, local, remote } = args;
-    if (op !== 'READ' && op !== 'WRITE') throw new TransferError('invalid', `op must be READ or WRITE, got ${String(op)}`);
-    if (!this.lists.has(local) || !this.lists.has(remote)) throw new TransferError('invalid', 'descriptor lists must come from this agent\'s prepDescList (and not be released)');
-    if (local.agent !== null) throw new TransferError('invalid', 'local must be a local descriptor list (agent null)');
-    if (remote.agent === null) throw new TransferError('invalid', 'remote must be a remote descriptor list');
-    const li = args.localIndices ?? local.descs.map((_, i) => i);
-    const ri = args.remoteIndices ?? remote.descs.map((_, i) => i);
-    if (li.length !== ri.length) throw new TransferError('invalid', `${li.length} local indices but ${ri.length} remote indices`);
-    if (li.length === 0) throw new TransferError('invalid', 'a transfer needs at least one descriptor pair');
-    const pairs: Pair[] = [];
-    let bytes = 0;
-    for (let i = 0; i < li.length; i++) {
-      const l = local.descs[li[i]!];
-      const r = remote.descs[ri[i]!];
-      if (!l || !Number.isInteger(li[i])) throw new TransferError('invalid', `localIndices[${i}] = ${li[i]} is out of range`);
-      if (!r || !Number.isInteger(ri[i])) throw new TransferError('invalid', `remoteIndices[${i}] = ${ri[i]} is out of range`);
-      if (l.length !== r.length) throw new TransferError('invalid', `pair ${i}: local length ${l.length} != remote length ${r.length}`);
-      pairs.push({ local: l, remote: r });
-      bytes += l.length;
-    }
-    const notif = args.notif === undefined ? null : checkNotif(args.notif);
-    return new EmbeddedRequest(this, op, remote.agent, pairs, bytes, notif);
+    const t = checkTransfer(args, (l): l is DescList => this.lists.has(l), MAX_NOTIF_BYTES);
+    const pairs: Pair[] = t.pairs.map(([local, remote]) => ({ local, remote }));
+    return new EmbeddedRequest(this, t.op, t.remote.agent, pairs, t.bytes, t.notif);
   }
 
   private own(req: TransferRequest): EmbeddedRequest {
-    if (!(req instanceof EmbeddedRequest) || req.owner !== this) throw new TransferError('invalid', 'not a request of this agent');
-    return req;
+    return ownRequest(this, req, EmbeddedRequest);
   }
 
   async post(request: TransferRequest, options: PostOptions = {}): Promise<XferStatus> {
     this.checkOpen();
     const req = this.own(request);
-    if (req.released) throw new TransferError('invalid', 'the request was released');
-    if (req.state === 'in-progress') throw new TransferError('invalid', 'the request is already in progress (one post at a time)');
-    if (options.notif !== undefined) req.notif = checkNotif(options.notif);
-    const timeoutMs = checkPositiveInt('timeoutMs', options.timeoutMs, this.timeoutMs);
-    req.gen++;
-    req.error = null;
-    req.state = 'in-progress';
+    const timeoutMs = checkPost(req, options, this.timeoutMs, MAX_NOTIF_BYTES);
+    if (options.notif !== undefined) req.notif = options.notif;
+    startPost(req);
     // Resolve local memory now: a region deregistered since makeTransfer fails the post.
     const peer = this.peers.get(req.remoteAgent);
     if (!peer) return this.finish(req, 'not-found', `no metadata loaded for agent ${JSON.stringify(req.remoteAgent)}`);
@@ -436,18 +398,15 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     req.timer = setTimeout(() => this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`), timeoutMs);
     req.timer.unref();
     this.conn(peer).enqueue(frames);
-    return req.state;
+    return requestStatus(req);
   }
 
   status(request: TransferRequest): XferStatus {
-    const req = this.own(request);
-    return req.state === 'idle' ? 'invalid' : req.state;
+    return requestStatus(this.own(request));
   }
 
   wait(request: TransferRequest): Promise<XferStatus> {
-    const req = this.own(request);
-    if (req.state !== 'in-progress') return Promise.resolve(req.state === 'idle' ? 'invalid' : req.state);
-    return new Promise((resolve) => req.waiters.push(resolve));
+    return waitRequest(this.own(request));
   }
 
   async release(request: TransferRequest): Promise<void> {
@@ -458,7 +417,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   async sendNotif(agent: string, message: Uint8Array): Promise<void> {
     this.checkOpen();
-    const msg = checkNotif(message);
+    const msg = checkNotif(message, MAX_NOTIF_BYTES);
     const peer = this.peers.get(agent);
     if (!peer) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
     return this.conn(peer).sendNotif(msg);
@@ -509,7 +468,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       return;
     }
     const req = f.req;
-    if (req.gen !== f.gen || req.state !== 'in-progress') return;
+    if (!isCurrent(req, f.gen)) return;
     if (--req.pending > 0) return;
     // Every frame landed: now the notif (it travels behind the data on the same connection).
     if (req.notif) conn.sendNotif(req.notif).catch(() => {});
@@ -519,20 +478,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   /** @internal */
   frameFailed(f: OutFrame, kind: TransferErrorKind, message: string): void {
     if (f.stage) f.stage = null; // not reused: a copy or a socket write may still hold it
-    if (f.req.gen !== f.gen || f.req.state !== 'in-progress') return;
+    if (!isCurrent(f.req, f.gen)) return;
     this.finish(f.req, kind, message);
   }
 
   private finish(req: EmbeddedRequest, state: XferStatus, message: string | null): XferStatus {
-    if (req.state !== 'in-progress') return req.state === 'idle' ? 'invalid' : req.state;
-    req.state = state;
-    req.error = state === 'done' || state === 'in-progress' ? null : new TransferError(state, message ?? state);
-    if (req.timer) clearTimeout(req.timer);
-    req.timer = null;
+    if (!endRequest(req, state, message)) return requestStatus(req);
     this.active.delete(req);
-    const w = req.waiters;
-    req.waiters = [];
-    for (const fn of w) fn(state);
     return state;
   }
 
@@ -555,13 +507,9 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   // ---- device regions (see the module note) ----
 
   /** Checks a VRAM region to register and finds its device memory. */
-  private deviceRegion(i: number, r: { readonly addr: number; readonly length: number; readonly deviceId?: number; readonly ipcHandle?: Uint8Array }): { ref: DeviceRef; length: number } {
-    const { addr, length } = r;
-    const device = r.deviceId ?? 0;
-    if (!Number.isSafeInteger(addr) || addr <= 0) throw new TransferError('invalid', `regions[${i}].addr must be a positive safe integer (a device address)`);
-    if (!Number.isSafeInteger(length) || length <= 0) throw new TransferError('invalid', `regions[${i}].length must be a positive safe integer`);
-    if (!Number.isInteger(device) || device < 0 || device > 65535) throw new TransferError('invalid', `regions[${i}].deviceId must be an integer in 0..65535`);
-    if (r.ipcHandle !== undefined && (!(r.ipcHandle instanceof Uint8Array) || r.ipcHandle.byteLength !== IPC_HANDLE_BYTES)) throw new TransferError('invalid', `regions[${i}].ipcHandle must be ${IPC_HANDLE_BYTES} bytes`);
+  private deviceRegion(i: number, r: { readonly addr: number; readonly length: number; readonly deviceId: number; readonly ipcHandle: Uint8Array | null }): { ref: DeviceRef; length: number } {
+    const { addr, length } = r; // checked by checkRegions
+    const device = r.deviceId;
     const address = BigInt(addr);
     let dm: DeviceMemory;
     try {
@@ -570,7 +518,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       throw new TransferError('invalid', `regions[${i}]: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
     }
     if (!dm.owns(address, length)) throw new TransferError('invalid', `regions[${i}]: [0x${address.toString(16)}, +${length}) is not device memory allocated through this process's ${dm.backend} device memory (DeviceMemory.alloc)`);
-    return { ref: { dm, device, address, ipcHandle: r.ipcHandle ? Uint8Array.prototype.slice.call(r.ipcHandle) : null }, length };
+    return { ref: { dm, device, address, ipcHandle: r.ipcHandle }, length };
   }
 
   /** The metadata's device field: `[hostId, [[addr, length, deviceId, ipcHandle | null], ...]]`, or null without device regions. */
@@ -659,7 +607,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     Promise.all(copies.map((c) => c.settled())).then(
       () => {
         for (const c of copies) c.release();
-        if (req.gen !== gen || req.state !== 'in-progress') return;
+        if (!isCurrent(req, gen)) return;
         this.deviceStats.ipcTransfers++;
         this.deviceStats.ipcBytes += req.bytes;
         // The copies finished: now the notif (over the TCP connection, as for the TCP path).
@@ -727,7 +675,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   /** An outgoing frame with staging landed: a READ copies staging to device first; then it counts as done. */
   private landFrame(f: OutFrame, conn: OutConn): void {
     const { buf, pool } = f.stage!;
-    const live = f.req.gen === f.gen && f.req.state === 'in-progress';
+    const live = isCurrent(f.req, f.gen);
     if (f.t === F.WRITE || !live) {
       f.stage = null;
       pool.give(buf); // acknowledged (WRITE) or answered: no copy and no socket write holds it
@@ -764,9 +712,4 @@ function checkClusterSecret(x: Uint8Array | null | undefined): Uint8Array | null
 }
 
 
-function checkNotif(n: Uint8Array): Uint8Array {
-  if (!(n instanceof Uint8Array)) throw new TransferError('invalid', 'a notif must be a Uint8Array');
-  if (n.byteLength > MAX_NOTIF_BYTES) throw new TransferError('invalid', `a notif is at most ${MAX_NOTIF_BYTES} bytes`);
-  return n;
-}
 

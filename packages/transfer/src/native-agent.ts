@@ -4,8 +4,6 @@
  * @module
  */
 import { createRequire } from 'node:module';
-import { TransferError } from './errors.js';
-import type { PostOptions, TransferErrorKind, XferStatus } from './types.js';
 
 /**
  * The library paths to try, in order: `$<envLibrary>`; under `$<envPrefix>` (`lib/`,
@@ -72,56 +70,6 @@ export function loadNativeLibrary<T>(
   const r = load(b, candidates);
   if (!r.ok || !r.path) throw new Error(`${label} not available: tried ${r.tried.join('; ')}`);
   return r.path;
-}
-
-/** The bookkeeping of a transfer request of an agent over a native engine (state, post generation, timer, waiters). */
-export class NativeRequestState {
-  error: Error | null = null;
-  state: XferStatus | 'idle' = 'idle';
-  nativeId: number | null = null;
-  gen = 0;
-  released = false;
-  timer: NodeJS.Timeout | null = null;
-  waiters: Array<(s: XferStatus) => void> = [];
-}
-
-/** The status of a request as `TransferAgent.status` reports it. */
-export function requestStatus(req: NativeRequestState): XferStatus {
-  return req.state === 'idle' ? 'invalid' : req.state;
-}
-
-/** `TransferAgent.wait`: the status now when not in progress, else when it ends. */
-export function waitRequest(req: NativeRequestState): Promise<XferStatus> {
-  if (req.state !== 'in-progress') return Promise.resolve(requestStatus(req));
-  return new Promise((resolve) => req.waiters.push(resolve));
-}
-
-/** Ends an in-progress request in `state`: sets its error (`message`, else the state) and stops its timer. */
-export function endRequest(req: NativeRequestState, state: XferStatus, message: string | null): void {
-  req.state = state;
-  req.error = state === 'done' ? null : new TransferError(state as TransferErrorKind, message ?? state);
-  if (req.timer) clearTimeout(req.timer);
-  req.timer = null;
-}
-
-/** Wakes the waiters of an ended request. */
-export function wakeWaiters(req: NativeRequestState, state: XferStatus): void {
-  const w = req.waiters;
-  req.waiters = [];
-  for (const fn of w) fn(state);
-}
-
-/**
- * The argument checks every `post` starts with.
- * @returns the timeout of this post, milliseconds.
- */
-export function checkPost(req: NativeRequestState, options: PostOptions, defaultTimeoutMs: number): number {
-  if (req.released) throw new TransferError('invalid', 'the request was released');
-  if (req.state === 'in-progress') throw new TransferError('invalid', 'the request is already in progress (one post at a time)');
-  const timeoutMs = options.timeoutMs ?? defaultTimeoutMs;
-  if (!Number.isSafeInteger(timeoutMs) || timeoutMs <= 0) throw new TransferError('invalid', 'timeoutMs must be a positive integer');
-  if (options.notif !== undefined && !(options.notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
-  return timeoutMs;
 }
 
 /** Groups the addon's flat `takeNotifs()` result ([name, Buffer, name, Buffer, ...]) by sender, decoding each payload. */
