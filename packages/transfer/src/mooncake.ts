@@ -50,6 +50,7 @@
  * @module
  */
 import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, RequestState, startPost, waitRequest } from './agent-base.js';
+import type { MooncakeEngineCore, NativeMooncake } from '@kvconnect/native';
 import { TransferError } from './errors.js';
 import { inFlatRegions } from './memory.js';
 import { groupNotifs, libraryCandidates, loadNativeLibrary, nativeBindings } from './native-agent.js';
@@ -70,29 +71,6 @@ import type {
   XferStatus,
 } from './types.js';
 
-/** The addon's `mooncake` bindings (native/src/mooncake_addon.cc). */
-interface NativeMooncake {
-  load(candidates: string[]): { ok: boolean; path: string | null; tried: string[]; hasNoCache: boolean };
-  addressOf(view: ArrayBufferView): number;
-  MooncakeEngineCore: new (
-    libPath: string,
-    config: { metadata: string; serverName: string; autoDiscover: boolean; pollUs: number; idlePollUs: number },
-    onStatus: (xferId: number, status: number, rc: number) => void,
-  ) => MooncakeEngineCore;
-}
-
-interface MooncakeEngineCore {
-  init(): Promise<string>;
-  registerMem(addr: number, length: number, location: string): Promise<void>;
-  unregisterMem(addr: number): Promise<void>;
-  openSegment(name: string, refresh: boolean): Promise<number>;
-  submit(opcode: number, segmentId: number, entries: Float64Array, notifyName: string | null, notifyMsg: string | null): Promise<number>;
-  abandon(id: number): Promise<void>;
-  genNotify(segmentId: number, name: string, msg: string): Promise<void>;
-  takeNotifs(): Array<string | Buffer>;
-  close(): Promise<void>;
-}
-
 /** Task statuses of the C API (`STATUS_*` of transfer_engine_c.h). */
 export const MOONCAKE_STATUS = { WAITING: 0, PENDING: 1, INVALID: 2, CANCELED: 3, COMPLETED: 4, TIMEOUT: 5, FAILED: 6 } as const;
 
@@ -107,7 +85,7 @@ export function mooncakeLibraryCandidates(env: NodeJS.ProcessEnv = process.env):
 }
 
 function nativeMooncake(): { m: NativeMooncake | null; reason: string } {
-  const { b, reason } = nativeBindings<NativeMooncake>('mooncake', 'Mooncake');
+  const { b, reason } = nativeBindings('mooncake', 'Mooncake');
   return { m: b, reason };
 }
 
@@ -118,7 +96,7 @@ function nativeMooncake(): { m: NativeMooncake | null; reason: string } {
  */
 export function loadMooncakeLibrary(options: { library?: string; env?: NodeJS.ProcessEnv } = {}): string {
   const candidates = options.library ? [options.library] : mooncakeLibraryCandidates(options.env);
-  return loadNativeLibrary(nativeBindings<NativeMooncake>('mooncake', 'Mooncake'), 'Mooncake Transfer Engine', candidates, (m, c) => m.load(c));
+  return loadNativeLibrary(nativeBindings('mooncake', 'Mooncake'), 'Mooncake Transfer Engine', candidates, (m, c) => m.load(c));
 }
 
 /** What a Mooncake agent's metadata blob carries. */

@@ -1,9 +1,10 @@
 /**
  * What the agents over the native addon's run-time-loaded libraries (NIXL, Mooncake) share: the
- * library search order, loading the addon's bindings, and loading the library through them.
+ * library search order, the addon's bindings (from its one loader, native/index.cjs), and loading
+ * the library through them.
  * @module
  */
-import { createRequire } from 'node:module';
+import { bindings, type KvconnectNativeAddon } from '@kvconnect/native';
 
 /**
  * The library paths to try, in order: `$<envLibrary>`; under `$<envPrefix>` (`lib/`,
@@ -32,26 +33,10 @@ export interface NativeBindings<T> {
   readonly reason: string;
 }
 
-const bindingsCache = new Map<string, NativeBindings<unknown>>();
-
-/**
- * The addon's `key` bindings (`require('@kvconnect/native').addon[key]`), loaded once per process.
- * @param what how a missing `key` is named in the reason (`transfer`, `Mooncake`).
- */
-export function nativeBindings<T>(key: string, what: string): NativeBindings<T> {
-  const cached = bindingsCache.get(key);
-  if (cached) return cached as NativeBindings<T>;
-  let r: NativeBindings<T>;
-  try {
-    const mod = createRequire(import.meta.url)('@kvconnect/native') as { addon: Record<string, unknown> | null; loadError: Error | null };
-    if (!mod.addon) r = { b: null, reason: `the native addon is not built or failed to load (${mod.loadError?.message ?? 'no reason given'})` };
-    else if (!mod.addon[key]) r = { b: null, reason: `the native addon has no ${what} bindings (rebuild it: cd native && node scripts/install.cjs)` };
-    else r = { b: mod.addon[key] as T, reason: '' };
-  } catch (e) {
-    r = { b: null, reason: `cannot load @kvconnect/native: ${e instanceof Error ? e.message : String(e)}` };
-  }
-  bindingsCache.set(key, r);
-  return r;
+/** The addon's `key` bindings through the addon's one loader (`bindings` of @kvconnect/native). */
+export function nativeBindings<K extends 'transfer' | 'mooncake'>(key: K, what: string): NativeBindings<NonNullable<KvconnectNativeAddon[K]>> {
+  const r = bindings(key, what);
+  return { b: r.bindings, reason: r.reason };
 }
 
 /**

@@ -26,6 +26,7 @@
  * @module
  */
 import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, RequestState, startPost, waitRequest } from './agent-base.js';
+import { NativeError, type NativeNixl as NativeTransfer, type NixlAgentCore } from '@kvconnect/native';
 import { TransferError } from './errors.js';
 import { groupNotifs, libraryCandidates, loadNativeLibrary, nativeBindings } from './native-agent.js';
 import type {
@@ -45,35 +46,6 @@ import type {
   XferStatus,
 } from './types.js';
 
-/** The addon's `transfer` bindings (native/src/nixl_addon.cc). */
-interface NativeTransfer {
-  nixlLoad(candidates: string[]): { ok: boolean; path: string | null; tried: string[] };
-  addressOf(view: ArrayBufferView): number;
-  NixlAgentCore: new (
-    libPath: string,
-    name: string,
-    config: { backend: string; params: string[]; progressThread: boolean; progressDelayUs: number; pollUs: number; idlePollUs: number },
-    onStatus: (xferId: number, code: number) => void,
-  ) => NixlAgentCore;
-}
-
-interface NixlAgentCore {
-  init(): Promise<void>;
-  registerMem(memType: number, descs: Float64Array): Promise<void>;
-  deregisterMem(memType: number, descs: Float64Array): Promise<void>;
-  getLocalMd(): Promise<Buffer>;
-  loadRemoteMd(md: Uint8Array): Promise<string>;
-  invalidateRemoteMd(name: string): Promise<void>;
-  prepDlist(agent: string, memType: number, descs: Float64Array): Promise<number>;
-  releaseDlist(id: number): Promise<void>;
-  makeXfer(op: number, localId: number, localIdx: Int32Array, remoteId: number, remoteIdx: Int32Array, notif: Uint8Array | null): Promise<number>;
-  post(id: number, notif: Uint8Array | null): Promise<number>;
-  releaseXfer(id: number): Promise<number>;
-  genNotif(remote: string, msg: Uint8Array): Promise<void>;
-  takeNotifs(): Array<string | Buffer>;
-  close(): Promise<void>;
-}
-
 /** NIXL C API status codes (`nixl_capi_status_t`). */
 export const NIXL_STATUS = { SUCCESS: 0, IN_PROG: 1, INVALID_PARAM: -1, BACKEND: -2, INVALID_STATE: -3, EXCEPTION: -4, NO_TELEMETRY: -5, NOT_FOUND: -6 } as const;
 
@@ -86,7 +58,7 @@ export function nixlLibraryCandidates(env: NodeJS.ProcessEnv = process.env): str
 }
 
 function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
-  const { b, reason } = nativeBindings<NativeTransfer>('transfer', 'transfer');
+  const { b, reason } = nativeBindings('transfer', 'transfer');
   return { t: b, reason };
 }
 
@@ -97,7 +69,7 @@ function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
  */
 export function loadNixlLibrary(options: { library?: string; env?: NodeJS.ProcessEnv } = {}): string {
   const candidates = options.library ? [options.library] : nixlLibraryCandidates(options.env);
-  return loadNativeLibrary(nativeBindings<NativeTransfer>('transfer', 'transfer'), 'NIXL', candidates, (t, c) => t.nixlLoad(c));
+  return loadNativeLibrary(nativeBindings('transfer', 'transfer'), 'NIXL', candidates, (t, c) => t.nixlLoad(c));
 }
 
 /** Options of {@link NixlAgent.create}. */
@@ -166,8 +138,7 @@ function flatDescs(descs: readonly XferDesc[]): Float64Array {
 
 function nixlError(kind: TransferErrorKind, e: unknown): TransferError {
   const m = e instanceof Error ? e.message : String(e);
-  const status = (e as { status?: unknown })?.status;
-  return new TransferError(status === NIXL_STATUS.NOT_FOUND ? 'not-found' : kind, m, { cause: e });
+  return new TransferError(e instanceof NativeError && e.status === NIXL_STATUS.NOT_FOUND ? 'not-found' : kind, m, { cause: e });
 }
 
 /** A {@link TransferAgent} over NIXL's C API. Create with {@link NixlAgent.create}. */
