@@ -93,6 +93,8 @@ export class OutConn {
   private readonly connectTimer: NodeJS.Timeout;
   /** Notifs sent before the handshake finished. */
   private early: Array<{ msg: Uint8Array; resolve: () => void; reject: (e: Error) => void }> = [];
+  /** Callers of {@link whenReady} before the handshake finished. */
+  private readyWaiters: Array<{ resolve: () => void; reject: (e: Error) => void }> = [];
   /** The handshake's nonces: the target's challenge and this side's (after HELLO). */
   private serverNonce: Uint8Array | null = null;
   private clientNonce: Uint8Array | null = null;
@@ -130,6 +132,11 @@ export class OutConn {
     return this.closed;
   }
 
+  /** True once the handshake is done (the peer proved the secret of its metadata). */
+  get isReady(): boolean {
+    return this.ready && !this.closed;
+  }
+
   /** Queues frames and sends what the window allows. */
   enqueue(frames: OutFrame[]): void {
     if (this.closed) {
@@ -138,6 +145,13 @@ export class OutConn {
     }
     for (const f of frames) this.queue.push(f);
     this.pump();
+  }
+
+  /** Resolves once the handshake is done (the peer proved its secret); rejects with the connection's error if it closes first. */
+  whenReady(): Promise<void> {
+    if (this.closed) return Promise.reject(new TransferError(this.failKind, this.failMessage));
+    if (this.ready) return Promise.resolve();
+    return new Promise((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
   }
 
   /** Sends a notif once the handshake is done; resolves when it was handed to the socket. */
@@ -235,6 +249,7 @@ export class OutConn {
           this.writeNotif(e.msg);
           e.resolve();
         }
+        for (const w of this.readyWaiters.splice(0)) w.resolve();
         this.pump();
         return null;
       }
@@ -337,6 +352,7 @@ export class OutConn {
     this.inflightBytes = 0;
     for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
     for (const e of this.early.splice(0)) e.reject(new TransferError(this.failKind, this.failMessage));
+    for (const w of this.readyWaiters.splice(0)) w.reject(new TransferError(this.failKind, this.failMessage));
   }
 }
 

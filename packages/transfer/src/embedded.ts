@@ -26,9 +26,19 @@
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
  *
- * Same-host transfers of host regions also go over (loopback) TCP: this agent has no shared-memory
- * path for host memory; bench/transfer-README.md has the measurement and the reason. The same-host
- * fast path for host memory today is NixlAgent with UCX shared-memory transports (docs/backends.md N6).
+ * Same-host host memory (`shared-memory.ts`): a registered host region that lies in a shared
+ * mapping of this process (a memfd of the addon, e.g. from `SharedHostArena`) is advertised in the
+ * metadata with the memfd's name and descriptor, the mapping's size, the region's offset and the
+ * mapping's grant word (set while some registration holds the mapping, cleared at deregistration
+ * and close), under this process's `sameHostKey()` (boot id, PID and mount namespaces). An
+ * initiator with the same key, once its connection's handshake proved the peer's secret, maps the
+ * peer's memfd (`/proc/<pid>/fd/<fd>`; the addon checks it is that memfd of exactly that size) and
+ * copies between the mapping and its own memory on the JS thread: READ and WRITE are then done at
+ * once, and the notif follows over the connection. Each copy lies inside a region the peer
+ * advertised, inside its mapping; the grant word is checked before each copy (and after a READ),
+ * so a deregistered region is refused (`invalid`) as on the TCP path (a deregistration racing a
+ * copy in progress is not seen by that copy). A mapping that does not open sends that peer's
+ * transfers over TCP for good; memory not in a shared mapping, and peers elsewhere, use TCP.
  *
  * Device regions (VRAM, `device.ts`): registered with their device, address and CUDA IPC handle,
  * which the metadata carries with this process's host id ({@link DeviceMemory.hostId}). A READ or
@@ -72,11 +82,13 @@ import type {
 } from './types.js';
 import { F, MAX_NAME_LENGTH, MAX_NOTIF_BYTES, MAX_PAYLOAD_BYTES, MAX_SEGMENTS, SECRET_BYTES } from './wire.js';
 import { EmbeddedRequest, InConn, OutConn, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
-import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo } from './embedded-metadata.js';
+import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo, type PeerShmRegion } from './embedded-metadata.js';
+import { sameHostKey, sharedMemoryBindings } from './shared-memory.js';
+import type { NativeShm } from '@kvconnect/native';
 
 import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, startPost, waitRequest } from './agent-base.js';
 
-export { decodeMetadata, type PeerDeviceRegion, type PeerInfo } from './embedded-metadata.js';
+export { decodeMetadata, type PeerDeviceRegion, type PeerInfo, type PeerShm, type PeerShmRegion } from './embedded-metadata.js';
 
 /** Options of {@link EmbeddedAgent.create}. */
 export interface EmbeddedAgentOptions {
@@ -132,6 +144,12 @@ export interface EmbeddedAgentOptions {
   readonly deviceMemory?: DeviceMemory;
   /** Move device regions by CUDA IPC when the peer is on this host (default true; false: always the TCP path). */
   readonly deviceIpc?: boolean;
+  /**
+   * The same-host data plane (default true): advertise registered host memory that lies in shared
+   * mappings (`SharedHostArena` of `shared-memory.ts`), and copy directly to and from such memory
+   * of a peer on this host once the handshake with it is done (see the module note). False: always TCP.
+   */
+  readonly sharedMemory?: boolean;
 }
 
 
@@ -174,6 +192,18 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private readonly ipcMaps = new Map<string, Map<number, { readonly address: bigint; readonly dm: DeviceMemory }>>();
   /** Peers whose IPC handles did not open here (their device regions go over TCP), with why. */
   private readonly ipcRefused = new Map<string, string>();
+  /** Shared-memory bindings, or null (disabled, not Linux, addon without them). */
+  private readonly shm: NativeShm | null;
+  /** {@link sameHostKey} of this process (null: no same-host data plane). */
+  private readonly hostKey: string | null;
+  /** Grant words of this process's shared mappings that registrations hold, by memfd name. */
+  private readonly grants = new Map<string, { readonly value: number; count: number; readonly view: Uint8Array }>();
+  /** Mapped shared memory of peers: peer name -> memfd name -> the whole mapping and its grant word. */
+  private readonly shmMaps = new Map<string, Map<string, { readonly bytes: Uint8Array; readonly grant: Uint32Array }>>();
+  /** Peers whose shared memory did not map here (their transfers go over TCP), with why. */
+  private readonly shmRefused = new Map<string, string>();
+  /** Transfers and bytes moved through shared mappings (tests and metrics). */
+  readonly shmStats = { transfers: 0, bytes: 0 };
   /** Transfers moved by CUDA IPC and over the TCP path with device staging (tests and metrics). */
   readonly deviceStats = { ipcTransfers: 0, ipcBytes: 0, stagedFrames: 0 };
   /** See {@link EmbeddedAgentOptions.frameTimeoutMs}. */
@@ -201,6 +231,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.stall = o.stallIncoming === true;
     this.deviceMemory = o.deviceMemory ?? null;
     this.deviceIpc = o.deviceIpc !== false;
+    this.hostKey = o.sharedMemory === false ? null : sameHostKey();
+    this.shm = this.hostKey === null ? null : sharedMemoryBindings().shm;
     this.frameTimeoutMs = checkPositiveInt('frameTimeoutMs', o.frameTimeoutMs, 30_000);
     this.maxBufferedBytes = checkPositiveInt('maxBufferedBytes', o.maxBufferedBytes, 64 * 1024 * 1024);
     const maxIn = checkPositiveInt('maxIncomingConnections', o.maxIncomingConnections, 1024);
@@ -214,7 +246,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       this.inConns.add(new InConn(this, s));
     });
     // Loopback transfers (to this agent itself) go through its own server.
-    this.peers.set(name, { name, host: address.host, port: address.port, secret: this.secret, regions: [], hostId: null, devices: [] });
+    this.peers.set(name, { name, host: address.host, port: address.port, secret: this.secret, regions: [], hostId: null, devices: [], shm: null });
   }
 
   /**
@@ -277,6 +309,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       else throw new TransferError('invalid', `regions[${i}]: the embedded agent registers host memory given as bytes (DRAM) or device memory (VRAM)`);
     }
     const hosts = views.map((v) => (v instanceof Uint8Array ? this.regions.add(v) : this.regions.add(EMPTY, v)));
+    for (const h of hosts) if (!h.device) this.grantShared(h);
     const reg: Registration = Object.freeze({
       regions: Object.freeze(hosts.map((h): RegisteredRegion => Object.freeze({ addr: h.addr, length: h.length, kind: h.device ? 'VRAM' : 'DRAM', deviceId: h.device?.device ?? 0 }))),
     });
@@ -288,14 +321,19 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const hosts = this.registrations.get(registration);
     if (!hosts) throw new TransferError('not-found', 'not a live registration of this agent');
     this.registrations.delete(registration);
-    for (const h of hosts) this.regions.remove(h.addr);
+    for (const h of hosts) {
+      this.regions.remove(h.addr);
+      this.revokeShared(h);
+    }
   }
 
   async getLocalMetadata(): Promise<Uint8Array> {
     this.checkOpen();
     const fields: unknown[] = [META_MAGIC, META_VERSION, this.name, this.address.host, this.address.port, this.secret, this.regions.flat()];
     const dev = this.deviceMetadata();
-    if (dev) fields.push(dev);
+    const shm = this.shmMetadata();
+    if (dev || shm) fields.push(dev);
+    if (shm) fields.push(shm);
     const b = packr.pack(fields);
     return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
   }
@@ -308,7 +346,10 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (old && (old.host !== peer.host || old.port !== peer.port || !timingSafeEqual(old.secret, peer.secret))) {
       this.conns.get(peer.name)?.fatal('remote-disconnect', `metadata of ${peer.name} was replaced`);
     }
-    if (old) this.closeIpc(peer.name); // its device regions may have changed
+    if (old) {
+      this.closeIpc(peer.name); // its device regions may have changed
+      this.closeShm(peer.name);
+    }
     this.peers.set(peer.name, peer);
     return peer.name;
   }
@@ -317,6 +358,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (agent === this.name) return;
     this.peers.delete(agent);
     this.closeIpc(agent);
+    this.closeShm(agent);
     this.conns.get(agent)?.fatal('not-found', `metadata of ${agent} was invalidated`);
   }
 
@@ -372,6 +414,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (!peer) return this.finish(req, 'not-found', `no metadata loaded for agent ${JSON.stringify(req.remoteAgent)}`);
     const viaIpc = this.postIpc(req, peer, timeoutMs);
     if (viaIpc !== null) return viaIpc;
+    const viaShm = this.postShm(req, peer, timeoutMs);
+    if (viaShm !== null) return viaShm;
+    return this.postTcp(req, peer, timeoutMs);
+  }
+
+  /** Posts `req` over the TCP connection to `peer`: frames of at most `chunkBytes`, the deadline in `timeoutMs`. */
+  private postTcp(req: EmbeddedRequest, peer: PeerInfo, timeoutMs: number): XferStatus {
     const frames: OutFrame[] = [];
     let cur: OutFrame | null = null;
     const t = req.op === 'READ' ? F.READ : F.WRITE;
@@ -437,6 +486,9 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     for (const c of [...this.conns.values()]) c.fatal('canceled', `agent ${this.name} closed`);
     for (const c of this.inConns) c.socket.destroy();
     for (const peer of [...this.ipcMaps.keys()]) this.closeIpc(peer);
+    for (const peer of [...this.shmMaps.keys()]) this.closeShm(peer);
+    for (const g of this.grants.values()) this.shm?.setGrant(g.view, 0); // peers may no longer copy
+    this.grants.clear();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 
@@ -502,6 +554,126 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   reportProtocolError(e: ProtocolError): void {
     this.protocolErrors++;
     this.emit('protocol-error', e);
+  }
+
+  // ---- same-host host memory (see the module note) ----
+
+  /** A host region that lies in a shared mapping of this process: its grant (held while registered) and where it is. */
+  private grantShared(h: HostRegion): void {
+    const info = this.shm?.lookup(h.view);
+    if (!info) return;
+    let g = this.grants.get(info.name);
+    if (!g) this.grants.set(info.name, (g = { value: randomBytes(4).readUInt32LE(0) || 1, count: 0, view: h.view }));
+    if (g.count++ === 0) this.shm!.setGrant(h.view, g.value);
+    h.shm = { name: info.name, fd: info.fd, size: info.size, offset: info.offset, grant: g.value };
+  }
+
+  /** Drops a deregistered region's grant; the mapping's grant word clears when no registration holds it. */
+  private revokeShared(h: HostRegion): void {
+    if (!h.shm) return;
+    const g = this.grants.get(h.shm.name);
+    if (!g || --g.count > 0) return;
+    this.grants.delete(h.shm.name);
+    this.shm!.setGrant(h.view, 0);
+  }
+
+  /** The metadata's shared-memory field `[hostKey, pid, [[addr, length, name, fd, size, offset, grant], ...]]`, or null. */
+  private shmMetadata(): [string, number, Array<[number, number, string, number, number, number, number]>] | null {
+    if (!this.shm || this.hostKey === null) return null;
+    const flat = this.regions.flat();
+    const out: Array<[number, number, string, number, number, number, number]> = [];
+    for (let i = 0; i < flat.length; i += 2) {
+      const r = this.regions.find(flat[i]!, flat[i + 1]!)!;
+      if (r.shm) out.push([r.addr, r.length, r.shm.name, r.shm.fd, r.shm.size, r.shm.offset, r.shm.grant]);
+    }
+    return out.length === 0 ? null : [this.hostKey, process.pid, out];
+  }
+
+  /** Forgets the mappings of `peer`'s shared memory (they are unmapped once collected). */
+  private closeShm(peer: string): void {
+    this.shmMaps.delete(peer);
+    this.shmRefused.delete(peer);
+  }
+
+  /** The mapping of a peer's shared memory in this process (mapped once, cached). */
+  private shmMapping(peer: PeerInfo, rr: PeerShmRegion): { readonly bytes: Uint8Array; readonly grant: Uint32Array } {
+    let m = this.shmMaps.get(peer.name);
+    if (!m) this.shmMaps.set(peer.name, (m = new Map()));
+    const hit = m.get(rr.name);
+    if (hit) return hit;
+    const ab = this.shm!.map(`/proc/${peer.shm!.pid}/fd/${rr.fd}`, rr.size, rr.name);
+    const v = { bytes: new Uint8Array(ab), grant: new Uint32Array(ab, 0, 1) };
+    m.set(rr.name, v);
+    return v;
+  }
+
+  /**
+   * Posts `req` through shared mappings when every pair is local host memory and host memory a
+   * peer on this host advertised in a shared mapping; null when the TCP path must move it. Before
+   * the handshake with the peer is done it waits for it (then copies, or falls back to TCP).
+   */
+  private postShm(req: EmbeddedRequest, peer: PeerInfo, timeoutMs: number): XferStatus | null {
+    const ps = peer.shm;
+    if (!this.shm || !ps || ps.hostKey !== this.hostKey || this.shmRefused.has(peer.name)) return null;
+    const plan: ShmCopy[] = [];
+    for (const p of req.pairs) {
+      const l = this.regions.find(p.local.addr, p.local.length);
+      const rr = findPeerDevice(ps.regions, p.remote.addr, p.remote.length);
+      if (!l || l.device || !rr) return null;
+      plan.push({ local: l.view.subarray(p.local.addr - l.addr, p.local.addr - l.addr + p.local.length), rr, at: rr.offset + (p.remote.addr - rr.addr), len: p.local.length });
+    }
+    const conn = this.conn(peer);
+    if (conn.isReady) return this.copyShm(req, peer, plan);
+    const gen = req.gen;
+    const deadline = Date.now() + timeoutMs;
+    this.active.add(req);
+    req.timer = setTimeout(() => this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`), timeoutMs);
+    req.timer.unref();
+    conn.whenReady().then(
+      () => {
+        if (!isCurrent(req, gen)) return;
+        clearTimeout(req.timer!);
+        req.timer = null;
+        if (this.copyShm(req, peer, plan) === null) this.postTcp(req, peer, Math.max(1, deadline - Date.now()));
+      },
+      (e: unknown) => {
+        if (isCurrent(req, gen)) this.finish(req, e instanceof TransferError ? e.kind : 'remote-disconnect', e instanceof Error ? e.message : String(e));
+      },
+    );
+    return 'in-progress';
+  }
+
+  /**
+   * Copies the pairs of `req` between local memory and the peer's mappings (after the handshake).
+   * Every copy lies inside the region the peer advertised, which lies inside its mapping (checked
+   * at decode, and the mapping's exact size when it was mapped); the peer's grant word must still
+   * hold the advertised value before each copy, and, for READ, after the last. Null when the
+   * peer's memory does not map here (for good: then the TCP path).
+   */
+  private copyShm(req: EmbeddedRequest, peer: PeerInfo, plan: readonly ShmCopy[]): XferStatus | null {
+    const maps: Array<{ readonly bytes: Uint8Array; readonly grant: Uint32Array }> = [];
+    try {
+      for (const c of plan) maps.push(this.shmMapping(peer, c.rr));
+    } catch (e) {
+      this.shmRefused.set(peer.name, e instanceof Error ? e.message : String(e));
+      return null;
+    }
+    const revoked = () => this.finish(req, 'invalid', `${peer.name} no longer grants that memory (deregistered, or its metadata is stale)`);
+    for (let i = 0; i < plan.length; i++) {
+      const c = plan[i]!;
+      const m = maps[i]!;
+      if (m.grant[0] !== c.rr.grant) return revoked();
+      if (c.at + c.len > m.bytes.byteLength) return this.finish(req, 'invalid', `pair ${i} is outside ${peer.name}'s mapping`);
+      const remote = m.bytes.subarray(c.at, c.at + c.len);
+      if (req.op === 'READ') c.local.set(remote);
+      else remote.set(c.local);
+    }
+    if (req.op === 'READ' && maps.some((m, i) => m.grant[0] !== plan[i]!.rr.grant)) return revoked();
+    this.shmStats.transfers++;
+    this.shmStats.bytes += req.bytes;
+    // The bytes are in place: now the notif (over the TCP connection, as for the TCP path).
+    if (req.notif) this.conn(peer).sendNotif(req.notif).catch(() => {});
+    return this.finish(req, 'done', null);
   }
 
   // ---- device regions (see the module note) ----
@@ -703,6 +875,15 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
 
 const EMPTY = new Uint8Array(0);
+
+/** One pair of a same-host copy: the local view, the peer's region and the byte range in its mapping. */
+interface ShmCopy {
+  readonly local: Uint8Array;
+  readonly rr: PeerShmRegion;
+  /** Offset in the mapping (header page included). */
+  readonly at: number;
+  readonly len: number;
+}
 
 /** A cluster secret option: null when unset; a copy of at least MIN_CLUSTER_SECRET_BYTES bytes. */
 function checkClusterSecret(x: Uint8Array | null | undefined): Uint8Array | null {
