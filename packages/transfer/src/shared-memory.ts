@@ -24,14 +24,15 @@ export function sharedMemoryBindings(): { readonly shm: NativeShm | null; readon
 
 /**
  * Where this process is, for the same-host data plane: the kernel boot id
- * (`/proc/sys/kernel/random/boot_id`) and this process's PID and mount namespaces
- * (`/proc/self/ns/pid`, `/proc/self/ns/mnt`): two processes with equal keys see each other's
- * `/proc/<pid>/fd`. Null when any of them cannot be read (not Linux).
+ * (`/proc/sys/kernel/random/boot_id`) and this process's PID namespace (`/proc/self/ns/pid`): two
+ * processes with equal keys name each other by the same pid in `/proc/<pid>/fd` (network
+ * namespaces do not matter; a process whose `/proc` shows another PID namespace fails the addon's
+ * memfd check and falls back to TCP). Null when either cannot be read (not Linux).
  */
 export function sameHostKey(): string | null {
   try {
     const boot = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
-    return `${boot}:${readlinkSync('/proc/self/ns/pid')}:${readlinkSync('/proc/self/ns/mnt')}`;
+    return `${boot}:${readlinkSync('/proc/self/ns/pid')}`;
   } catch {
     return null;
   }
