@@ -8,8 +8,10 @@
 // copy. lookup(view) says which of this process's mappings holds a view (fd, name, size, offset
 // of the view from the mapping's start). map(path, bytes, name) opens another process's mapping
 // through /proc/<pid>/fd/<n>, checks that what opened is a memfd of exactly that name
-// (readlink of /proc/self/fd/<fd> is "/memfd:<name> (deleted)") and exactly `bytes` long
-// (fstat), and maps all of it MAP_SHARED (header included) as an external ArrayBuffer.
+// (readlink of /proc/self/fd/<fd> is "/memfd:<name> (deleted)"), sealed against shrinking
+// (F_SEAL_SHRINK: alloc seals its memfds at their size, so that no owner can truncate one under a
+// peer's mapping and make the peer's next copy fault) and exactly `bytes` long (fstat), and maps
+// all of it MAP_SHARED (header included) as an external ArrayBuffer.
 // Mappings are unmapped when their ArrayBuffer is garbage collected.
 //
 // Errors: TypeError / RangeError for bad arguments; Error with numeric `status` (errno) and
@@ -98,13 +100,14 @@ Napi::Value Alloc(const Napi::CallbackInfo& info) {
     name += hex[b >> 4];
     name += hex[b & 15];
   }
-  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return SysError(env, "alloc: memfd_create", errno);
   size_t size = kHeader + bytes;
-  if (ftruncate(fd, (off_t)size) != 0) {
+  // Sealed at its size: a mapping of it can never lose pages under a peer (no SIGBUS).
+  if (ftruncate(fd, (off_t)size) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     int err = errno;
     close(fd);
-    return SysError(env, "alloc: ftruncate", err);
+    return SysError(env, "alloc: ftruncate/seal", err);
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
@@ -226,6 +229,14 @@ Napi::Value Map(const Napi::CallbackInfo& info) {
   if (n < 0 || (size_t)n != want.size() || memcmp(target, want.data(), want.size()) != 0) {
     close(fd);
     Napi::RangeError::New(env, "shm.map: " + path + " is not the memfd " + name).ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  // Only a memfd sealed against shrinking: else its owner could truncate it under our mapping
+  // and the next copy would fault (SIGBUS) in this process.
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    close(fd);
+    Napi::RangeError::New(env, "shm.map: " + name + " is not sealed against shrinking").ThrowAsJavaScriptException();
     return env.Undefined();
   }
   struct stat st;

@@ -5,6 +5,7 @@
  * to the TCP path. Skipped (with the reason) where the addon has no shm bindings.
  */
 import { fork } from 'node:child_process';
+import { closeSync, fstatSync, ftruncateSync, openSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { Packr, Unpackr } from 'msgpackr';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -81,6 +82,18 @@ describe('shared host memory', () => {
     expect(x.every((b) => b === 0) && y.every((b) => b === 0)).toBe(true);
     expect(lookupShared(new Uint8Array(100))).toBeNull();
     expect(lookupShared(new SharedHostArena({ shared: false }).alloc(100))).toBeNull();
+  });
+
+  it.skipIf(!!skip)(`seals each mapping at its size: nobody can truncate it under a peer's mapping${note}`, () => {
+    const x = new SharedHostArena().alloc(8192);
+    const info = lookupShared(x)!;
+    const fd = openSync(`/proc/${process.pid}/fd/${info.fd}`, 'r+');
+    try {
+      expect(() => ftruncateSync(fd, 0)).toThrow(/EPERM/);
+      expect(fstatSync(fd).size).toBe(info.size);
+    } finally {
+      closeSync(fd);
+    }
   });
 
   for (const op of ['READ', 'WRITE'] as const) {
