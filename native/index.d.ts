@@ -201,7 +201,9 @@ export interface NativeShm {
   /**
    * Maps all `bytes` (header included) of the memfd named `name` that `path` opens (e.g.
    * `/proc/<pid>/fd/<fd>`).
-   * @throws RangeError when what opened is not that memfd or not exactly `bytes` long.
+   * @throws RangeError when what opened is not that memfd, not sealed against shrinking
+   *   (`alloc` seals its memfds, so that no owner can truncate one under a peer's mapping), or not
+   *   exactly `bytes` long.
    */
   map(path: string, bytes: number, name: string): ArrayBuffer;
 }
