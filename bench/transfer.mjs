@@ -21,6 +21,9 @@ const REPS = QUICK ? 3 : 5;
 const SIZES = (process.env.KVC_BENCH_SIZES ?? "16384,65536,262144,1048576,4194304,16777216").split(",").map(Number);
 const fmtSize = (n) => (n >= 1 << 20 ? `${n >> 20} MiB` : `${n >> 10} KiB`);
 const median = (t) => [...t].sort((x, y) => x - y)[Math.floor(t.length / 2)];
+// KVC_BENCH_STAT=min: the best of the timings (transfer and memcpy alike), for a shared, loaded
+// machine where the median mostly measures the other tenants; default median.
+const STAT = process.env.KVC_BENCH_STAT === 'min' ? (t) => Math.min(...t) : median;
 const gbs = (bytes, ms) => bytes / (ms * 1e6);
 const PATHS = (process.env.KVC_BENCH_PATHS ?? 'shm,tcp').split(',');
 
@@ -44,7 +47,7 @@ if (process.argv[2] === 'target') {
 }
 
 async function main() {
-  console.log(`kvconnect transfer bench: ${QUICK ? 'quick' : 'full'}; ${TOTAL >> 20} MiB per transfer, median of ${REPS}; node ${process.version}`);
+  console.log(`kvconnect transfer bench: ${QUICK ? 'quick' : 'full'}; ${TOTAL >> 20} MiB per transfer, ${STAT === median ? 'median' : 'best'} of ${REPS}; node ${process.version}`);
   const child = fork(fileURLToPath(import.meta.url), ['target'], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const ready = await new Promise((r) => child.once('message', r));
   const a = await EmbeddedAgent.create({ name: 'bench-initiator', ...JSON.parse(process.env.KVC_BENCH_INITIATOR_OPTS ?? '{}') });
@@ -133,8 +136,8 @@ async function measure(a, reg, peer, remoteAddr, local, other, path) {
         tx.push(await once());
         tc.push(copy());
       }
-      row[op] = gbs(TOTAL, median(tx));
-      row[`${op}_memcpy`] = gbs(TOTAL, median(tc));
+      row[op] = gbs(TOTAL, STAT(tx));
+      row[`${op}_memcpy`] = gbs(TOTAL, STAT(tc));
       if (path === 'shm' && a.shmStats.transfers === 0) throw new Error('the shm path moved nothing: the transfers went over TCP');
       await a.release(req);
     }
