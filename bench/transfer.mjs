@@ -26,6 +26,8 @@ const median = (t) => [...t].sort((x, y) => x - y)[Math.floor(t.length / 2)];
 const STAT = process.env.KVC_BENCH_STAT === 'min' ? (t) => Math.min(...t) : median;
 const gbs = (bytes, ms) => bytes / (ms * 1e6);
 const PATHS = (process.env.KVC_BENCH_PATHS ?? 'shm,tcp').split(',');
+// One row per verdict for bench/all.mjs's table (bench/lib/results.mjs), where that module exists.
+const { result } = await import('./lib/results.mjs').catch(() => ({ result: () => {} }));
 
 if (process.argv[2] === 'target') {
   // Child: one agent with a region of TOTAL bytes per path: heap memory (TCP) and a shared mapping.
@@ -76,8 +78,10 @@ async function main() {
       console.log(`| ${fmtSize(r.size)} | ${r.READ.toFixed(2)} | ${(r.READ / r.READ_memcpy).toFixed(3)} | ${r.WRITE.toFixed(2)} | ${(r.WRITE / r.WRITE_memcpy).toFixed(3)} | ${mc.toFixed(2)} |`);
       for (const op of ['READ', 'WRITE']) {
         const ratio = r[op] / r[`${op}_memcpy`];
-        if (path === 'shm' && r.size >= 256 << 10) verdicts.push(`${ratio >= 0.7 ? 'PASS' : 'FAIL'} shm ${op} ${fmtSize(r.size)}: ${ratio.toFixed(3)} of memcpy (target >= 0.7)`);
-        if (path === 'tcp' && r.size === 1 << 20) verdicts.push(`${ratio >= 0.5 ? 'PASS' : 'FAIL'} tcp ${op} ${fmtSize(r.size)}: ${ratio.toFixed(3)} of memcpy (target >= 0.5)`);
+        const target = path === 'shm' && r.size >= 256 << 10 ? 0.7 : path === 'tcp' && r.size === 1 << 20 ? 0.5 : null;
+        if (target === null) continue;
+        verdicts.push(`${ratio >= target ? 'PASS' : 'FAIL'} ${path} ${op} ${fmtSize(r.size)}: ${ratio.toFixed(3)} of memcpy (target >= ${target})`);
+        result('transfer', { name: `embedded ${path} ${op} ${fmtSize(r.size)}`, figure: `${r[op].toFixed(2)} GB/s`, baseline: `memcpy ${r[`${op}_memcpy`].toFixed(2)} GB/s`, ratio: ratio.toFixed(3), target: `>= ${target}`, met: ratio >= target });
       }
     }
   }
