@@ -1,5 +1,8 @@
 /**
- * Types of the kvconnect native addon (src/addon.cc over include/kvc_checksum.h).
+ * Types of the kvconnect native addon, its whole surface in one file: the checksum functions
+ * (src/addon.cc over include/kvc_checksum.h), NIXL (src/nixl_addon.cc), Mooncake
+ * (src/mooncake_addon.cc), shared host memory (src/addon_shm.cc), and, in CUDA builds, the CUDA
+ * kernel (src/addon_cuda.cc) and device memory (src/addon_device.cc). index.cjs is the one loader.
  * @module
  */
 
@@ -57,9 +60,230 @@ export interface KvconnectNativeAddon {
    * @throws RangeError when `buf.byteLength` is not a multiple of 8.
    */
   weightedSum64(buf: NativeBytes): bigint;
-  /** Bindings added by the CUDA build (src/addon_cuda.cc) when `withCuda` is true. */
-  readonly [binding: string]: unknown;
+  /** NIXL's C API loaded at run time (src/nixl_addon.cc); every build has it. */
+  readonly transfer?: NativeNixl;
+  /** The Mooncake Transfer Engine's C API loaded at run time (src/mooncake_addon.cc); every build has it. */
+  readonly mooncake?: NativeMooncake;
+  /** Host memory in shared mappings (src/addon_shm.cc); Linux builds only. */
+  readonly shm?: NativeShm;
+  /** The CUDA checksum kernel and device helpers (src/addon_cuda.cc); CUDA builds only (`withCuda`). */
+  readonly cuda?: NativeCuda;
+  /** Device memory for the transfer agents (src/addon_device.cc over include/kvc_device.h); CUDA builds only. */
+  readonly device?: NativeDevice;
 }
+
+/**
+ * A failed native call, the one error shape of the addon's NIXL, Mooncake and shared-memory
+ * bindings (index.cjs wraps them): argument errors are TypeError / RangeError instead.
+ */
+export declare class NativeError extends Error {
+  readonly name: 'NativeError';
+  /** Which bindings failed. */
+  readonly backend: 'nixl' | 'mooncake' | 'shm';
+  /**
+   * The native status: `nixl_capi_status_t` (negative, see NIXL_STATUS of @kvconnect/transfer) for
+   * `nixl`; the Transfer Engine's return code for `mooncake`; errno for `shm`; -1 when the
+   * failure carried none (e.g. an exception inside the addon).
+   */
+  readonly status: number;
+  constructor(backend: NativeError['backend'], status: number, message: string, options?: { cause?: unknown });
+}
+
+/** The result of a library search (`nixlLoad`, `mooncake.load`): the path that loaded, or every path tried and why it failed. */
+export interface NativeLibraryLoad {
+  readonly ok: boolean;
+  readonly path: string | null;
+  readonly tried: string[];
+}
+
+/** `exports.transfer`: NIXL (`libnixl_capi.so`) through dlopen (src/nixl_addon.cc). */
+export interface NativeNixl {
+  /** Loads the first candidate path that opens (once per path per process). */
+  nixlLoad(candidates: string[]): NativeLibraryLoad;
+  /** The virtual address of a view's first byte (registration by address). */
+  addressOf(view: ArrayBufferView): number;
+  NixlAgentCore: new (
+    libPath: string,
+    name: string,
+    config: { backend: string; params: string[]; progressThread: boolean; progressDelayUs: number; pollUs: number; idlePollUs: number },
+    /** A posted transfer ended: its id and `nixl_capi_status_t` (0 success). */
+    onStatus: (xferId: number, code: number) => void,
+  ) => NixlAgentCore;
+}
+
+/**
+ * One NIXL agent; every call runs on the agent's native thread. Promises reject with a
+ * {@link NativeError} `nixl` whose `status` is the `nixl_capi_status_t`. Descriptor lists are
+ * Float64Array triples `[addr, length, deviceId]`; memory types 0 DRAM, 1 VRAM; ops 0 READ, 1 WRITE.
+ */
+export interface NixlAgentCore {
+  init(): Promise<void>;
+  registerMem(memType: number, descs: Float64Array): Promise<void>;
+  deregisterMem(memType: number, descs: Float64Array): Promise<void>;
+  getLocalMd(): Promise<Buffer>;
+  /** @returns the remote agent's name. */
+  loadRemoteMd(md: Uint8Array): Promise<string>;
+  invalidateRemoteMd(name: string): Promise<void>;
+  /** @returns the prepared list's id (remote lists: `agent` non-empty). */
+  prepDlist(agent: string, memType: number, descs: Float64Array): Promise<number>;
+  releaseDlist(id: number): Promise<void>;
+  /** @returns the transfer request's id. */
+  makeXfer(op: number, localId: number, localIdx: Int32Array, remoteId: number, remoteIdx: Int32Array, notif: Uint8Array | null): Promise<number>;
+  /** @returns the post's status (0 done, 1 in progress, negative failed). */
+  post(id: number, notif: Uint8Array | null): Promise<number>;
+  /** @returns the release's status. */
+  releaseXfer(id: number): Promise<number>;
+  genNotif(remote: string, msg: Uint8Array): Promise<void>;
+  /** Notifs received since the last call, flat: `[sender, payload, sender, payload, ...]`. */
+  takeNotifs(): Array<string | Buffer>;
+  close(): Promise<void>;
+}
+
+/** `exports.mooncake`: the Transfer Engine (`libtransfer_engine.so`) through dlopen (src/mooncake_addon.cc). */
+export interface NativeMooncake {
+  load(candidates: string[]): NativeLibraryLoad & { readonly hasNoCache: boolean };
+  addressOf(view: ArrayBufferView): number;
+  MooncakeEngineCore: new (
+    libPath: string,
+    config: { metadata: string; serverName: string; autoDiscover: boolean; pollUs: number; idlePollUs: number },
+    /** A batch ended: its id, the final task status (`STATUS_*`, negative when polling failed) and the return code. */
+    onStatus: (xferId: number, status: number, rc: number) => void,
+  ) => MooncakeEngineCore;
+}
+
+/**
+ * One Transfer Engine; calls run on the engine's native thread. Promises reject with a
+ * {@link NativeError} `mooncake` whose `status` is the engine's return code. Entries are
+ * Float64Array triples `[localAddr, remoteAddr, length]`; opcodes 0 READ, 1 WRITE.
+ */
+export interface MooncakeEngineCore {
+  /** @returns the segment name (`ip:port`). */
+  init(): Promise<string>;
+  registerMem(addr: number, length: number, location: string): Promise<void>;
+  unregisterMem(addr: number): Promise<void>;
+  /** @returns the segment id. */
+  openSegment(name: string, refresh: boolean): Promise<number>;
+  /** @returns the batch id (its end is reported through `onStatus`). */
+  submit(opcode: number, segmentId: number, entries: Float64Array, notifyName: string | null, notifyMsg: string | null): Promise<number>;
+  abandon(id: number): Promise<void>;
+  genNotify(segmentId: number, name: string, msg: string): Promise<void>;
+  takeNotifs(): Array<string | Buffer>;
+  close(): Promise<void>;
+}
+
+/** Where one of this process's shared mappings holds a view (`shm.lookup`). */
+export interface NativeShmInfo {
+  /** The memfd's descriptor in this process (peers open `/proc/<pid>/fd/<fd>`). */
+  readonly fd: number;
+  /** The memfd's name, `kvc-` and 32 hex digits. */
+  readonly name: string;
+  /** Bytes of the whole mapping: the header page and the data. */
+  readonly size: number;
+  /** Byte offset of the view's first byte from the mapping's start (header included). */
+  readonly offset: number;
+}
+
+/**
+ * `exports.shm`: host memory in memfd mappings other processes of the host can map
+ * (src/addon_shm.cc). Each mapping is a header page (uint32 grant word at byte 0) followed by
+ * the data; mappings are unmapped when their ArrayBuffer is collected. Failures of system calls
+ * throw a {@link NativeError} `shm` with errno as `status`.
+ */
+export interface NativeShm {
+  /** Bytes of the header page before the data (4096). */
+  readonly headerBytes: number;
+  /** A new zeroed mapping of `bytes` data bytes, as an external ArrayBuffer over its data. */
+  alloc(bytes: number): ArrayBuffer;
+  /** The mapping of this process that holds all of `view`, or null. */
+  lookup(view: ArrayBufferView | ArrayBuffer): NativeShmInfo | null;
+  /** Sets the grant word of the mapping holding `view` (0: no peer may access it). @throws RangeError when none does. */
+  setGrant(view: ArrayBufferView | ArrayBuffer, value: number): void;
+  /**
+   * Maps all `bytes` (header included) of the memfd named `name` that `path` opens (e.g.
+   * `/proc/<pid>/fd/<fd>`).
+   * @throws RangeError when what opened is not that memfd, not sealed against shrinking
+   *   (`alloc` seals its memfds, so that no owner can truncate one under a peer's mapping), or not
+   *   exactly `bytes` long.
+   */
+  map(path: string, bytes: number, name: string): ArrayBuffer;
+}
+
+/** The CUDA checksum kernel's per-device context (src/addon_cuda.cc `Context`). */
+export interface NativeCudaContext {
+  readonly device: number;
+  setTables(entries: Uint8Array, groupStart: Uint32Array, regionAddrs: BigUint64Array, regionBytes: BigUint64Array): void;
+  submit(rows: Uint32Array, outLen: number, stream: bigint): bigint;
+  query(ticket: bigint): boolean;
+  wait(ticket: bigint): void;
+  collect(ticket: bigint, out: BigUint64Array): void;
+  close(): void;
+}
+
+/** Options of a CUDA checksum context (zero or absent: the default). */
+export interface NativeCudaContextOptions {
+  /** Steps whose results can be in flight at once (default 8, at most 64). */
+  slots?: number;
+  /** Rows per step the pinned staging holds before it grows (default 4096). */
+  maxRows?: number;
+  /** Output values per step the staging holds before it grows (default 16384). */
+  maxOut?: number;
+  /** About the bytes one warp sums per work item (default 32768, 1024..1 MiB). */
+  chunkBytes?: number;
+}
+
+/** `exports.cuda` (src/addon_cuda.cc): errors are Error / RangeError whose message ends with the `KVC_E*` code. */
+export interface NativeCuda {
+  deviceCount(): number;
+  probeError(): string;
+  versions(): { runtime: number; driver: number };
+  Context: new (device: number, options?: NativeCudaContextOptions) => NativeCudaContext;
+  devAlloc(device: number, bytes: number): bigint;
+  devFree(device: number, address: bigint): void;
+  copyToDevice(device: number, address: bigint, bytes: Uint8Array): void;
+  copyToHost(device: number, address: bigint, out: Uint8Array): void;
+  /**
+   * Synchronizing CUDA calls the library made so far in this process (`kvc_cuda_sync_calls`,
+   * native/include/kvc_checksum_cuda.h); absent in an addon built before it existed.
+   */
+  syncCallCount?(): number;
+}
+
+/** Copy directions of {@link NativeDevice.copyAsync}. */
+export type NativeCopyKind = 'h2d' | 'd2h' | 'd2d';
+
+/** One enqueued device copy (src/addon_device.cc `DeviceCopy`). */
+export interface NativeDeviceCopy {
+  done(): boolean;
+  wait(): void;
+  release(): void;
+}
+
+/** `exports.device` (src/addon_device.cc over include/kvc_device.h): errors are RangeError, or Error whose message ends `(KVC_ECUDA)` / `(KVC_ENOCUDA)`. */
+export interface NativeDevice {
+  readonly ipcHandleBytes: number;
+  alloc(device: number, bytes: number): { address: bigint; ipcHandle: Uint8Array };
+  free(address: bigint): void;
+  ipcOpen(device: number, handle: Uint8Array, bytes: number): bigint;
+  ipcClose(address: bigint): void;
+  adopt(device: number, address: bigint, bytes: number): void;
+  unadopt(address: bigint): void;
+  hostAlloc(bytes: number): Uint8Array;
+  streamCreate(device: number): bigint;
+  streamDestroy(stream: bigint): void;
+  copyAsync(device: number, kind: NativeCopyKind, dst: bigint | Uint8Array, src: bigint | Uint8Array, bytes: number, stream?: bigint): NativeDeviceCopy;
+  copy(device: number, kind: NativeCopyKind, dst: bigint | Uint8Array, src: bigint | Uint8Array, bytes: number): void;
+}
+
+/** The addon's bindings under `key`, or why there are none (`bindings()` of index.cjs). */
+export type NativeBindings<K extends 'transfer' | 'mooncake' | 'shm' | 'cuda' | 'device'> =
+  | { readonly bindings: NonNullable<KvconnectNativeAddon[K]>; readonly reason: '' }
+  | { readonly bindings: null; readonly reason: string };
+
+/**
+ * The addon's `key` bindings, or why there are none (addon not built or stale, or built without them).
+ * @param what how a missing `key` is named in the reason (default `key`).
+ */
+export declare function bindings<K extends 'transfer' | 'mooncake' | 'shm' | 'cuda' | 'device'>(key: K, what?: string): NativeBindings<K>;
 
 /** The addon, or null when it was not built or failed to load (see {@link loadError}). */
 export declare const addon: KvconnectNativeAddon | null;

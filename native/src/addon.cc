@@ -22,6 +22,9 @@
 #include "kvc_checksum.h"
 #include "nixl_addon.h"
 #include "mooncake_addon.h"
+#ifdef __linux__
+#include "addon_shm.h"
+#endif
 #ifdef KVC_WITH_CUDA
 #include "addon_cuda.h"
 #include "addon_device.h"
@@ -409,6 +412,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   if (env.IsExceptionPending()) return exports;
   KvcRegisterMooncake(env, exports);
   if (env.IsExceptionPending()) return exports;
+#ifdef __linux__
+  KvcRegisterShm(env, exports);
+  if (env.IsExceptionPending()) return exports;
+#endif
 #ifdef KVC_WITH_CUDA
   KvcRegisterCuda(env, exports);
   if (env.IsExceptionPending()) return exports;

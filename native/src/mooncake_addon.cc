@@ -230,7 +230,7 @@ void CallJs(napi_env env, napi_value js_cb, void* context, void* data) {
     if (c.tracks && c.code == 0) st.js_active[(uint32_t)c.num] = true;
     UpdateRef(st);
     if (c.code != 0) {
-      RejectWithCode(e, c.deferred, c.err.empty() ? std::string(c.what) + " failed with " + std::to_string(c.code) : c.err, "code", c.code, true);
+      RejectWithCode(e, c.deferred, c.err.empty() ? std::string(c.what) + " failed with " + std::to_string(c.code) : c.err, "status", c.code, true);
       return;
     }
     napi_value v;
@@ -325,7 +325,7 @@ class MooncakeEngineCore : public Napi::ObjectWrap<MooncakeEngineCore> {
   std::shared_ptr<EngineState> st_;
 
   Napi::Value Enqueue(Napi::Env env, Cmd* c) {
-    return kvc_agent::Enqueue(env, st_, c, "MooncakeEngineCore was not constructed", ": the engine is closed", "code", kErrClosed);
+    return kvc_agent::Enqueue(env, st_, c, "MooncakeEngineCore was not constructed", ": the engine is closed", "status", kErrClosed);
   }
 
   /** init(): Promise<string>: creates the engine; resolves with its segment name (getLocalIpAndPort). */

@@ -17,8 +17,7 @@
  * {@link cudaUnavailableReason} says why.
  * @module
  */
-import { createRequire } from 'node:module';
-import type { KvconnectNativeAddon } from '@kvconnect/native';
+import { addon as nativeAddon, loadError, type NativeCuda, type NativeCudaContext } from '@kvconnect/native';
 import { ENTRY_BYTES, ROW_WORDS, type DeviceChecksumBackend, type DeviceChecksumProvider, type DeviceRegion, type PackedTables } from './backend.js';
 
 export type { DeviceRegion } from './backend.js';
@@ -40,33 +39,8 @@ export interface CudaBackendOptions {
 /** A submitted step: pass it to query / wait / collect. */
 export type CudaTicket = bigint;
 
-/** The addon's `cuda.Context` (src/addon_cuda.cc). */
-interface NativeCudaContext {
-  readonly device: number;
-  setTables(entries: Uint8Array, groupStart: Uint32Array, regionAddrs: BigUint64Array, regionBytes: BigUint64Array): void;
-  submit(rows: Uint32Array, outLen: number, stream: bigint): bigint;
-  query(ticket: bigint): boolean;
-  wait(ticket: bigint): void;
-  collect(ticket: bigint, out: BigUint64Array): void;
-  close(): void;
-}
-
-/** The addon's `cuda` namespace (src/addon_cuda.cc). */
-export interface CudaBindings {
-  deviceCount(): number;
-  probeError(): string;
-  versions(): { runtime: number; driver: number };
-  Context: new (device: number, options?: Omit<CudaBackendOptions, 'device'>) => NativeCudaContext;
-  devAlloc(device: number, bytes: number): bigint;
-  devFree(device: number, address: bigint): void;
-  copyToDevice(device: number, address: bigint, bytes: Uint8Array): void;
-  copyToHost(device: number, address: bigint, out: Uint8Array): void;
-  /**
-   * Synchronizing CUDA calls the library made so far in this process (`kvc_cuda_sync_calls`,
-   * native/include/kvc_checksum_cuda.h); absent in an addon built before it existed.
-   */
-  syncCallCount?(): number;
-}
+/** The addon's `cuda` namespace (src/addon_cuda.cc), declared in native/index.d.ts. */
+export type CudaBindings = NativeCuda;
 
 interface LoadState {
   readonly cuda: CudaBindings | null;
@@ -79,14 +53,10 @@ let state: LoadState | undefined;
 function load(): LoadState {
   if (state) return state;
   try {
-    const mod = createRequire(import.meta.url)('@kvconnect/native') as {
-      addon: KvconnectNativeAddon | null;
-      loadError: Error | null;
-    };
-    const a = mod.addon;
-    const cuda = a?.cuda as CudaBindings | undefined;
+    const a = nativeAddon;
+    const cuda = a?.cuda;
     if (!a) {
-      state = { cuda: null, reason: `the native addon is not built or failed to load: ${mod.loadError?.message ?? 'no reason given'}` };
+      state = { cuda: null, reason: `the native addon is not built or failed to load: ${loadError?.message ?? 'no reason given'}` };
     } else if (!a.withCuda || !cuda || typeof cuda.Context !== 'function') {
       state = {
         cuda: null,

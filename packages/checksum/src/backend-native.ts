@@ -5,8 +5,7 @@
  * says why, and callers fall back to the TypeScript backend.
  * @module
  */
-import { createRequire } from 'node:module';
-import type { KvconnectNativeAddon, NativeBytes } from '@kvconnect/native';
+import { addon as nativeAddon, loadError, type KvconnectNativeAddon, type NativeBytes } from '@kvconnect/native';
 import { ENTRY_BYTES, ROW_WORDS, type ChecksumBackend, type PackedTables } from './backend.js';
 
 /** The C ABI version (`KVC_ABI_VERSION`) this backend is written for. */
@@ -23,13 +22,9 @@ let state: LoadState | undefined;
 function load(): LoadState {
   if (state) return state;
   try {
-    const mod = createRequire(import.meta.url)('@kvconnect/native') as {
-      addon: KvconnectNativeAddon | null;
-      loadError: Error | null;
-    };
-    const a = mod.addon;
+    const a = nativeAddon;
     if (!a) {
-      state = { addon: null, reason: `the addon is not built or failed to load: ${mod.loadError?.message ?? 'no reason given'}` };
+      state = { addon: null, reason: `the addon is not built or failed to load: ${loadError?.message ?? 'no reason given'}` };
     } else if (a.abiVersion !== ABI_VERSION || a.entryBytes !== ENTRY_BYTES || a.rowWords !== ROW_WORDS) {
       state = {
         addon: null,

@@ -38,6 +38,7 @@ import {
 } from '@kvconnect/checksum';
 import { replicaCount, type DeviceMemoryRegion } from '@kvconnect/checksum';
 import { EmulatedDeviceMemory, deviceMemoryOf, type DeviceMemory, type KVDeviceMode } from '@kvconnect/transfer';
+import { SharedHostArena } from '@kvconnect/transfer';
 import type { KVCacheGroupConfig, KVChecksumWorkerHooks, KVConnectorWorker, WorkerKVCaches } from './contracts.js';
 import { readElem, writeElem, type KvDtype } from './dtype.js';
 import { attnLayerName, indexerLayerName, mambaLayerName, stageLayers, type ModelConfig } from './model/config.js';
@@ -83,6 +84,12 @@ export interface WorkerOptions {
   /** Dtype of Mamba SSM states (default float32, as vLLM's `mamba_ssm_cache_dtype`). */
   ssmDtype?: KvDtype;
   groupConfigs: readonly KVCacheGroupConfig[];
+  /**
+   * Host KV memory (`device` cpu): `shared` (default) from shared mappings where the addon has them
+   * (`SharedHostArena` of @kvconnect/transfer: the embedded agent then moves it to a peer on this
+   * host by direct copies), else, and with `heap`, ordinary heap memory.
+   */
+  hostKv?: 'shared' | 'heap';
   /**
    * Where the KV cache lives (device mode; see the module note): `cpu` (default, host memory),
    * `cuda` or `cuda-emulated`; the worker opens it with `deviceMemoryOf` of @kvconnect/transfer.
@@ -241,8 +248,12 @@ export class Worker {
     if (this.dm) this.deviceRegions = allocateDeviceKv(this.dm, this.deviceId, this.regions);
   }
 
+  /** Allocator of host KV regions (see {@link WorkerOptions.hostKv}); made on first use. */
+  private hostArena: SharedHostArena | null = null;
+
   private addRegion(bytes: number): number {
-    this.regions.push(new Uint8Array(bytes));
+    this.hostArena ??= new SharedHostArena({ shared: this.o.hostKv !== 'heap' && (this.o.device ?? 'cpu') === 'cpu' });
+    this.regions.push(this.hostArena.alloc(bytes));
     return this.regions.length - 1;
   }
 

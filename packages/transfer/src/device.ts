@@ -26,7 +26,7 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
-import { createRequire } from 'node:module';
+import { bindings, type NativeDevice } from '@kvconnect/native';
 import type { DeviceMemoryRegion } from '@kvconnect/checksum';
 
 /** Bytes of an IPC handle (`cudaIpcMemHandle_t`, CUDA_IPC_HANDLE_SIZE). */
@@ -135,35 +135,13 @@ function pollSettled(done: () => boolean): Promise<void> {
 // CUDA (the native addon)
 // ---------------------------------------------------------------------------------------------
 
-interface AddonDeviceCopy {
-  done(): boolean;
-  wait(): void;
-  release(): void;
-}
-
-interface AddonDevice {
-  alloc(device: number, bytes: number): { address: bigint; ipcHandle: Uint8Array };
-  free(address: bigint): void;
-  ipcOpen(device: number, handle: Uint8Array, bytes: number): bigint;
-  ipcClose(address: bigint): void;
-  hostAlloc(bytes: number): Uint8Array;
-  streamCreate(device: number): bigint;
-  copyAsync(device: number, kind: CopyKind, dst: bigint | Uint8Array, src: bigint | Uint8Array, bytes: number, stream: bigint): AddonDeviceCopy;
-  copy(device: number, kind: CopyKind, dst: bigint | Uint8Array, src: bigint | Uint8Array, bytes: number): void;
-}
+type AddonDevice = NativeDevice;
 
 /** The addon's `device` bindings, or why there are none. */
 function loadAddonDevice(): AddonDevice | string {
-  let mod: { addon: Record<string, unknown> | null; loadError: Error | null };
-  try {
-    mod = createRequire(import.meta.url)('@kvconnect/native') as typeof mod;
-  } catch (e) {
-    return `${NO_CUDA_MESSAGE}: @kvconnect/native did not load (${e instanceof Error ? e.message : String(e)})`;
-  }
-  if (!mod.addon) return `${NO_CUDA_MESSAGE}: the addon is not built (${mod.loadError?.message ?? 'unknown reason'})`;
-  const d = mod.addon.device as AddonDevice | undefined;
-  if (!mod.addon.withCuda || !d) return `${NO_CUDA_MESSAGE}: this addon was built without CUDA`;
-  return d;
+  const r = bindings('device');
+  if (r.bindings) return r.bindings;
+  return `${NO_CUDA_MESSAGE}: ${r.reason.startsWith('the native addon has no') ? 'this addon was built without CUDA' : r.reason}`;
 }
 
 /** This host's identity for CUDA IPC: the kernel boot id and the hostname. */

@@ -26,9 +26,19 @@
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
  *
- * Same-host transfers of host regions also go over (loopback) TCP: this agent has no shared-memory
- * path for host memory; bench/transfer-README.md has the measurement and the reason. The same-host
- * fast path for host memory today is NixlAgent with UCX shared-memory transports (docs/backends.md N6).
+ * Same-host host memory (`shared-memory.ts`): a registered host region that lies in a shared
+ * mapping of this process (a memfd of the addon, e.g. from `SharedHostArena`) is advertised in the
+ * metadata with the memfd's name and descriptor, the mapping's size, the region's offset and the
+ * mapping's grant word (set while some registration holds the mapping, cleared at deregistration
+ * and close), under this process's `sameHostKey()` (boot id, PID and mount namespaces). An
+ * initiator with the same key, once its connection's handshake proved the peer's secret, maps the
+ * peer's memfd (`/proc/<pid>/fd/<fd>`; the addon checks it is that memfd of exactly that size) and
+ * copies between the mapping and its own memory on the JS thread: READ and WRITE are then done at
+ * once, and the notif follows over the connection. Each copy lies inside a region the peer
+ * advertised, inside its mapping; the grant word is checked before each copy (and after a READ),
+ * so a deregistered region is refused (`invalid`) as on the TCP path (a deregistration racing a
+ * copy in progress is not seen by that copy). A mapping that does not open sends that peer's
+ * transfers over TCP for good; memory not in a shared mapping, and peers elsewhere, use TCP.
  *
  * Device regions (VRAM, `device.ts`): registered with their device, address and CUDA IPC handle,
  * which the metadata carries with this process's host id ({@link DeviceMemory.hostId}). A READ or
@@ -42,16 +52,19 @@
  * target for the TCP path; for IPC the target has granted the peer its whole registered device
  * region by publishing the handle, and the initiator checks each descriptor against the
  * advertised region before copying.
+ *
+ * Files: this one holds the agent (registration, descriptor lists, requests, device paths);
+ * `embedded-conn.ts` its TCP connections (`OutConn`, `InConn`); `embedded-metadata.ts` its
+ * metadata blob and decoder; `wire.ts` the frames and handshake.
  * @module
  */
 import { EventEmitter } from 'node:events';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
-import { checkBindHost, checkProof, makeNonce, makeProof, MIN_CLUSTER_SECRET_BYTES } from './auth.js';
+import { checkBindHost, MIN_CLUSTER_SECRET_BYTES } from './auth.js';
 import * as net from 'node:net';
-import { Packr, Unpackr } from 'msgpackr';
 import { ProtocolError, TransferError } from './errors.js';
-import { deviceMemoryFor, IPC_HANDLE_BYTES, StagingPool, type DeviceCopy, type DeviceMemory } from './device.js';
-import { inFlatRegions, RegionTable, toU8, type DeviceRef, type HostRegion } from './memory.js';
+import { deviceMemoryFor, StagingPool, type DeviceCopy, type DeviceMemory } from './device.js';
+import { inFlatRegions, RegionTable, type DeviceRef, type HostRegion } from './memory.js';
 import type {
   AgentCapabilities,
   DescList,
@@ -65,25 +78,17 @@ import type {
   TransferErrorKind,
   TransferRequest,
   XferDesc,
-  XferOp,
   XferStatus,
 } from './types.js';
-import {
-  encodeFrame,
-  F,
-  FrameReader,
-  HANDSHAKE_CONTEXT,
-  MAX_HANDSHAKE_HEADER_BYTES,
-  MAX_HEADER_BYTES,
-  MAX_NAME_LENGTH,
-  MAX_NOTIF_BYTES,
-  MAX_PAYLOAD_BYTES,
-  MAX_SEGMENTS,
-  SECRET_BYTES,
-  WIRE_VERSION,
-  type Header,
-  type PayloadSink,
-} from './wire.js';
+import { F, MAX_NAME_LENGTH, MAX_NOTIF_BYTES, MAX_PAYLOAD_BYTES, MAX_SEGMENTS, SECRET_BYTES } from './wire.js';
+import { EmbeddedRequest, InConn, OutConn, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
+import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo, type PeerShmRegion } from './embedded-metadata.js';
+import { sameHostKey, sharedMemoryBindings } from './shared-memory.js';
+import type { NativeShm } from '@kvconnect/native';
+
+import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, startPost, waitRequest } from './agent-base.js';
+
+export { decodeMetadata, type PeerDeviceRegion, type PeerInfo, type PeerShm, type PeerShmRegion } from './embedded-metadata.js';
 
 /** Options of {@link EmbeddedAgent.create}. */
 export interface EmbeddedAgentOptions {
@@ -139,606 +144,15 @@ export interface EmbeddedAgentOptions {
   readonly deviceMemory?: DeviceMemory;
   /** Move device regions by CUDA IPC when the peer is on this host (default true; false: always the TCP path). */
   readonly deviceIpc?: boolean;
+  /**
+   * The same-host data plane (default true): advertise registered host memory that lies in shared
+   * mappings (`SharedHostArena` of `shared-memory.ts`), and copy directly to and from such memory
+   * of a peer on this host once the handshake with it is done (see the module note). False: always TCP.
+   */
+  readonly sharedMemory?: boolean;
 }
 
-const META_MAGIC = 'kvconnect-embedded';
-const META_VERSION = 1;
-const MAX_META_BYTES = 64 * 1024 * 1024;
-const packr = new Packr({ useRecords: false, variableMapSize: true });
-const unpackr = new Unpackr({ useRecords: false, int64AsType: 'number' });
 
-/** A peer as its metadata describes it. */
-export interface PeerInfo {
-  readonly name: string;
-  readonly host: string;
-  readonly port: number;
-  readonly secret: Uint8Array;
-  readonly regions: readonly number[]; // flat sorted [addr, len]
-  /** The peer's host id for device IPC (null: it registered no device memory). */
-  readonly hostId: string | null;
-  /** The peer's device regions (also in `regions`), sorted by address. */
-  readonly devices: readonly PeerDeviceRegion[];
-}
-
-/** A device region of a peer as its metadata advertises it. */
-export interface PeerDeviceRegion {
-  readonly addr: number;
-  readonly length: number;
-  readonly deviceId: number;
-  /** IPC handle of the allocation starting at the region's first byte (null: no IPC). */
-  readonly ipcHandle: Uint8Array | null;
-}
-
-/** A device segment of a frame: `locals[i]` is its staging view, at byte `at` of the frame's payload. */
-interface DevSeg {
-  readonly i: number;
-  readonly at: number;
-  readonly region: HostRegion;
-  /** Offset in the region. */
-  readonly off: number;
-  readonly len: number;
-}
-
-interface Pair {
-  readonly local: XferDesc;
-  readonly remote: XferDesc;
-}
-
-/** One frame of a transfer, queued or outstanding on a connection. */
-interface OutFrame {
-  id: number;
-  readonly req: EmbeddedRequest;
-  readonly gen: number;
-  readonly t: typeof F.READ | typeof F.WRITE;
-  readonly segs: number[]; // flat remote [addr, len]
-  readonly locals: Uint8Array[]; // matching local views
-  readonly bytes: number;
-  /** Device segments (their `locals` are staging views once {@link EmbeddedAgent.stageFrame} ran). */
-  dev?: DevSeg[];
-  /** Staging buffer of the device segments (at frame byte offsets), while the frame holds it. */
-  stage?: { buf: Uint8Array; pool: StagingPool } | null;
-}
-
-class EmbeddedRequest implements TransferRequest {
-  error: Error | null = null;
-  state: XferStatus | 'idle' = 'idle';
-  released = false;
-  gen = 0;
-  pending = 0;
-  timer: NodeJS.Timeout | null = null;
-  waiters: Array<(s: XferStatus) => void> = [];
-  constructor(
-    readonly owner: EmbeddedAgent,
-    readonly op: XferOp,
-    readonly remoteAgent: string,
-    readonly pairs: readonly Pair[],
-    readonly bytes: number,
-    public notif: Uint8Array | null,
-  ) {}
-  get count(): number {
-    return this.pairs.length;
-  }
-}
-
-function checkPositiveInt(name: string, v: number | undefined, dflt: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (v === undefined) return dflt;
-  if (!Number.isSafeInteger(v) || v <= 0 || v > max) throw new TransferError('invalid', `${name} must be an integer in 1..${max}`);
-  return v;
-}
-
-/** Outgoing connection to one remote agent. */
-class OutConn {
-  readonly socket: net.Socket;
-  private readonly reader: FrameReader;
-  private ready = false;
-  private closed = false;
-  private blocked = false;
-  /** A frame's device-to-staging copies are running: sending waits for them (frame order). */
-  private staging = false;
-  private queue: OutFrame[] = [];
-  private qHead = 0;
-  private readonly inflight = new Map<number, OutFrame>();
-  private inflightBytes = 0;
-  private nextId = 1;
-  private failKind: TransferErrorKind = 'remote-disconnect';
-  private failMessage = 'connection closed';
-  private readonly connectTimer: NodeJS.Timeout;
-  /** Notifs sent before the handshake finished. */
-  private early: Array<{ msg: Uint8Array; resolve: () => void; reject: (e: Error) => void }> = [];
-  /** The handshake's nonces: the target's challenge and this side's (after HELLO). */
-  private serverNonce: Uint8Array | null = null;
-  private clientNonce: Uint8Array | null = null;
-
-  constructor(
-    private readonly agent: EmbeddedAgent,
-    readonly peer: PeerInfo,
-    private readonly maxInflight: number,
-    connectTimeoutMs: number,
-  ) {
-    this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true });
-    this.reader = new FrameReader(
-      {
-        onHeader: (h, n) => this.onHeader(h, n),
-        onProtocolError: (m) => this.fatal('invalid', `peer ${peer.name} broke the protocol: ${m}`),
-      },
-      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
-    );
-    this.connectTimer = setTimeout(() => this.fatal('timeout', `connect/handshake with ${peer.name} at ${peer.host}:${peer.port} timed out after ${connectTimeoutMs} ms`), connectTimeoutMs);
-    this.connectTimer.unref();
-    // The target speaks first (CHAL); HELLO answers it (onHeader).
-    this.socket.on('data', (c: Buffer) => this.reader.push(c));
-    this.socket.on('drain', () => {
-      this.blocked = false;
-      this.pump();
-    });
-    this.socket.on('error', (e) => {
-      if (!this.ready && this.failKind === 'remote-disconnect') this.failMessage = `cannot reach ${peer.name} at ${peer.host}:${peer.port}: ${e.message}`;
-      else if (this.failKind === 'remote-disconnect') this.failMessage = `connection to ${peer.name} failed: ${e.message}`;
-    });
-    this.socket.on('close', () => this.onClose());
-  }
-
-  get isClosed(): boolean {
-    return this.closed;
-  }
-
-  /** Queues frames and sends what the window allows. */
-  enqueue(frames: OutFrame[]): void {
-    if (this.closed) {
-      for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
-      return;
-    }
-    for (const f of frames) this.queue.push(f);
-    this.pump();
-  }
-
-  /** Sends a notif once the handshake is done; resolves when it was handed to the socket. */
-  sendNotif(msg: Uint8Array): Promise<void> {
-    if (this.closed) return Promise.reject(new TransferError(this.failKind, this.failMessage));
-    if (!this.ready) return new Promise((resolve, reject) => this.early.push({ msg, resolve, reject }));
-    this.writeNotif(msg);
-    return Promise.resolve();
-  }
-
-  private writeNotif(msg: Uint8Array): void {
-    this.socket.write(encodeFrame([F.NOTIF], msg.byteLength));
-    if (msg.byteLength > 0) this.socket.write(msg);
-  }
-
-  private pump(): void {
-    if (!this.ready || this.closed) return;
-    const s = this.socket;
-    let corked = false;
-    while (this.qHead < this.queue.length && !this.blocked && !this.staging) {
-      const f = this.queue[this.qHead]!;
-      if (f.req.gen !== f.gen || f.req.state !== 'in-progress') {
-        this.qHead++; // canceled or timed out before it was sent
-        continue;
-      }
-      if (this.inflightBytes > 0 && this.inflightBytes + f.bytes > this.maxInflight) break;
-      if (f.dev && f.stage === undefined) {
-        const staged = this.agent.stageFrame(f);
-        if (staged) {
-          this.staging = true;
-          void staged.then(() => {
-            this.staging = false;
-            this.pump();
-          });
-          break;
-        }
-        if (f.req.gen !== f.gen || f.req.state !== 'in-progress') continue;
-      }
-      this.qHead++;
-      f.id = this.nextId;
-      this.nextId = this.nextId === 0xffffffff ? 1 : this.nextId + 1;
-      this.inflight.set(f.id, f);
-      this.inflightBytes += f.bytes;
-      if (!corked) {
-        s.cork();
-        corked = true;
-      }
-      let ok: boolean;
-      if (f.t === F.READ) {
-        ok = s.write(encodeFrame([F.READ, f.id, f.segs]));
-      } else {
-        ok = s.write(encodeFrame([F.WRITE, f.id, f.segs], f.bytes));
-        for (const v of f.locals) ok = s.write(v);
-      }
-      if (!ok) this.blocked = true;
-    }
-    if (corked) s.uncork();
-    if (this.qHead > 1024 && this.qHead * 2 > this.queue.length) {
-      this.queue = this.queue.slice(this.qHead);
-      this.qHead = 0;
-    }
-  }
-
-  private onHeader(h: Header, payloadBytes: number): PayloadSink | null {
-    if (!this.ready) {
-      const cluster = this.agent.clusterSecretBytes;
-      if (h.t === F.CHAL && this.clientNonce === null) {
-        const sn = h.nonce;
-        const cn = makeNonce();
-        this.serverNonce = sn;
-        this.clientNonce = cn;
-        const me = this.agent.name;
-        const agentProof = makeProof(this.peer.secret, HANDSHAKE_CONTEXT.hello, sn, cn, me);
-        const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, me, this.peer.name) : null;
-        this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, me, cn, agentProof, clusterProof]));
-        return null;
-      }
-      if (h.t === F.OK && this.clientNonce !== null && this.serverNonce !== null) {
-        if (h.name !== this.peer.name) {
-          this.fatal('invalid', `peer at ${this.peer.host}:${this.peer.port} is ${JSON.stringify(h.name)}, not ${JSON.stringify(this.peer.name)}`);
-          return null;
-        }
-        if (!checkProof(h.agentProof, this.peer.secret, HANDSHAKE_CONTEXT.ok, this.clientNonce, this.serverNonce, h.name)) {
-          this.fatal('invalid', `peer ${this.peer.name} did not prove the agent secret of its metadata`);
-          return null;
-        }
-        if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.okCluster, this.clientNonce, this.serverNonce, h.name, this.agent.name)) {
-          this.fatal('invalid', `peer ${this.peer.name} did not prove the cluster secret`);
-          return null;
-        }
-        this.ready = true;
-        this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
-        clearTimeout(this.connectTimer);
-        for (const e of this.early.splice(0)) {
-          this.writeNotif(e.msg);
-          e.resolve();
-        }
-        this.pump();
-        return null;
-      }
-      if (h.t === F.FATAL) {
-        this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} refused the connection: ${h.message}`);
-        return null;
-      }
-      this.fatal('invalid', `peer ${this.peer.name} sent frame type ${h.t} out of the handshake`);
-      return null;
-    }
-    switch (h.t) {
-      case F.RDATA: {
-        const f = this.inflight.get(h.id);
-        if (!f || f.t !== F.READ || payloadBytes !== f.bytes) {
-          this.fatal('invalid', `peer ${this.peer.name} sent RDATA for unknown frame ${h.id} or of the wrong size`);
-          return null;
-        }
-        let seg = 0;
-        let off = 0;
-        return {
-          write: (chunk: Buffer) => {
-            // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
-            // post), its memory is the caller's again and late bytes are dropped.
-            if (f.req.gen !== f.gen || f.req.state !== 'in-progress') return;
-            let c = 0;
-            while (c < chunk.length) {
-              const dst = f.locals[seg]!;
-              const k = Math.min(dst.length - off, chunk.length - c);
-              dst.set(k === chunk.length && c === 0 ? chunk : chunk.subarray(c, c + k), off);
-              c += k;
-              off += k;
-              if (off === dst.length) {
-                seg++;
-                off = 0;
-              }
-            }
-          },
-          end: () => this.frameDone(h.id),
-        };
-      }
-      case F.WACK: {
-        const f = this.inflight.get(h.id);
-        if (!f || f.t !== F.WRITE) {
-          this.fatal('invalid', `peer ${this.peer.name} acknowledged unknown WRITE frame ${h.id}`);
-          return null;
-        }
-        this.frameDone(h.id);
-        return null;
-      }
-      case F.ERR: {
-        const f = this.inflight.get(h.id);
-        if (!f) {
-          this.fatal('invalid', `peer ${this.peer.name} refused unknown frame ${h.id}`);
-          return null;
-        }
-        this.inflight.delete(h.id);
-        this.inflightBytes -= f.bytes;
-        const kind: TransferErrorKind = h.kind === 'invalid' || h.kind === 'backend' || h.kind === 'not-found' ? h.kind : 'backend';
-        this.agent.frameFailed(f, kind, `${this.peer.name} refused the transfer: ${h.message}`);
-        this.pump();
-        return null;
-      }
-      case F.FATAL:
-        this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} closed the connection: ${h.message}`);
-        return null;
-      default:
-        this.fatal('invalid', `peer ${this.peer.name} sent unexpected frame type ${h.t}`);
-        return null;
-    }
-  }
-
-  private frameDone(id: number): void {
-    const f = this.inflight.get(id);
-    if (!f) return;
-    this.inflight.delete(id);
-    this.inflightBytes -= f.bytes;
-    this.agent.frameDone(f, this);
-    this.pump();
-  }
-
-  /** Fails everything and closes. */
-  fatal(kind: TransferErrorKind, message: string): void {
-    if (this.closed) return;
-    this.failKind = kind;
-    this.failMessage = message;
-    this.socket.destroy();
-    this.onClose();
-  }
-
-  private onClose(): void {
-    if (this.closed) return;
-    this.closed = true;
-    clearTimeout(this.connectTimer);
-    this.reader.kill();
-    this.agent.connClosed(this);
-    const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
-    this.inflight.clear();
-    this.queue = [];
-    this.qHead = 0;
-    this.inflightBytes = 0;
-    for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
-    for (const e of this.early.splice(0)) e.reject(new TransferError(this.failKind, this.failMessage));
-  }
-}
-
-/** Incoming connection from one initiator. */
-class InConn {
-  private readonly reader: FrameReader;
-  private peerName: string | null = null;
-  private closed = false;
-  private readonly helloTimer: NodeJS.Timeout;
-  /** This side's challenge (CHAL), sent on accept. */
-  private readonly serverNonce = makeNonce();
-  /** Bytes of a notif being received (counted in the agent's buffered bytes). */
-  private partial = 0;
-  readonly label: string;
-
-  constructor(
-    private readonly agent: EmbeddedAgent,
-    readonly socket: net.Socket,
-  ) {
-    this.label = `${socket.remoteAddress}:${socket.remotePort}`;
-    socket.setNoDelay(true);
-    this.reader = new FrameReader(
-      {
-        onHeader: (h, n) => this.onHeader(h, n),
-        onProtocolError: (m) => this.protocolError(m),
-      },
-      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
-    );
-    this.helloTimer = setTimeout(() => this.protocolError('no HELLO in time'), agent.connectTimeoutMs);
-    this.helloTimer.unref();
-    socket.write(encodeFrame([F.CHAL, WIRE_VERSION, this.serverNonce]));
-    socket.on('data', (c: Buffer) => this.reader.push(c));
-    socket.on('error', () => {});
-    socket.on('close', () => {
-      this.closed = true;
-      clearTimeout(this.helloTimer);
-      this.reader.kill();
-      this.setPartial(0);
-      agent.inClosed(this);
-    });
-  }
-
-  /** Bytes this connection holds: unparsed input and a notif being received. */
-  get buffered(): number {
-    return this.reader.buffered + this.partial;
-  }
-
-  private setPartial(n: number): void {
-    this.agent.partialNotifBytes += n - this.partial;
-    this.partial = n;
-  }
-
-  private protocolError(message: string): void {
-    if (this.closed) return;
-    this.closed = true;
-    const err = new ProtocolError(this.peerName ? `${this.peerName} (${this.label})` : this.label, message);
-    try {
-      this.socket.end(encodeFrame([F.FATAL, 'invalid', message.slice(0, 4000)]));
-    } catch {
-      /* socket already gone */
-    }
-    setTimeout(() => this.socket.destroy(), 100).unref();
-    this.reader.kill();
-    this.setPartial(0);
-    this.agent.reportProtocolError(err);
-  }
-
-  private refuse(id: number, message: string): void {
-    this.socket.write(encodeFrame([F.ERR, id, 'invalid', message.slice(0, 4000)]));
-  }
-
-  /** Stops reading requests while too many response bytes are queued. */
-  private backpressure(): void {
-    if (this.socket.writableLength < this.agent.maxQueuedResponseBytes) return;
-    this.reader.pause();
-    this.socket.pause();
-    this.socket.once('drain', () => {
-      if (this.closed) return;
-      this.socket.resume();
-      this.reader.resume();
-    });
-  }
-
-  /** Resolves every segment to a live region view, or returns the first bad one. */
-  private resolve(segs: readonly number[]): { views: Uint8Array[]; regions: HostRegion[]; dev: DevSeg[] } | string {
-    const views: Uint8Array[] = [];
-    const regions: HostRegion[] = [];
-    const dev: DevSeg[] = [];
-    let at = 0;
-    for (let i = 0; i < segs.length; i += 2) {
-      const addr = segs[i]!;
-      const len = segs[i + 1]!;
-      const r = this.agent.regions.find(addr, len);
-      if (!r) return `segment ${i / 2} [0x${addr.toString(16)}, +${len}) is outside ${this.agent.name}'s registered memory`;
-      if (r.device) dev.push({ i: i / 2, at, region: r, off: addr - r.addr, len }); // its view: staging (stageTarget)
-      views.push(r.view.subarray(addr - r.addr, addr - r.addr + len));
-      regions.push(r);
-      at += len;
-    }
-    return { views, regions, dev };
-  }
-
-  /** A READ of device segments: device to staging, then the answer; the staging goes back once written. */
-  private answerDeviceRead(id: number, bytes: number, views: Uint8Array[], dev: DevSeg[]): void {
-    const st = this.agent.stageTarget(views, dev, bytes);
-    this.agent.deviceCopies(st.buf, dev, 'd2h').then(
-      () => {
-        if (this.closed) return;
-        this.socket.cork();
-        this.socket.write(encodeFrame([F.RDATA, id], bytes));
-        for (let i = 0; i < views.length; i++) {
-          if (i === views.length - 1) this.socket.write(views[i]!, () => st.pool.give(st.buf));
-          else this.socket.write(views[i]!);
-        }
-        this.socket.uncork();
-        this.backpressure();
-      },
-      (e: unknown) => {
-        if (!this.closed) this.refuse(id, `device copy failed: ${e instanceof Error ? e.message : String(e)}`);
-      },
-    );
-  }
-
-  private onHeader(h: Header, payloadBytes: number): PayloadSink | null {
-    if (this.peerName === null) {
-      if (h.t !== F.HELLO) {
-        this.protocolError(`expected HELLO, got frame type ${h.t}`);
-        return null;
-      }
-      // The cluster secret first: a peer outside the cluster learns nothing of the agent secret.
-      const cluster = this.agent.clusterSecretBytes;
-      const sn = this.serverNonce;
-      const me = this.agent.name;
-      if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.helloCluster, sn, h.nonce, h.name, me)) {
-        this.protocolError(`agent ${JSON.stringify(h.name)} did not prove the cluster secret`);
-        return null;
-      }
-      if (!cluster && h.clusterProof !== null) {
-        this.protocolError(`agent ${JSON.stringify(h.name)} uses a cluster secret, ${me} has none`);
-        return null;
-      }
-      const mine = this.agent.secretBytes;
-      if (!checkProof(h.agentProof, mine, HANDSHAKE_CONTEXT.hello, sn, h.nonce, h.name)) {
-        this.protocolError(`agent ${JSON.stringify(h.name)} presented a wrong secret`);
-        return null;
-      }
-      clearTimeout(this.helloTimer);
-      this.peerName = h.name;
-      this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
-      const agentProof = makeProof(mine, HANDSHAKE_CONTEXT.ok, h.nonce, sn, me);
-      const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.okCluster, h.nonce, sn, me, h.name) : null;
-      this.socket.write(encodeFrame([F.OK, me, agentProof, clusterProof]));
-      return null;
-    }
-    switch (h.t) {
-      case F.READ: {
-        if (this.agent.stall) return null;
-        const r = this.resolve(h.segs);
-        if (typeof r === 'string') {
-          this.refuse(h.id, r);
-          return null;
-        }
-        if (r.dev.length > 0) {
-          this.answerDeviceRead(h.id, h.bytes, r.views, r.dev);
-          return null;
-        }
-        this.socket.cork();
-        this.socket.write(encodeFrame([F.RDATA, h.id], h.bytes));
-        for (const v of r.views) this.socket.write(v);
-        this.socket.uncork();
-        this.backpressure();
-        return null;
-      }
-      case F.WRITE: {
-        if (this.agent.stall) return null;
-        const r = this.resolve(h.segs);
-        if (typeof r === 'string') {
-          this.refuse(h.id, r);
-          return null; // the payload is dropped unread
-        }
-        const staged = r.dev.length > 0 ? this.agent.stageTarget(r.views, r.dev, h.bytes) : null;
-        let seg = 0;
-        let off = 0;
-        let lost = false;
-        return {
-          write: (chunk: Buffer) => {
-            let c = 0;
-            while (c < chunk.length) {
-              const dst = r.views[seg]!;
-              const k = Math.min(dst.length - off, chunk.length - c);
-              if (r.regions[seg]!.alive) dst.set(k === chunk.length && c === 0 ? chunk : chunk.subarray(c, c + k), off);
-              else lost = true; // deregistered meanwhile: never write into it
-              c += k;
-              off += k;
-              if (off === dst.length) {
-                seg++;
-                off = 0;
-              }
-            }
-          },
-          end: () => {
-            if (this.closed) return;
-            if (lost) this.refuse(h.id, 'target memory was deregistered during the write');
-            else if (staged) {
-              // Device segments: staging to device, then the acknowledgement.
-              this.agent.deviceCopies(staged.buf, r.dev, 'h2d').then(
-                () => {
-                  staged.pool.give(staged.buf);
-                  if (!this.closed) this.socket.write(encodeFrame([F.WACK, h.id]));
-                },
-                (e: unknown) => {
-                  if (!this.closed) this.refuse(h.id, `device copy failed: ${e instanceof Error ? e.message : String(e)}`);
-                },
-              );
-            } else this.socket.write(encodeFrame([F.WACK, h.id]));
-          },
-        };
-      }
-      case F.NOTIF: {
-        const from = this.peerName;
-        // Memory grows with the bytes that arrived, not with the size announced; one concat at the end.
-        const parts: Buffer[] = [];
-        let got = 0;
-        return {
-          write: (chunk: Buffer) => {
-            if (this.closed) return;
-            if (this.agent.partialNotifBytes + chunk.length > this.agent.maxBufferedBytes) {
-              this.protocolError(`more than ${this.agent.maxBufferedBytes} bytes of partial notifs buffered`);
-              return;
-            }
-            parts.push(Buffer.from(chunk));
-            got += chunk.length;
-            this.setPartial(got);
-          },
-          end: () => {
-            this.setPartial(0);
-            if (this.closed) return;
-            const buf = parts.length === 1 ? parts[0]! : Buffer.concat(parts, got);
-            if (!this.agent.queueNotif(from, new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength))) {
-              this.protocolError(`more than ${this.agent.maxQueuedNotifBytes} bytes of notifs queued`);
-            }
-          },
-        };
-      }
-      default:
-        this.protocolError(`unexpected frame type ${h.t}`);
-        return null;
-    }
-  }
-}
 
 /** A {@link TransferAgent} over TCP in plain Node. Create with {@link EmbeddedAgent.create}. */
 export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolError] }> implements TransferAgent {
@@ -778,6 +192,18 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private readonly ipcMaps = new Map<string, Map<number, { readonly address: bigint; readonly dm: DeviceMemory }>>();
   /** Peers whose IPC handles did not open here (their device regions go over TCP), with why. */
   private readonly ipcRefused = new Map<string, string>();
+  /** Shared-memory bindings, or null (disabled, not Linux, addon without them). */
+  private readonly shm: NativeShm | null;
+  /** {@link sameHostKey} of this process (null: no same-host data plane). */
+  private readonly hostKey: string | null;
+  /** Grant words of this process's shared mappings that registrations hold, by memfd name. */
+  private readonly grants = new Map<string, { readonly value: number; count: number; readonly view: Uint8Array }>();
+  /** Mapped shared memory of peers: peer name -> memfd name -> the whole mapping and its grant word. */
+  private readonly shmMaps = new Map<string, Map<string, { readonly bytes: Uint8Array; readonly grant: Uint32Array }>>();
+  /** Peers whose shared memory did not map here (their transfers go over TCP), with why. */
+  private readonly shmRefused = new Map<string, string>();
+  /** Transfers and bytes moved through shared mappings (tests and metrics). */
+  readonly shmStats = { transfers: 0, bytes: 0 };
   /** Transfers moved by CUDA IPC and over the TCP path with device staging (tests and metrics). */
   readonly deviceStats = { ipcTransfers: 0, ipcBytes: 0, stagedFrames: 0 };
   /** See {@link EmbeddedAgentOptions.frameTimeoutMs}. */
@@ -805,6 +231,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.stall = o.stallIncoming === true;
     this.deviceMemory = o.deviceMemory ?? null;
     this.deviceIpc = o.deviceIpc !== false;
+    this.hostKey = o.sharedMemory === false ? null : sameHostKey();
+    this.shm = this.hostKey === null ? null : sharedMemoryBindings().shm;
     this.frameTimeoutMs = checkPositiveInt('frameTimeoutMs', o.frameTimeoutMs, 30_000);
     this.maxBufferedBytes = checkPositiveInt('maxBufferedBytes', o.maxBufferedBytes, 64 * 1024 * 1024);
     const maxIn = checkPositiveInt('maxIncomingConnections', o.maxIncomingConnections, 1024);
@@ -818,7 +246,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       this.inConns.add(new InConn(this, s));
     });
     // Loopback transfers (to this agent itself) go through its own server.
-    this.peers.set(name, { name, host: address.host, port: address.port, secret: this.secret, regions: [], hostId: null, devices: [] });
+    this.peers.set(name, { name, host: address.host, port: address.port, secret: this.secret, regions: [], hostId: null, devices: [], shm: null });
   }
 
   /**
@@ -869,26 +297,19 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   }
 
   private checkOpen(): void {
-    if (this.closed) throw new TransferError('canceled', `agent ${this.name} is closed`);
+    checkOpen(this.closed, this.name);
   }
 
   async registerMemory(regions: readonly MemoryRegion[]): Promise<Registration> {
     this.checkOpen();
-    if (!Array.isArray(regions) || regions.length === 0) throw new TransferError('invalid', 'registerMemory needs at least one region');
     const views: Array<Uint8Array | { ref: DeviceRef; length: number }> = [];
-    for (const [i, r] of regions.entries()) {
-      if (r && typeof r === 'object' && !('bytes' in r) && r.kind === 'VRAM') {
-        views.push(this.deviceRegion(i, r));
-        continue;
-      }
-      if (!r || typeof r !== 'object' || !('bytes' in r)) throw new TransferError('invalid', `regions[${i}]: the embedded agent registers host memory given as bytes (DRAM) or device memory (VRAM)`);
-      if (r.kind !== undefined && r.kind !== 'DRAM') throw new TransferError('invalid', `regions[${i}]: kind ${String(r.kind)} is not supported`);
-      const v = toU8(r.bytes);
-      if (!v) throw new TransferError('invalid', `regions[${i}].bytes must be an ArrayBuffer, SharedArrayBuffer or ArrayBufferView`);
-      if (v.byteLength === 0) throw new TransferError('invalid', `regions[${i}] is empty`);
-      views.push(v);
+    for (const [i, r] of checkRegions(regions).entries()) {
+      if ('bytes' in r) views.push(r.bytes);
+      else if (r.kind === 'VRAM') views.push(this.deviceRegion(i, r));
+      else throw new TransferError('invalid', `regions[${i}]: the embedded agent registers host memory given as bytes (DRAM) or device memory (VRAM)`);
     }
     const hosts = views.map((v) => (v instanceof Uint8Array ? this.regions.add(v) : this.regions.add(EMPTY, v)));
+    for (const h of hosts) if (!h.device) this.grantShared(h);
     const reg: Registration = Object.freeze({
       regions: Object.freeze(hosts.map((h): RegisteredRegion => Object.freeze({ addr: h.addr, length: h.length, kind: h.device ? 'VRAM' : 'DRAM', deviceId: h.device?.device ?? 0 }))),
     });
@@ -900,14 +321,19 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const hosts = this.registrations.get(registration);
     if (!hosts) throw new TransferError('not-found', 'not a live registration of this agent');
     this.registrations.delete(registration);
-    for (const h of hosts) this.regions.remove(h.addr);
+    for (const h of hosts) {
+      this.regions.remove(h.addr);
+      this.revokeShared(h);
+    }
   }
 
   async getLocalMetadata(): Promise<Uint8Array> {
     this.checkOpen();
     const fields: unknown[] = [META_MAGIC, META_VERSION, this.name, this.address.host, this.address.port, this.secret, this.regions.flat()];
     const dev = this.deviceMetadata();
-    if (dev) fields.push(dev);
+    const shm = this.shmMetadata();
+    if (dev || shm) fields.push(dev);
+    if (shm) fields.push(shm);
     const b = packr.pack(fields);
     return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
   }
@@ -920,7 +346,10 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (old && (old.host !== peer.host || old.port !== peer.port || !timingSafeEqual(old.secret, peer.secret))) {
       this.conns.get(peer.name)?.fatal('remote-disconnect', `metadata of ${peer.name} was replaced`);
     }
-    if (old) this.closeIpc(peer.name); // its device regions may have changed
+    if (old) {
+      this.closeIpc(peer.name); // its device regions may have changed
+      this.closeShm(peer.name);
+    }
     this.peers.set(peer.name, peer);
     return peer.name;
   }
@@ -929,14 +358,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (agent === this.name) return;
     this.peers.delete(agent);
     this.closeIpc(agent);
+    this.closeShm(agent);
     this.conns.get(agent)?.fatal('not-found', `metadata of ${agent} was invalidated`);
   }
 
   async prepDescList(agent: string | null, kind: MemoryKind, descs: readonly XferDesc[]): Promise<DescList> {
     this.checkOpen();
-    if (kind !== 'DRAM' && kind !== 'VRAM') throw new TransferError('invalid', `memory kind ${String(kind)} is not supported by the embedded agent`);
-    const vram = kind === 'VRAM';
-    if (!Array.isArray(descs)) throw new TransferError('invalid', 'descs must be an array');
+    const vram = checkKind(kind) === 'VRAM';
     let check: (addr: number, len: number) => boolean;
     if (agent === null || agent === this.name) {
       check = (a, l) => {
@@ -949,11 +377,11 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       check = (a, l) => inFlatRegions(peer.regions, a, l) && (findPeerDevice(peer.devices, a, l) !== null) === vram;
     }
     const copy: XferDesc[] = [];
-    for (const [i, d] of descs.entries()) {
-      if (!d || !check(d.addr, d.length)) {
-        throw new TransferError('invalid', `descs[${i}] (addr ${d?.addr}, length ${d?.length}) is not inside a registered ${kind} region of ${agent ?? this.name}`);
+    for (const [i, d] of checkDescs(descs).entries()) {
+      if (!check(d.addr, d.length)) {
+        throw new TransferError('invalid', `descs[${i}] (addr ${d.addr}, length ${d.length}) is not inside a registered ${kind} region of ${agent ?? this.name}`);
       }
-      copy.push(Object.freeze({ addr: d.addr, length: d.length, deviceId: vram ? (d.deviceId ?? 0) : 0 }));
+      copy.push(vram ? d : Object.freeze({ addr: d.addr, length: d.length, deviceId: 0 }));
     }
     const list: DescList = Object.freeze({ agent, kind, descs: Object.freeze(copy) });
     this.lists.add(list);
@@ -966,50 +394,33 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   async makeTransfer(args: MakeTransferArgs): Promise<TransferRequest> {
     this.checkOpen();
-    const { op, local, remote } = args;
-    if (op !== 'READ' && op !== 'WRITE') throw new TransferError('invalid', `op must be READ or WRITE, got ${String(op)}`);
-    if (!this.lists.has(local) || !this.lists.has(remote)) throw new TransferError('invalid', 'descriptor lists must come from this agent\'s prepDescList (and not be released)');
-    if (local.agent !== null) throw new TransferError('invalid', 'local must be a local descriptor list (agent null)');
-    if (remote.agent === null) throw new TransferError('invalid', 'remote must be a remote descriptor list');
-    const li = args.localIndices ?? local.descs.map((_, i) => i);
-    const ri = args.remoteIndices ?? remote.descs.map((_, i) => i);
-    if (li.length !== ri.length) throw new TransferError('invalid', `${li.length} local indices but ${ri.length} remote indices`);
-    if (li.length === 0) throw new TransferError('invalid', 'a transfer needs at least one descriptor pair');
-    const pairs: Pair[] = [];
-    let bytes = 0;
-    for (let i = 0; i < li.length; i++) {
-      const l = local.descs[li[i]!];
-      const r = remote.descs[ri[i]!];
-      if (!l || !Number.isInteger(li[i])) throw new TransferError('invalid', `localIndices[${i}] = ${li[i]} is out of range`);
-      if (!r || !Number.isInteger(ri[i])) throw new TransferError('invalid', `remoteIndices[${i}] = ${ri[i]} is out of range`);
-      if (l.length !== r.length) throw new TransferError('invalid', `pair ${i}: local length ${l.length} != remote length ${r.length}`);
-      pairs.push({ local: l, remote: r });
-      bytes += l.length;
-    }
-    const notif = args.notif === undefined ? null : checkNotif(args.notif);
-    return new EmbeddedRequest(this, op, remote.agent, pairs, bytes, notif);
+    const t = checkTransfer(args, (l): l is DescList => this.lists.has(l), MAX_NOTIF_BYTES);
+    const pairs: Pair[] = t.pairs.map(([local, remote]) => ({ local, remote }));
+    return new EmbeddedRequest(this, t.op, t.remote.agent, pairs, t.bytes, t.notif);
   }
 
   private own(req: TransferRequest): EmbeddedRequest {
-    if (!(req instanceof EmbeddedRequest) || req.owner !== this) throw new TransferError('invalid', 'not a request of this agent');
-    return req;
+    return ownRequest(this, req, EmbeddedRequest);
   }
 
   async post(request: TransferRequest, options: PostOptions = {}): Promise<XferStatus> {
     this.checkOpen();
     const req = this.own(request);
-    if (req.released) throw new TransferError('invalid', 'the request was released');
-    if (req.state === 'in-progress') throw new TransferError('invalid', 'the request is already in progress (one post at a time)');
-    if (options.notif !== undefined) req.notif = checkNotif(options.notif);
-    const timeoutMs = checkPositiveInt('timeoutMs', options.timeoutMs, this.timeoutMs);
-    req.gen++;
-    req.error = null;
-    req.state = 'in-progress';
+    const timeoutMs = checkPost(req, options, this.timeoutMs, MAX_NOTIF_BYTES);
+    if (options.notif !== undefined) req.notif = options.notif;
+    startPost(req);
     // Resolve local memory now: a region deregistered since makeTransfer fails the post.
     const peer = this.peers.get(req.remoteAgent);
     if (!peer) return this.finish(req, 'not-found', `no metadata loaded for agent ${JSON.stringify(req.remoteAgent)}`);
     const viaIpc = this.postIpc(req, peer, timeoutMs);
     if (viaIpc !== null) return viaIpc;
+    const viaShm = this.postShm(req, peer, timeoutMs);
+    if (viaShm !== null) return viaShm;
+    return this.postTcp(req, peer, timeoutMs);
+  }
+
+  /** Posts `req` over the TCP connection to `peer`: frames of at most `chunkBytes`, the deadline in `timeoutMs`. */
+  private postTcp(req: EmbeddedRequest, peer: PeerInfo, timeoutMs: number): XferStatus {
     const frames: OutFrame[] = [];
     let cur: OutFrame | null = null;
     const t = req.op === 'READ' ? F.READ : F.WRITE;
@@ -1036,18 +447,15 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     req.timer = setTimeout(() => this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`), timeoutMs);
     req.timer.unref();
     this.conn(peer).enqueue(frames);
-    return req.state;
+    return requestStatus(req);
   }
 
   status(request: TransferRequest): XferStatus {
-    const req = this.own(request);
-    return req.state === 'idle' ? 'invalid' : req.state;
+    return requestStatus(this.own(request));
   }
 
   wait(request: TransferRequest): Promise<XferStatus> {
-    const req = this.own(request);
-    if (req.state !== 'in-progress') return Promise.resolve(req.state === 'idle' ? 'invalid' : req.state);
-    return new Promise((resolve) => req.waiters.push(resolve));
+    return waitRequest(this.own(request));
   }
 
   async release(request: TransferRequest): Promise<void> {
@@ -1058,7 +466,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   async sendNotif(agent: string, message: Uint8Array): Promise<void> {
     this.checkOpen();
-    const msg = checkNotif(message);
+    const msg = checkNotif(message, MAX_NOTIF_BYTES);
     const peer = this.peers.get(agent);
     if (!peer) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
     return this.conn(peer).sendNotif(msg);
@@ -1078,6 +486,9 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     for (const c of [...this.conns.values()]) c.fatal('canceled', `agent ${this.name} closed`);
     for (const c of this.inConns) c.socket.destroy();
     for (const peer of [...this.ipcMaps.keys()]) this.closeIpc(peer);
+    for (const peer of [...this.shmMaps.keys()]) this.closeShm(peer);
+    for (const g of this.grants.values()) this.shm?.setGrant(g.view, 0); // peers may no longer copy
+    this.grants.clear();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 
@@ -1109,7 +520,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       return;
     }
     const req = f.req;
-    if (req.gen !== f.gen || req.state !== 'in-progress') return;
+    if (!isCurrent(req, f.gen)) return;
     if (--req.pending > 0) return;
     // Every frame landed: now the notif (it travels behind the data on the same connection).
     if (req.notif) conn.sendNotif(req.notif).catch(() => {});
@@ -1119,20 +530,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   /** @internal */
   frameFailed(f: OutFrame, kind: TransferErrorKind, message: string): void {
     if (f.stage) f.stage = null; // not reused: a copy or a socket write may still hold it
-    if (f.req.gen !== f.gen || f.req.state !== 'in-progress') return;
+    if (!isCurrent(f.req, f.gen)) return;
     this.finish(f.req, kind, message);
   }
 
   private finish(req: EmbeddedRequest, state: XferStatus, message: string | null): XferStatus {
-    if (req.state !== 'in-progress') return req.state === 'idle' ? 'invalid' : req.state;
-    req.state = state;
-    req.error = state === 'done' || state === 'in-progress' ? null : new TransferError(state, message ?? state);
-    if (req.timer) clearTimeout(req.timer);
-    req.timer = null;
+    if (!endRequest(req, state, message)) return requestStatus(req);
     this.active.delete(req);
-    const w = req.waiters;
-    req.waiters = [];
-    for (const fn of w) fn(state);
     return state;
   }
 
@@ -1152,16 +556,132 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.emit('protocol-error', e);
   }
 
+  // ---- same-host host memory (see the module note) ----
+
+  /** A host region that lies in a shared mapping of this process: its grant (held while registered) and where it is. */
+  private grantShared(h: HostRegion): void {
+    const info = this.shm?.lookup(h.view);
+    if (!info) return;
+    let g = this.grants.get(info.name);
+    if (!g) this.grants.set(info.name, (g = { value: randomBytes(4).readUInt32LE(0) || 1, count: 0, view: h.view }));
+    if (g.count++ === 0) this.shm!.setGrant(h.view, g.value);
+    h.shm = { name: info.name, fd: info.fd, size: info.size, offset: info.offset, grant: g.value };
+  }
+
+  /** Drops a deregistered region's grant; the mapping's grant word clears when no registration holds it. */
+  private revokeShared(h: HostRegion): void {
+    if (!h.shm) return;
+    const g = this.grants.get(h.shm.name);
+    if (!g || --g.count > 0) return;
+    this.grants.delete(h.shm.name);
+    this.shm!.setGrant(h.view, 0);
+  }
+
+  /** The metadata's shared-memory field `[hostKey, pid, [[addr, length, name, fd, size, offset, grant], ...]]`, or null. */
+  private shmMetadata(): [string, number, Array<[number, number, string, number, number, number, number]>] | null {
+    if (!this.shm || this.hostKey === null) return null;
+    const flat = this.regions.flat();
+    const out: Array<[number, number, string, number, number, number, number]> = [];
+    for (let i = 0; i < flat.length; i += 2) {
+      const r = this.regions.find(flat[i]!, flat[i + 1]!)!;
+      if (r.shm) out.push([r.addr, r.length, r.shm.name, r.shm.fd, r.shm.size, r.shm.offset, r.shm.grant]);
+    }
+    return out.length === 0 ? null : [this.hostKey, process.pid, out];
+  }
+
+  /** Forgets the mappings of `peer`'s shared memory (they are unmapped once collected). */
+  private closeShm(peer: string): void {
+    this.shmMaps.delete(peer);
+    this.shmRefused.delete(peer);
+  }
+
+  /** The mapping of a peer's shared memory in this process (mapped once, cached). */
+  private shmMapping(peer: PeerInfo, rr: PeerShmRegion): { readonly bytes: Uint8Array; readonly grant: Uint32Array } {
+    let m = this.shmMaps.get(peer.name);
+    if (!m) this.shmMaps.set(peer.name, (m = new Map()));
+    const hit = m.get(rr.name);
+    if (hit) return hit;
+    const ab = this.shm!.map(`/proc/${peer.shm!.pid}/fd/${rr.fd}`, rr.size, rr.name);
+    const v = { bytes: new Uint8Array(ab), grant: new Uint32Array(ab, 0, 1) };
+    m.set(rr.name, v);
+    return v;
+  }
+
+  /**
+   * Posts `req` through shared mappings when every pair is local host memory and host memory a
+   * peer on this host advertised in a shared mapping; null when the TCP path must move it. Before
+   * the handshake with the peer is done it waits for it (then copies, or falls back to TCP).
+   */
+  private postShm(req: EmbeddedRequest, peer: PeerInfo, timeoutMs: number): XferStatus | null {
+    const ps = peer.shm;
+    if (!this.shm || !ps || ps.hostKey !== this.hostKey || this.shmRefused.has(peer.name)) return null;
+    const plan: ShmCopy[] = [];
+    for (const p of req.pairs) {
+      const l = this.regions.find(p.local.addr, p.local.length);
+      const rr = findPeerDevice(ps.regions, p.remote.addr, p.remote.length);
+      if (!l || l.device || !rr) return null;
+      plan.push({ local: l.view.subarray(p.local.addr - l.addr, p.local.addr - l.addr + p.local.length), rr, at: rr.offset + (p.remote.addr - rr.addr), len: p.local.length });
+    }
+    const conn = this.conn(peer);
+    if (conn.isReady) return this.copyShm(req, peer, plan);
+    const gen = req.gen;
+    const deadline = Date.now() + timeoutMs;
+    this.active.add(req);
+    req.timer = setTimeout(() => this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`), timeoutMs);
+    req.timer.unref();
+    conn.whenReady().then(
+      () => {
+        if (!isCurrent(req, gen)) return;
+        clearTimeout(req.timer!);
+        req.timer = null;
+        if (this.copyShm(req, peer, plan) === null) this.postTcp(req, peer, Math.max(1, deadline - Date.now()));
+      },
+      (e: unknown) => {
+        if (isCurrent(req, gen)) this.finish(req, e instanceof TransferError ? e.kind : 'remote-disconnect', e instanceof Error ? e.message : String(e));
+      },
+    );
+    return 'in-progress';
+  }
+
+  /**
+   * Copies the pairs of `req` between local memory and the peer's mappings (after the handshake).
+   * Every copy lies inside the region the peer advertised, which lies inside its mapping (checked
+   * at decode, and the mapping's exact size when it was mapped); the peer's grant word must still
+   * hold the advertised value before each copy, and, for READ, after the last. Null when the
+   * peer's memory does not map here (for good: then the TCP path).
+   */
+  private copyShm(req: EmbeddedRequest, peer: PeerInfo, plan: readonly ShmCopy[]): XferStatus | null {
+    const maps: Array<{ readonly bytes: Uint8Array; readonly grant: Uint32Array }> = [];
+    try {
+      for (const c of plan) maps.push(this.shmMapping(peer, c.rr));
+    } catch (e) {
+      this.shmRefused.set(peer.name, e instanceof Error ? e.message : String(e));
+      return null;
+    }
+    const revoked = () => this.finish(req, 'invalid', `${peer.name} no longer grants that memory (deregistered, or its metadata is stale)`);
+    for (let i = 0; i < plan.length; i++) {
+      const c = plan[i]!;
+      const m = maps[i]!;
+      if (m.grant[0] !== c.rr.grant) return revoked();
+      if (c.at + c.len > m.bytes.byteLength) return this.finish(req, 'invalid', `pair ${i} is outside ${peer.name}'s mapping`);
+      const remote = m.bytes.subarray(c.at, c.at + c.len);
+      if (req.op === 'READ') c.local.set(remote);
+      else remote.set(c.local);
+    }
+    if (req.op === 'READ' && maps.some((m, i) => m.grant[0] !== plan[i]!.rr.grant)) return revoked();
+    this.shmStats.transfers++;
+    this.shmStats.bytes += req.bytes;
+    // The bytes are in place: now the notif (over the TCP connection, as for the TCP path).
+    if (req.notif) this.conn(peer).sendNotif(req.notif).catch(() => {});
+    return this.finish(req, 'done', null);
+  }
+
   // ---- device regions (see the module note) ----
 
   /** Checks a VRAM region to register and finds its device memory. */
-  private deviceRegion(i: number, r: { readonly addr: number; readonly length: number; readonly deviceId?: number; readonly ipcHandle?: Uint8Array }): { ref: DeviceRef; length: number } {
-    const { addr, length } = r;
-    const device = r.deviceId ?? 0;
-    if (!Number.isSafeInteger(addr) || addr <= 0) throw new TransferError('invalid', `regions[${i}].addr must be a positive safe integer (a device address)`);
-    if (!Number.isSafeInteger(length) || length <= 0) throw new TransferError('invalid', `regions[${i}].length must be a positive safe integer`);
-    if (!Number.isInteger(device) || device < 0 || device > 65535) throw new TransferError('invalid', `regions[${i}].deviceId must be an integer in 0..65535`);
-    if (r.ipcHandle !== undefined && (!(r.ipcHandle instanceof Uint8Array) || r.ipcHandle.byteLength !== IPC_HANDLE_BYTES)) throw new TransferError('invalid', `regions[${i}].ipcHandle must be ${IPC_HANDLE_BYTES} bytes`);
+  private deviceRegion(i: number, r: { readonly addr: number; readonly length: number; readonly deviceId: number; readonly ipcHandle: Uint8Array | null }): { ref: DeviceRef; length: number } {
+    const { addr, length } = r; // checked by checkRegions
+    const device = r.deviceId;
     const address = BigInt(addr);
     let dm: DeviceMemory;
     try {
@@ -1170,7 +690,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       throw new TransferError('invalid', `regions[${i}]: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
     }
     if (!dm.owns(address, length)) throw new TransferError('invalid', `regions[${i}]: [0x${address.toString(16)}, +${length}) is not device memory allocated through this process's ${dm.backend} device memory (DeviceMemory.alloc)`);
-    return { ref: { dm, device, address, ipcHandle: r.ipcHandle ? Uint8Array.prototype.slice.call(r.ipcHandle) : null }, length };
+    return { ref: { dm, device, address, ipcHandle: r.ipcHandle }, length };
   }
 
   /** The metadata's device field: `[hostId, [[addr, length, deviceId, ipcHandle | null], ...]]`, or null without device regions. */
@@ -1259,7 +779,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     Promise.all(copies.map((c) => c.settled())).then(
       () => {
         for (const c of copies) c.release();
-        if (req.gen !== gen || req.state !== 'in-progress') return;
+        if (!isCurrent(req, gen)) return;
         this.deviceStats.ipcTransfers++;
         this.deviceStats.ipcBytes += req.bytes;
         // The copies finished: now the notif (over the TCP connection, as for the TCP path).
@@ -1327,7 +847,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   /** An outgoing frame with staging landed: a READ copies staging to device first; then it counts as done. */
   private landFrame(f: OutFrame, conn: OutConn): void {
     const { buf, pool } = f.stage!;
-    const live = f.req.gen === f.gen && f.req.state === 'in-progress';
+    const live = isCurrent(f.req, f.gen);
     if (f.t === F.WRITE || !live) {
       f.stage = null;
       pool.give(buf); // acknowledged (WRITE) or answered: no copy and no socket write holds it
@@ -1353,20 +873,16 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   }
 }
 
+
 const EMPTY = new Uint8Array(0);
 
-/** The device region of `devices` (sorted) holding all of `[addr, addr + length)`, or null. */
-function findPeerDevice(devices: readonly PeerDeviceRegion[], addr: number, length: number): PeerDeviceRegion | null {
-  let lo = 0;
-  let hi = devices.length - 1;
-  while (lo <= hi) {
-    const mid = (lo + hi) >> 1;
-    const d = devices[mid]!;
-    if (addr < d.addr) hi = mid - 1;
-    else if (addr >= d.addr + d.length) lo = mid + 1;
-    else return addr + length <= d.addr + d.length ? d : null;
-  }
-  return null;
+/** One pair of a same-host copy: the local view, the peer's region and the byte range in its mapping. */
+interface ShmCopy {
+  readonly local: Uint8Array;
+  readonly rr: PeerShmRegion;
+  /** Offset in the mapping (header page included). */
+  readonly at: number;
+  readonly len: number;
 }
 
 /** A cluster secret option: null when unset; a copy of at least MIN_CLUSTER_SECRET_BYTES bytes. */
@@ -1376,61 +892,5 @@ function checkClusterSecret(x: Uint8Array | null | undefined): Uint8Array | null
   return Uint8Array.prototype.slice.call(x);
 }
 
-function checkNotif(n: Uint8Array): Uint8Array {
-  if (!(n instanceof Uint8Array)) throw new TransferError('invalid', 'a notif must be a Uint8Array');
-  if (n.byteLength > MAX_NOTIF_BYTES) throw new TransferError('invalid', `a notif is at most ${MAX_NOTIF_BYTES} bytes`);
-  return n;
-}
 
-/**
- * Decodes an embedded agent's metadata blob strictly.
- * @throws TransferError `invalid` for anything malformed.
- */
-export function decodeMetadata(md: Uint8Array): PeerInfo {
-  if (!(md instanceof Uint8Array) || md.byteLength === 0 || md.byteLength > MAX_META_BYTES) throw new TransferError('invalid', 'metadata must be a non-empty Uint8Array of at most 64 MiB');
-  let v: unknown;
-  try {
-    v = unpackr.unpack(md);
-  } catch (e) {
-    throw new TransferError('invalid', `undecodable metadata: ${e instanceof Error ? e.message : String(e)}`);
-  }
-  if (!Array.isArray(v) || (v.length !== 7 && v.length !== 8) || v[0] !== META_MAGIC) throw new TransferError('invalid', 'not an embedded agent\'s metadata');
-  if (v[1] !== META_VERSION) throw new TransferError('invalid', `metadata version ${String(v[1])} is not ${META_VERSION}`);
-  const [, , name, host, port, secret, regions] = v as unknown[];
-  if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_LENGTH) throw new TransferError('invalid', 'metadata: bad agent name');
-  if (typeof host !== 'string' || host.length === 0 || host.length > 255) throw new TransferError('invalid', 'metadata: bad host');
-  if (typeof port !== 'number' || !Number.isInteger(port) || port < 1 || port > 65535) throw new TransferError('invalid', 'metadata: bad port');
-  if (!(secret instanceof Uint8Array) || secret.length !== SECRET_BYTES) throw new TransferError('invalid', 'metadata: bad secret');
-  if (!Array.isArray(regions) || regions.length % 2 !== 0) throw new TransferError('invalid', 'metadata: bad region list');
-  let prevEnd = -1;
-  for (let i = 0; i < regions.length; i += 2) {
-    const a = regions[i];
-    const l = regions[i + 1];
-    if (typeof a !== 'number' || typeof l !== 'number' || !Number.isSafeInteger(a) || !Number.isSafeInteger(l) || a < 0 || l <= 0 || a <= prevEnd || !Number.isSafeInteger(a + l)) {
-      throw new TransferError('invalid', `metadata: region ${i / 2} is malformed or out of order`);
-    }
-    prevEnd = a + l - 1;
-  }
-  const { hostId, devices } = decodeDeviceField(v[7], regions as number[]);
-  return { name, host, port, secret: Uint8Array.prototype.slice.call(secret), regions: regions as number[], hostId, devices };
-}
 
-/** The metadata's optional device field (see `deviceMetadata`), checked against the region list. */
-function decodeDeviceField(f: unknown, regions: readonly number[]): { hostId: string | null; devices: PeerDeviceRegion[] } {
-  if (f === undefined) return { hostId: null, devices: [] };
-  if (!Array.isArray(f) || f.length !== 2 || typeof f[0] !== 'string' || f[0].length === 0 || f[0].length > 1024 || !Array.isArray(f[1])) throw new TransferError('invalid', 'metadata: bad device field');
-  const devices: PeerDeviceRegion[] = [];
-  let prevEnd = -1;
-  for (const [i, d] of (f[1] as unknown[]).entries()) {
-    if (!Array.isArray(d) || d.length !== 4) throw new TransferError('invalid', `metadata: device region ${i} is malformed`);
-    const [addr, length, deviceId, handle] = d as unknown[];
-    if (typeof addr !== 'number' || typeof length !== 'number' || !Number.isSafeInteger(addr) || !Number.isSafeInteger(length) || length <= 0 || addr <= prevEnd || !inFlatRegions(regions, addr, length)) {
-      throw new TransferError('invalid', `metadata: device region ${i} is out of order or not a registered region`);
-    }
-    if (typeof deviceId !== 'number' || !Number.isInteger(deviceId) || deviceId < 0 || deviceId > 65535) throw new TransferError('invalid', `metadata: device region ${i} has a bad device id`);
-    if (handle !== null && !(handle instanceof Uint8Array && handle.byteLength === IPC_HANDLE_BYTES)) throw new TransferError('invalid', `metadata: device region ${i} has a bad IPC handle`);
-    prevEnd = addr + length - 1;
-    devices.push({ addr, length, deviceId, ipcHandle: handle === null ? null : Uint8Array.prototype.slice.call(handle) });
-  }
-  return { hostId: f[0], devices };
-}

@@ -10,6 +10,7 @@ export { TransferError, ProtocolError, isTransferError } from './errors.js';
 export * from './auth.js';
 export { takeBytes } from './wire.js';
 export { EmbeddedAgent, decodeMetadata as decodeEmbeddedMetadata, type EmbeddedAgentOptions, type PeerInfo as EmbeddedPeerInfo } from './embedded.js';
+export { SharedHostArena, sameHostKey, lookupShared } from './shared-memory.js';
 export { NixlAgent, loadNixlLibrary, nixlLibraryCandidates, NIXL_STATUS, type NixlAgentOptions } from './nixl.js';
 export {
   MooncakeAgent,

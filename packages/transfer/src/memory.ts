@@ -28,7 +28,21 @@ export interface HostRegion {
   readonly length: number;
   readonly view: Uint8Array;
   readonly device?: DeviceRef;
+  /** Host bytes in a shared mapping of this process (`shared-memory.ts`), as the metadata advertises them. */
+  shm?: ShmRef;
   alive: boolean;
+}
+
+/** Where a registered host region lies in one of this process's shared mappings. */
+export interface ShmRef {
+  /** The memfd's name and descriptor. */
+  readonly name: string;
+  readonly fd: number;
+  /** Bytes of the whole mapping and the region's offset in it (header page included). */
+  readonly size: number;
+  readonly offset: number;
+  /** The mapping's grant word while this registration lives. */
+  readonly grant: number;
 }
 
 /** A byte view of any {@link HostBytes}, or null if it is not one. */

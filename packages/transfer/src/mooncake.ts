@@ -49,20 +49,11 @@
  * the target (Mooncake PR #2086), so verify on the consumer (kvconnect's checksums do).
  * @module
  */
+import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, RequestState, startPost, waitRequest } from './agent-base.js';
+import type { MooncakeEngineCore, NativeMooncake } from '@kvconnect/native';
 import { TransferError } from './errors.js';
-import { inFlatRegions, toU8 } from './memory.js';
-import {
-  checkPost,
-  endRequest,
-  groupNotifs,
-  libraryCandidates,
-  loadNativeLibrary,
-  NativeRequestState,
-  nativeBindings,
-  requestStatus,
-  waitRequest,
-  wakeWaiters,
-} from './native-agent.js';
+import { inFlatRegions } from './memory.js';
+import { groupNotifs, libraryCandidates, loadNativeLibrary, nativeBindings } from './native-agent.js';
 import type {
   AgentCapabilities,
   DescList,
@@ -80,29 +71,6 @@ import type {
   XferStatus,
 } from './types.js';
 
-/** The addon's `mooncake` bindings (native/src/mooncake_addon.cc). */
-interface NativeMooncake {
-  load(candidates: string[]): { ok: boolean; path: string | null; tried: string[]; hasNoCache: boolean };
-  addressOf(view: ArrayBufferView): number;
-  MooncakeEngineCore: new (
-    libPath: string,
-    config: { metadata: string; serverName: string; autoDiscover: boolean; pollUs: number; idlePollUs: number },
-    onStatus: (xferId: number, status: number, rc: number) => void,
-  ) => MooncakeEngineCore;
-}
-
-interface MooncakeEngineCore {
-  init(): Promise<string>;
-  registerMem(addr: number, length: number, location: string): Promise<void>;
-  unregisterMem(addr: number): Promise<void>;
-  openSegment(name: string, refresh: boolean): Promise<number>;
-  submit(opcode: number, segmentId: number, entries: Float64Array, notifyName: string | null, notifyMsg: string | null): Promise<number>;
-  abandon(id: number): Promise<void>;
-  genNotify(segmentId: number, name: string, msg: string): Promise<void>;
-  takeNotifs(): Array<string | Buffer>;
-  close(): Promise<void>;
-}
-
 /** Task statuses of the C API (`STATUS_*` of transfer_engine_c.h). */
 export const MOONCAKE_STATUS = { WAITING: 0, PENDING: 1, INVALID: 2, CANCELED: 3, COMPLETED: 4, TIMEOUT: 5, FAILED: 6 } as const;
 
@@ -117,7 +85,7 @@ export function mooncakeLibraryCandidates(env: NodeJS.ProcessEnv = process.env):
 }
 
 function nativeMooncake(): { m: NativeMooncake | null; reason: string } {
-  const { b, reason } = nativeBindings<NativeMooncake>('mooncake', 'Mooncake');
+  const { b, reason } = nativeBindings('mooncake', 'Mooncake');
   return { m: b, reason };
 }
 
@@ -128,7 +96,7 @@ function nativeMooncake(): { m: NativeMooncake | null; reason: string } {
  */
 export function loadMooncakeLibrary(options: { library?: string; env?: NodeJS.ProcessEnv } = {}): string {
   const candidates = options.library ? [options.library] : mooncakeLibraryCandidates(options.env);
-  return loadNativeLibrary(nativeBindings<NativeMooncake>('mooncake', 'Mooncake'), 'Mooncake Transfer Engine', candidates, (m, c) => m.load(c));
+  return loadNativeLibrary(nativeBindings('mooncake', 'Mooncake'), 'Mooncake Transfer Engine', candidates, (m, c) => m.load(c));
 }
 
 /** What a Mooncake agent's metadata blob carries. */
@@ -246,13 +214,15 @@ class MooncakeList implements DescList {
   ) {}
 }
 
-class MooncakeRequest extends NativeRequestState implements TransferRequest {
+class MooncakeRequest extends RequestState {
+  /** The batch of the current post, while it is in flight. */
+  nativeId: number | null = null;
   constructor(
-    readonly owner: MooncakeAgent,
-    readonly op: XferOp,
-    readonly remoteAgent: string,
-    readonly bytes: number,
-    readonly count: number,
+    owner: MooncakeAgent,
+    op: XferOp,
+    remoteAgent: string,
+    bytes: number,
+    count: number,
     /** Memory kind of the local and of the remote descriptors. */
     readonly kind: MemoryKind,
     readonly remoteKind: MemoryKind,
@@ -262,7 +232,7 @@ class MooncakeRequest extends NativeRequestState implements TransferRequest {
     public checkedLocal: number,
     public checkedRemote: number,
   ) {
-    super();
+    super(owner, op, remoteAgent, bytes, count);
   }
 }
 
@@ -287,12 +257,6 @@ function flatten(regions: Iterable<RegisteredRegion>): Map<string, number[]> {
 function inRegions(flat: ReadonlyMap<string, number[]>, kind: MemoryKind, dev: number, addr: number, length: number): boolean {
   const f = flat.get(regionKey(kind, dev));
   return !!f && inFlatRegions(f, addr, length);
-}
-
-function checkDesc(d: XferDesc, i: number, what: string): void {
-  if (!d || !Number.isSafeInteger(d.addr) || d.addr < 0 || !Number.isSafeInteger(d.length) || d.length <= 0) throw new TransferError('invalid', `${what}[${i}] needs a safe non-negative addr and a positive length`);
-  const dev = d.deviceId ?? 0;
-  if (!Number.isSafeInteger(dev) || dev < 0) throw new TransferError('invalid', `${what}[${i}].deviceId must be a non-negative integer`);
 }
 
 function statusKind(status: number): TransferErrorKind {
@@ -348,8 +312,7 @@ export class MooncakeAgent implements TransferAgent {
   static async create(options: MooncakeAgentOptions): Promise<MooncakeAgent> {
     const { name } = options;
     if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME || name.includes('\0')) throw new TransferError('invalid', 'agent name must be a non-empty string without NUL characters');
-    const timeout = options.transferTimeoutMs ?? 30_000;
-    if (!Number.isSafeInteger(timeout) || timeout <= 0) throw new TransferError('invalid', 'transferTimeoutMs must be a positive integer');
+    const timeout = checkPositiveInt('transferTimeoutMs', options.transferTimeoutMs, 30_000);
     const path = loadMooncakeLibrary({ library: options.library });
     const m = nativeMooncake().m!;
     let agent: MooncakeAgent | null = null;
@@ -376,7 +339,7 @@ export class MooncakeAgent implements TransferAgent {
   }
 
   private checkOpen(): void {
-    if (this.closed) throw new TransferError('canceled', `agent ${this.name} is closed`);
+    checkOpen(this.closed, this.name);
   }
 
   private refreshLocal(): void {
@@ -388,25 +351,14 @@ export class MooncakeAgent implements TransferAgent {
 
   async registerMemory(regions: readonly MemoryRegion[]): Promise<Registration> {
     this.checkOpen();
-    if (!Array.isArray(regions) || regions.length === 0) throw new TransferError('invalid', 'registerMemory needs at least one region');
     const out: RegisteredRegion[] = [];
     const pins: Uint8Array[] = [];
-    for (const [i, r] of regions.entries()) {
-      if (r && 'bytes' in r) {
-        if (r.kind !== undefined && r.kind !== 'DRAM') throw new TransferError('invalid', `regions[${i}]: bytes are DRAM`);
-        const v = toU8(r.bytes);
-        if (!v || v.byteLength === 0) throw new TransferError('invalid', `regions[${i}].bytes must be a non-empty ArrayBuffer, SharedArrayBuffer or view`);
-        pins.push(v);
-        out.push(Object.freeze({ addr: this.native.addressOf(v), length: v.byteLength, kind: 'DRAM', deviceId: 0 }));
-      } else if (r && 'addr' in r) {
-        if (r.kind !== 'DRAM' && r.kind !== 'VRAM') throw new TransferError('invalid', `regions[${i}].kind must be DRAM or VRAM`);
-        const dev = r.deviceId ?? 0;
-        if (!Number.isSafeInteger(r.addr) || r.addr <= 0 || !Number.isSafeInteger(r.length) || r.length <= 0 || !Number.isSafeInteger(r.addr + r.length) || !Number.isSafeInteger(dev) || dev < 0) {
-          throw new TransferError('invalid', `regions[${i}] needs a positive safe addr and length`);
-        }
-        out.push(Object.freeze({ addr: r.addr, length: r.length, kind: r.kind, deviceId: dev }));
+    for (const r of checkRegions(regions)) {
+      if ('bytes' in r) {
+        pins.push(r.bytes);
+        out.push(Object.freeze({ addr: this.native.addressOf(r.bytes), length: r.bytes.byteLength, kind: 'DRAM', deviceId: 0 }));
       } else {
-        throw new TransferError('invalid', `regions[${i}] must have bytes or addr`);
+        out.push(Object.freeze({ addr: r.addr, length: r.length, kind: r.kind, deviceId: r.deviceId }));
       }
     }
     const done: number[] = [];
@@ -470,22 +422,19 @@ export class MooncakeAgent implements TransferAgent {
 
   async prepDescList(agent: string | null, kind: MemoryKind, descs: readonly XferDesc[]): Promise<DescList> {
     this.checkOpen();
-    if (kind !== 'DRAM' && kind !== 'VRAM') throw new TransferError('invalid', `unknown memory kind ${String(kind)}`);
+    checkKind(kind);
     let flat: ReadonlyMap<string, number[]> = this.localFlat;
     if (agent !== null) {
       const r = this.remotes.get(agent);
       if (!r) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
       flat = r.flat;
     }
-    if (!Array.isArray(descs) || descs.length === 0) throw new TransferError('invalid', 'descs must be a non-empty array');
-    const out: XferDesc[] = [];
-    descs.forEach((d, i) => {
-      checkDesc(d, i, 'descs');
-      const dev = d.deviceId ?? 0;
+    const out = checkDescs(descs);
+    out.forEach((d, i) => {
+      const dev = d.deviceId!;
       if (!inRegions(flat, kind, dev, d.addr, d.length)) {
         throw new TransferError('invalid', `descs[${i}] (${kind} ${d.addr}+${d.length}, device ${dev}) is outside the ${agent === null ? 'local' : `registered memory agent ${JSON.stringify(agent)} advertised`} registered regions`);
       }
-      out.push(Object.freeze({ addr: d.addr, length: d.length, deviceId: dev }));
     });
     return new MooncakeList(agent, kind, Object.freeze(out));
   }
@@ -496,31 +445,14 @@ export class MooncakeAgent implements TransferAgent {
 
   async makeTransfer(args: MakeTransferArgs): Promise<TransferRequest> {
     this.checkOpen();
-    const { op, local, remote } = args;
-    if (op !== 'READ' && op !== 'WRITE') throw new TransferError('invalid', `op must be READ or WRITE, got ${String(op)}`);
-    if (!(local instanceof MooncakeList) || !(remote instanceof MooncakeList) || local.released || remote.released) throw new TransferError('invalid', "descriptor lists must come from this agent's prepDescList (and not be released)");
-    if (local.agent !== null) throw new TransferError('invalid', 'local must be a local descriptor list (agent null)');
-    if (remote.agent === null) throw new TransferError('invalid', 'remote must be a remote descriptor list');
+    const t = checkTransfer(args, (l): l is MooncakeList => l instanceof MooncakeList && !l.released);
+    const { local, remote, notif } = t;
     const rem = this.remotes.get(remote.agent);
     if (!rem) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(remote.agent)}`);
-    const li = args.localIndices ?? local.descs.map((_, i) => i);
-    const ri = args.remoteIndices ?? remote.descs.map((_, i) => i);
-    if (!Array.isArray(li) || !Array.isArray(ri) || li.length !== ri.length || li.length === 0) throw new TransferError('invalid', `${li.length} local indices but ${ri.length} remote indices (need equal, at least one)`);
-    const pairs = new Float64Array(li.length * 5);
-    let bytes = 0;
-    for (let i = 0; i < li.length; i++) {
-      const l = Number.isInteger(li[i]) ? local.descs[li[i]!] : undefined;
-      const r = Number.isInteger(ri[i]) ? remote.descs[ri[i]!] : undefined;
-      if (!l) throw new TransferError('invalid', `localIndices[${i}] = ${li[i]} is out of range`);
-      if (!r) throw new TransferError('invalid', `remoteIndices[${i}] = ${ri[i]} is out of range`);
-      if (l.length !== r.length) throw new TransferError('invalid', `pair ${i}: local length ${l.length} != remote length ${r.length}`);
-      pairs.set([l.addr, r.addr, l.length, l.deviceId ?? 0, r.deviceId ?? 0], 5 * i);
-      bytes += l.length;
-    }
-    const notif = args.notif === undefined ? null : args.notif;
-    if (notif !== null && !(notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
+    const pairs = new Float64Array(t.pairs.length * 5);
+    t.pairs.forEach(([l, r], i) => pairs.set([l.addr, r.addr, l.length, l.deviceId ?? 0, r.deviceId ?? 0], 5 * i));
     // Lists were checked at prep; check again here if registrations changed since.
-    const req = new MooncakeRequest(this, op, remote.agent, bytes, li.length, local.kind, remote.kind, pairs, notif ? notif.slice() : null, -1, -1);
+    const req = new MooncakeRequest(this, t.op, remote.agent, t.bytes, t.pairs.length, local.kind, remote.kind, pairs, notif ? notif.slice() : null, -1, -1);
     const why = this.boundsProblem(req, rem);
     if (why) throw new TransferError('invalid', why);
     return req;
@@ -546,17 +478,14 @@ export class MooncakeAgent implements TransferAgent {
   }
 
   private own(req: TransferRequest): MooncakeRequest {
-    if (!(req instanceof MooncakeRequest) || req.owner !== this) throw new TransferError('invalid', 'not a request of this agent');
-    return req;
+    return ownRequest(this, req, MooncakeRequest);
   }
 
   async post(request: TransferRequest, options: PostOptions = {}): Promise<XferStatus> {
     this.checkOpen();
     const req = this.own(request);
     const timeoutMs = checkPost(req, options, this.timeoutMs);
-    const gen = ++req.gen;
-    req.error = null;
-    req.state = 'in-progress';
+    const gen = startPost(req);
     const rem = this.remotes.get(req.remoteAgent);
     if (!rem) return this.finish(req, 'not-found', `no metadata loaded for agent ${JSON.stringify(req.remoteAgent)} (invalidated?)`);
     const why = this.boundsProblem(req, rem);
@@ -568,10 +497,10 @@ export class MooncakeAgent implements TransferAgent {
     try {
       id = await this.core.submit(req.op === 'READ' ? 0 : 1, rem.segmentId, entries, notif ? this.name : null, notif ? encodeNotif(notif) : null);
     } catch (e) {
-      if (req.gen === gen && req.state === 'in-progress') this.finish(req, this.closed ? 'canceled' : 'backend', `the Transfer Engine refused the batch: ${e instanceof Error ? e.message : String(e)}`);
+      if (isCurrent(req, gen)) this.finish(req, this.closed ? 'canceled' : 'backend', `the Transfer Engine refused the batch: ${e instanceof Error ? e.message : String(e)}`);
       return this.status(req);
     }
-    if (req.gen !== gen || req.state !== 'in-progress') {
+    if (!isCurrent(req, gen)) {
       // Released (or the agent closed) while submitting: let the batch run out.
       this.early.delete(id);
       if (!this.closed) this.core.abandon(id).catch(() => {});
@@ -586,7 +515,7 @@ export class MooncakeAgent implements TransferAgent {
       return this.status(req);
     }
     req.timer = setTimeout(() => {
-      if (req.gen !== gen || req.state !== 'in-progress') return;
+      if (!isCurrent(req, gen)) return;
       this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms (the Transfer Engine cannot cancel it: it may still complete)`);
     }, timeoutMs);
     req.timer.unref();
@@ -606,8 +535,7 @@ export class MooncakeAgent implements TransferAgent {
   }
 
   private finish(req: MooncakeRequest, state: XferStatus, message: string | null): XferStatus {
-    if (req.state !== 'in-progress') return this.status(req);
-    endRequest(req, state, message);
+    if (!endRequest(req, state, message)) return this.status(req);
     const id = req.nativeId;
     req.nativeId = null;
     if (id !== null) {
@@ -615,7 +543,6 @@ export class MooncakeAgent implements TransferAgent {
       // The batch keeps running natively until it ends (no cancel in the C API): stop reporting it.
       if (state !== 'done' && !this.closed) this.core.abandon(id).catch(() => {});
     }
-    wakeWaiters(req, state);
     return state;
   }
 
@@ -636,7 +563,7 @@ export class MooncakeAgent implements TransferAgent {
 
   async sendNotif(agent: string, message: Uint8Array): Promise<void> {
     this.checkOpen();
-    if (!(message instanceof Uint8Array)) throw new TransferError('invalid', 'a notif must be a Uint8Array');
+    checkNotif(message);
     const rem = this.remotes.get(agent);
     if (!rem) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
     try {

@@ -1,11 +1,10 @@
 /**
  * What the agents over the native addon's run-time-loaded libraries (NIXL, Mooncake) share: the
- * library search order, loading the addon's bindings, and loading the library through them.
+ * library search order, the addon's bindings (from its one loader, native/index.cjs), and loading
+ * the library through them.
  * @module
  */
-import { createRequire } from 'node:module';
-import { TransferError } from './errors.js';
-import type { PostOptions, TransferErrorKind, XferStatus } from './types.js';
+import { bindings, type KvconnectNativeAddon } from '@kvconnect/native';
 
 /**
  * The library paths to try, in order: `$<envLibrary>`; under `$<envPrefix>` (`lib/`,
@@ -34,26 +33,10 @@ export interface NativeBindings<T> {
   readonly reason: string;
 }
 
-const bindingsCache = new Map<string, NativeBindings<unknown>>();
-
-/**
- * The addon's `key` bindings (`require('@kvconnect/native').addon[key]`), loaded once per process.
- * @param what how a missing `key` is named in the reason (`transfer`, `Mooncake`).
- */
-export function nativeBindings<T>(key: string, what: string): NativeBindings<T> {
-  const cached = bindingsCache.get(key);
-  if (cached) return cached as NativeBindings<T>;
-  let r: NativeBindings<T>;
-  try {
-    const mod = createRequire(import.meta.url)('@kvconnect/native') as { addon: Record<string, unknown> | null; loadError: Error | null };
-    if (!mod.addon) r = { b: null, reason: `the native addon is not built or failed to load (${mod.loadError?.message ?? 'no reason given'})` };
-    else if (!mod.addon[key]) r = { b: null, reason: `the native addon has no ${what} bindings (rebuild it: cd native && node scripts/install.cjs)` };
-    else r = { b: mod.addon[key] as T, reason: '' };
-  } catch (e) {
-    r = { b: null, reason: `cannot load @kvconnect/native: ${e instanceof Error ? e.message : String(e)}` };
-  }
-  bindingsCache.set(key, r);
-  return r;
+/** The addon's `key` bindings through the addon's one loader (`bindings` of @kvconnect/native). */
+export function nativeBindings<K extends 'transfer' | 'mooncake'>(key: K, what: string): NativeBindings<NonNullable<KvconnectNativeAddon[K]>> {
+  const r = bindings(key, what);
+  return { b: r.bindings, reason: r.reason };
 }
 
 /**
@@ -72,56 +55,6 @@ export function loadNativeLibrary<T>(
   const r = load(b, candidates);
   if (!r.ok || !r.path) throw new Error(`${label} not available: tried ${r.tried.join('; ')}`);
   return r.path;
-}
-
-/** The bookkeeping of a transfer request of an agent over a native engine (state, post generation, timer, waiters). */
-export class NativeRequestState {
-  error: Error | null = null;
-  state: XferStatus | 'idle' = 'idle';
-  nativeId: number | null = null;
-  gen = 0;
-  released = false;
-  timer: NodeJS.Timeout | null = null;
-  waiters: Array<(s: XferStatus) => void> = [];
-}
-
-/** The status of a request as `TransferAgent.status` reports it. */
-export function requestStatus(req: NativeRequestState): XferStatus {
-  return req.state === 'idle' ? 'invalid' : req.state;
-}
-
-/** `TransferAgent.wait`: the status now when not in progress, else when it ends. */
-export function waitRequest(req: NativeRequestState): Promise<XferStatus> {
-  if (req.state !== 'in-progress') return Promise.resolve(requestStatus(req));
-  return new Promise((resolve) => req.waiters.push(resolve));
-}
-
-/** Ends an in-progress request in `state`: sets its error (`message`, else the state) and stops its timer. */
-export function endRequest(req: NativeRequestState, state: XferStatus, message: string | null): void {
-  req.state = state;
-  req.error = state === 'done' ? null : new TransferError(state as TransferErrorKind, message ?? state);
-  if (req.timer) clearTimeout(req.timer);
-  req.timer = null;
-}
-
-/** Wakes the waiters of an ended request. */
-export function wakeWaiters(req: NativeRequestState, state: XferStatus): void {
-  const w = req.waiters;
-  req.waiters = [];
-  for (const fn of w) fn(state);
-}
-
-/**
- * The argument checks every `post` starts with.
- * @returns the timeout of this post, milliseconds.
- */
-export function checkPost(req: NativeRequestState, options: PostOptions, defaultTimeoutMs: number): number {
-  if (req.released) throw new TransferError('invalid', 'the request was released');
-  if (req.state === 'in-progress') throw new TransferError('invalid', 'the request is already in progress (one post at a time)');
-  const timeoutMs = options.timeoutMs ?? defaultTimeoutMs;
-  if (!Number.isSafeInteger(timeoutMs) || timeoutMs <= 0) throw new TransferError('invalid', 'timeoutMs must be a positive integer');
-  if (options.notif !== undefined && !(options.notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
-  return timeoutMs;
 }
 
 /** Groups the addon's flat `takeNotifs()` result ([name, Buffer, name, Buffer, ...]) by sender, decoding each payload. */

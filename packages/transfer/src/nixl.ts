@@ -25,20 +25,10 @@
  * is `remote-disconnect` (validation already passed, so the transport or peer failed).
  * @module
  */
+import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, RequestState, startPost, waitRequest } from './agent-base.js';
+import { NativeError, type NativeNixl as NativeTransfer, type NixlAgentCore } from '@kvconnect/native';
 import { TransferError } from './errors.js';
-import { toU8 } from './memory.js';
-import {
-  checkPost,
-  endRequest,
-  groupNotifs,
-  libraryCandidates,
-  loadNativeLibrary,
-  NativeRequestState,
-  nativeBindings,
-  requestStatus,
-  waitRequest,
-  wakeWaiters,
-} from './native-agent.js';
+import { groupNotifs, libraryCandidates, loadNativeLibrary, nativeBindings } from './native-agent.js';
 import type {
   AgentCapabilities,
   DescList,
@@ -56,35 +46,6 @@ import type {
   XferStatus,
 } from './types.js';
 
-/** The addon's `transfer` bindings (native/src/nixl_addon.cc). */
-interface NativeTransfer {
-  nixlLoad(candidates: string[]): { ok: boolean; path: string | null; tried: string[] };
-  addressOf(view: ArrayBufferView): number;
-  NixlAgentCore: new (
-    libPath: string,
-    name: string,
-    config: { backend: string; params: string[]; progressThread: boolean; progressDelayUs: number; pollUs: number; idlePollUs: number },
-    onStatus: (xferId: number, code: number) => void,
-  ) => NixlAgentCore;
-}
-
-interface NixlAgentCore {
-  init(): Promise<void>;
-  registerMem(memType: number, descs: Float64Array): Promise<void>;
-  deregisterMem(memType: number, descs: Float64Array): Promise<void>;
-  getLocalMd(): Promise<Buffer>;
-  loadRemoteMd(md: Uint8Array): Promise<string>;
-  invalidateRemoteMd(name: string): Promise<void>;
-  prepDlist(agent: string, memType: number, descs: Float64Array): Promise<number>;
-  releaseDlist(id: number): Promise<void>;
-  makeXfer(op: number, localId: number, localIdx: Int32Array, remoteId: number, remoteIdx: Int32Array, notif: Uint8Array | null): Promise<number>;
-  post(id: number, notif: Uint8Array | null): Promise<number>;
-  releaseXfer(id: number): Promise<number>;
-  genNotif(remote: string, msg: Uint8Array): Promise<void>;
-  takeNotifs(): Array<string | Buffer>;
-  close(): Promise<void>;
-}
-
 /** NIXL C API status codes (`nixl_capi_status_t`). */
 export const NIXL_STATUS = { SUCCESS: 0, IN_PROG: 1, INVALID_PARAM: -1, BACKEND: -2, INVALID_STATE: -3, EXCEPTION: -4, NO_TELEMETRY: -5, NOT_FOUND: -6 } as const;
 
@@ -97,7 +58,7 @@ export function nixlLibraryCandidates(env: NodeJS.ProcessEnv = process.env): str
 }
 
 function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
-  const { b, reason } = nativeBindings<NativeTransfer>('transfer', 'transfer');
+  const { b, reason } = nativeBindings('transfer', 'transfer');
   return { t: b, reason };
 }
 
@@ -108,7 +69,7 @@ function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
  */
 export function loadNixlLibrary(options: { library?: string; env?: NodeJS.ProcessEnv } = {}): string {
   const candidates = options.library ? [options.library] : nixlLibraryCandidates(options.env);
-  return loadNativeLibrary(nativeBindings<NativeTransfer>('transfer', 'transfer'), 'NIXL', candidates, (t, c) => t.nixlLoad(c));
+  return loadNativeLibrary(nativeBindings('transfer', 'transfer'), 'NIXL', candidates, (t, c) => t.nixlLoad(c));
 }
 
 /** Options of {@link NixlAgent.create}. */
@@ -147,38 +108,37 @@ class NixlList implements DescList {
   released = false;
 }
 
-class NixlRequest extends NativeRequestState implements TransferRequest {
+class NixlRequest extends RequestState {
+  /** The NIXL request (null after a timeout released it: the next post makes a new one). */
+  nativeId: number | null;
   constructor(
-    readonly owner: NixlAgent,
-    readonly op: XferOp,
-    readonly remoteAgent: string,
-    readonly bytes: number,
-    readonly count: number,
+    owner: NixlAgent,
+    op: XferOp,
+    remoteAgent: string,
+    bytes: number,
+    count: number,
     nativeId: number,
     readonly remake: () => Promise<number>,
   ) {
-    super();
+    super(owner, op, remoteAgent, bytes, count);
     this.nativeId = nativeId;
   }
 }
 
-function flatDescs(descs: readonly XferDesc[], what: string): Float64Array {
+/** `[addr, length, deviceId]` per descriptor (already checked by `checkDescs` / `checkRegions`). */
+function flatDescs(descs: readonly XferDesc[]): Float64Array {
   const f = new Float64Array(descs.length * 3);
   descs.forEach((d, i) => {
-    if (!d || !Number.isSafeInteger(d.addr) || d.addr < 0 || !Number.isSafeInteger(d.length) || d.length <= 0) throw new TransferError('invalid', `${what}[${i}] needs a safe non-negative addr and a positive length`);
-    const dev = d.deviceId ?? 0;
-    if (!Number.isSafeInteger(dev) || dev < 0) throw new TransferError('invalid', `${what}[${i}].deviceId must be a non-negative integer`);
     f[3 * i] = d.addr;
     f[3 * i + 1] = d.length;
-    f[3 * i + 2] = dev;
+    f[3 * i + 2] = d.deviceId ?? 0;
   });
   return f;
 }
 
 function nixlError(kind: TransferErrorKind, e: unknown): TransferError {
   const m = e instanceof Error ? e.message : String(e);
-  const status = (e as { status?: unknown })?.status;
-  return new TransferError(status === NIXL_STATUS.NOT_FOUND ? 'not-found' : kind, m, { cause: e });
+  return new TransferError(e instanceof NativeError && e.status === NIXL_STATUS.NOT_FOUND ? 'not-found' : kind, m, { cause: e });
 }
 
 /** A {@link TransferAgent} over NIXL's C API. Create with {@link NixlAgent.create}. */
@@ -225,8 +185,7 @@ export class NixlAgent implements TransferAgent {
       },
       (id, code) => agent?.onStatus(id, code),
     );
-    const timeout = options.transferTimeoutMs ?? 30_000;
-    if (!Number.isSafeInteger(timeout) || timeout <= 0) throw new TransferError('invalid', 'transferTimeoutMs must be a positive integer');
+    const timeout = checkPositiveInt('transferTimeoutMs', options.transferTimeoutMs, 30_000);
     agent = new NixlAgent(name, path, core, t, timeout);
     try {
       await core.init();
@@ -238,30 +197,19 @@ export class NixlAgent implements TransferAgent {
   }
 
   private checkOpen(): void {
-    if (this.closed) throw new TransferError('canceled', `agent ${this.name} is closed`);
+    checkOpen(this.closed, this.name);
   }
 
   async registerMemory(regions: readonly MemoryRegion[]): Promise<Registration> {
     this.checkOpen();
-    if (!Array.isArray(regions) || regions.length === 0) throw new TransferError('invalid', 'registerMemory needs at least one region');
     const out: RegisteredRegion[] = [];
     const pins: Uint8Array[] = [];
-    for (const [i, r] of regions.entries()) {
-      if (r && 'bytes' in r) {
-        if (r.kind !== undefined && r.kind !== 'DRAM') throw new TransferError('invalid', `regions[${i}]: bytes are DRAM`);
-        const v = toU8(r.bytes);
-        if (!v || v.byteLength === 0) throw new TransferError('invalid', `regions[${i}].bytes must be a non-empty ArrayBuffer, SharedArrayBuffer or view`);
-        pins.push(v);
-        out.push(Object.freeze({ addr: this.native.addressOf(v), length: v.byteLength, kind: 'DRAM', deviceId: 0 }));
-      } else if (r && 'addr' in r) {
-        if (r.kind !== 'DRAM' && r.kind !== 'VRAM') throw new TransferError('invalid', `regions[${i}].kind must be DRAM or VRAM`);
-        const dev = r.deviceId ?? 0;
-        if (!Number.isSafeInteger(r.addr) || r.addr <= 0 || !Number.isSafeInteger(r.length) || r.length <= 0 || !Number.isSafeInteger(dev) || dev < 0) {
-          throw new TransferError('invalid', `regions[${i}] needs a positive safe addr and length`);
-        }
-        out.push(Object.freeze({ addr: r.addr, length: r.length, kind: r.kind, deviceId: dev }));
+    for (const r of checkRegions(regions)) {
+      if ('bytes' in r) {
+        pins.push(r.bytes);
+        out.push(Object.freeze({ addr: this.native.addressOf(r.bytes), length: r.bytes.byteLength, kind: 'DRAM', deviceId: 0 }));
       } else {
-        throw new TransferError('invalid', `regions[${i}] must have bytes or addr`);
+        out.push(Object.freeze({ addr: r.addr, length: r.length, kind: r.kind, deviceId: r.deviceId }));
       }
     }
     const done: MemoryKind[] = [];
@@ -269,11 +217,11 @@ export class NixlAgent implements TransferAgent {
       for (const kind of ['DRAM', 'VRAM'] as const) {
         const of = out.filter((r) => r.kind === kind);
         if (of.length === 0) continue;
-        await this.core.registerMem(MEM_TYPE[kind], flatDescs(of, 'regions'));
+        await this.core.registerMem(MEM_TYPE[kind], flatDescs(of));
         done.push(kind);
       }
     } catch (e) {
-      for (const kind of done) await this.core.deregisterMem(MEM_TYPE[kind], flatDescs(out.filter((r) => r.kind === kind), 'regions')).catch(() => {});
+      for (const kind of done) await this.core.deregisterMem(MEM_TYPE[kind], flatDescs(out.filter((r) => r.kind === kind))).catch(() => {});
       throw nixlError('invalid', e);
     }
     const reg: NixlRegistration = Object.freeze({ regions: Object.freeze(out), pins });
@@ -289,7 +237,7 @@ export class NixlAgent implements TransferAgent {
       const of = reg.regions.filter((r) => r.kind === kind);
       if (of.length === 0) continue;
       try {
-        await this.core.deregisterMem(MEM_TYPE[kind], flatDescs(of, 'regions'));
+        await this.core.deregisterMem(MEM_TYPE[kind], flatDescs(of));
       } catch (e) {
         throw nixlError('backend', e);
       }
@@ -329,13 +277,12 @@ export class NixlAgent implements TransferAgent {
 
   async prepDescList(agent: string | null, kind: MemoryKind, descs: readonly XferDesc[]): Promise<DescList> {
     this.checkOpen();
-    if (kind !== 'DRAM' && kind !== 'VRAM') throw new TransferError('invalid', `unknown memory kind ${String(kind)}`);
+    checkKind(kind);
     if (agent !== null && agent !== this.name && !this.remotes.has(agent)) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
-    if (!Array.isArray(descs) || descs.length === 0) throw new TransferError('invalid', 'descs must be a non-empty array');
-    const flat = flatDescs(descs, 'descs');
+    const checked = checkDescs(descs);
     try {
-      const id = await this.core.prepDlist(agent ?? '', MEM_TYPE[kind], flat);
-      return new NixlList(agent, kind, Object.freeze(descs.map((d) => Object.freeze({ addr: d.addr, length: d.length, deviceId: d.deviceId ?? 0 }))), id);
+      const id = await this.core.prepDlist(agent ?? '', MEM_TYPE[kind], flatDescs(checked));
+      return new NixlList(agent, kind, Object.freeze(checked), id);
     } catch (e) {
       throw nixlError('invalid', e);
     }
@@ -349,30 +296,16 @@ export class NixlAgent implements TransferAgent {
 
   async makeTransfer(args: MakeTransferArgs): Promise<TransferRequest> {
     this.checkOpen();
-    const { op, local, remote } = args;
-    if (op !== 'READ' && op !== 'WRITE') throw new TransferError('invalid', `op must be READ or WRITE, got ${String(op)}`);
-    if (!(local instanceof NixlList) || !(remote instanceof NixlList) || local.released || remote.released) throw new TransferError('invalid', 'descriptor lists must come from this agent\'s prepDescList (and not be released)');
-    if (local.agent !== null) throw new TransferError('invalid', 'local must be a local descriptor list (agent null)');
-    if (remote.agent === null) throw new TransferError('invalid', 'remote must be a remote descriptor list');
-    const li = Int32Array.from(args.localIndices ?? local.descs.map((_, i) => i));
-    const ri = Int32Array.from(args.remoteIndices ?? remote.descs.map((_, i) => i));
-    if (li.length !== ri.length || li.length === 0) throw new TransferError('invalid', `${li.length} local indices but ${ri.length} remote indices (need equal, at least one)`);
-    let bytes = 0;
-    for (let i = 0; i < li.length; i++) {
-      const l = local.descs[li[i]!];
-      const r = remote.descs[ri[i]!];
-      if (!l) throw new TransferError('invalid', `localIndices[${i}] = ${li[i]} is out of range`);
-      if (!r) throw new TransferError('invalid', `remoteIndices[${i}] = ${ri[i]} is out of range`);
-      if (l.length !== r.length) throw new TransferError('invalid', `pair ${i}: local length ${l.length} != remote length ${r.length}`);
-      bytes += l.length;
-    }
-    const notif = args.notif === undefined ? null : args.notif;
-    if (notif !== null && !(notif instanceof Uint8Array)) throw new TransferError('invalid', 'notif must be a Uint8Array');
-    const opCode = op === 'READ' ? 0 : 1;
+    const t = checkTransfer(args, (l): l is NixlList => l instanceof NixlList && !l.released);
+    // The indices were checked to be integers in range, so Int32Array holds them exactly.
+    const li = Int32Array.from(t.localIndices);
+    const ri = Int32Array.from(t.remoteIndices);
+    const { local, remote, notif } = t;
+    const opCode = t.op === 'READ' ? 0 : 1;
     const make = () => this.core.makeXfer(opCode, local.id, li, remote.id, ri, notif);
     try {
       const id = await make();
-      const req = new NixlRequest(this, op, remote.agent, bytes, li.length, id, make);
+      const req = new NixlRequest(this, t.op, remote.agent, t.bytes, li.length, id, make);
       this.byId.set(id, req);
       return req;
     } catch (e) {
@@ -381,8 +314,7 @@ export class NixlAgent implements TransferAgent {
   }
 
   private own(req: TransferRequest): NixlRequest {
-    if (!(req instanceof NixlRequest) || req.owner !== this) throw new TransferError('invalid', 'not a request of this agent');
-    return req;
+    return ownRequest(this, req, NixlRequest);
   }
 
   async post(request: TransferRequest, options: PostOptions = {}): Promise<XferStatus> {
@@ -398,16 +330,14 @@ export class NixlAgent implements TransferAgent {
         throw nixlError('invalid', e);
       }
     }
-    const gen = ++req.gen;
-    req.error = null;
-    req.state = 'in-progress';
+    const gen = startPost(req);
     const id = req.nativeId;
     const code = await this.core.post(id, options.notif ?? null);
-    if (req.gen !== gen || req.state !== 'in-progress') return this.status(req);
+    if (!isCurrent(req, gen)) return this.status(req);
     if (code === NIXL_STATUS.SUCCESS) return this.finish(req, 'done', null);
     if (code !== NIXL_STATUS.IN_PROG) return this.finish(req, 'backend', `nixl_capi_post_xfer_req failed with status ${code}`);
     req.timer = setTimeout(() => {
-      if (req.gen !== gen || req.state !== 'in-progress') return;
+      if (!isCurrent(req, gen)) return;
       this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`);
       // Cancel it in NIXL; a later post makes a fresh request.
       this.byId.delete(id);
@@ -426,10 +356,7 @@ export class NixlAgent implements TransferAgent {
   }
 
   private finish(req: NixlRequest, state: XferStatus, message: string | null): XferStatus {
-    if (req.state !== 'in-progress') return this.status(req);
-    endRequest(req, state, message);
-    wakeWaiters(req, state);
-    return state;
+    return endRequest(req, state, message) ? state : this.status(req);
   }
 
   status(request: TransferRequest): XferStatus {
@@ -455,7 +382,7 @@ export class NixlAgent implements TransferAgent {
 
   async sendNotif(agent: string, message: Uint8Array): Promise<void> {
     this.checkOpen();
-    if (!(message instanceof Uint8Array)) throw new TransferError('invalid', 'a notif must be a Uint8Array');
+    checkNotif(message);
     if (agent !== this.name && !this.remotes.has(agent)) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
     try {
       await this.core.genNotif(agent, message);

@@ -257,6 +257,14 @@ export class FrameReader {
     this.run();
   }
 
+  /**
+   * Copies the received bytes not yet parsed out of the buffers they arrived in, for a caller that
+   * reads into one reused buffer (`net.connect`'s `onread`): call it after every {@link push}.
+   */
+  copyRetained(): void {
+    for (let i = 0; i < this.chunks.length; i++) this.chunks[i] = Buffer.from(this.chunks[i]!);
+  }
+
   pause(): void {
     this.paused = true;
   }

@@ -3,7 +3,7 @@
  * implementation (embedded, NIXL over the fake library, real NIXL when present).
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { isTransferError, type TransferAgent, type XferStatus } from '../src/index.js';
+import { isTransferError, TransferError, type TransferAgent, type XferStatus } from '../src/index.js';
 import { pattern } from './patterns.js';
 
 /** How to make agents for the suite. */
@@ -231,6 +231,54 @@ export function defineConformance(f: AgentFactory): void {
       await expect(a.makeTransfer({ op: 'READ', local: r2, remote })).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
       await expect(a.makeTransfer({ op: 'READ', local, remote, localIndices: [0], remoteIndices: [1] })).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
       await expect(a.makeTransfer({ op: 'READ', local, remote, localIndices: [0, 0], remoteIndices: [0] })).rejects.toSatisfy((e) => isTransferError(e, 'invalid'));
+    });
+
+    it('validates arguments the same way as every other agent (the shared front half, agent-base.ts)', async () => {
+      const { a, b } = await pair();
+      const invalid = (e: unknown) => isTransferError(e, 'invalid');
+      // A raw region whose end is past 2^53 (addr + length not a safe integer).
+      await expect(a.registerMemory([{ addr: 2 ** 53 - 4096, length: 8192, kind: 'DRAM' }])).rejects.toSatisfy(invalid);
+      await expect(a.registerMemory([{ addr: 4096, length: 4096, kind: 'DRAM', deviceId: 1.5 }])).rejects.toSatisfy(invalid);
+      const la = pattern(8192, 21);
+      const lb = pattern(8192, 22);
+      const ra = await a.registerMemory([{ bytes: la }]);
+      const rb = await b.registerMemory([{ bytes: lb }]);
+      await a.loadRemoteMetadata(await b.getLocalMetadata());
+      const la0 = ra.regions[0]!.addr;
+      const lb0 = rb.regions[0]!.addr;
+      // An empty descriptor list, a fractional device id.
+      await expect(a.prepDescList(null, 'DRAM', [])).rejects.toSatisfy(invalid);
+      await expect(a.prepDescList(b.name, 'DRAM', [])).rejects.toSatisfy(invalid);
+      await expect(a.prepDescList(null, 'DRAM', [{ addr: la0, length: 16, deviceId: 1.5 }])).rejects.toSatisfy(invalid);
+      const local = await a.prepDescList(null, 'DRAM', [{ addr: la0, length: 4096 }, { addr: la0 + 4096, length: 4096 }]);
+      const remote = await a.prepDescList(b.name, 'DRAM', [{ addr: lb0, length: 4096 }, { addr: lb0 + 4096, length: 4096 }]);
+      // Indices that are not integers in range: never truncated or wrapped to a valid one.
+      for (const bad of [0.5, 1.5, -1, 2, 2 ** 32, Number.NaN]) {
+        await expect(a.makeTransfer({ op: 'READ', local, remote, localIndices: [bad], remoteIndices: [0] })).rejects.toSatisfy(invalid);
+        await expect(a.makeTransfer({ op: 'READ', local, remote, localIndices: [0], remoteIndices: [bad] })).rejects.toSatisfy(invalid);
+      }
+      await expect(a.makeTransfer({ op: 'READ', local, remote, localIndices: [], remoteIndices: [] })).rejects.toSatisfy(invalid);
+      await expect(a.makeTransfer({ op: 'READ', local, remote, notif: 'x' as unknown as Uint8Array })).rejects.toSatisfy(invalid);
+      // Lists swapped, released lists, an unknown op.
+      await expect(a.makeTransfer({ op: 'READ', local: remote, remote: local })).rejects.toSatisfy(invalid);
+      await expect(a.makeTransfer({ op: 'COPY' as 'READ', local, remote })).rejects.toSatisfy(invalid);
+      const req = await a.makeTransfer({ op: 'READ', local, remote, localIndices: [1], remoteIndices: [0] });
+      expect([req.op, req.remoteAgent, req.bytes, req.count]).toEqual(['READ', b.name, 4096, 1]);
+      expect(a.status(req)).toBe('invalid'); // never posted
+      await expect(a.post(req, { timeoutMs: 1.5 })).rejects.toSatisfy(invalid);
+      await expect(a.post(req, { notif: 'x' as unknown as Uint8Array })).rejects.toSatisfy(invalid);
+      expect(await a.wait(req)).toBe('invalid'); // not posted: resolves at once
+      await a.post(req);
+      expect(await a.wait(req)).toBe('done');
+      expect(Buffer.compare(la.subarray(4096), lb.subarray(0, 4096))).toBe(0);
+      await a.release(req);
+      await a.release(req); // idempotent
+      await expect(a.post(req)).rejects.toSatisfy(invalid);
+      await a.releaseDescList(local);
+      await expect(a.makeTransfer({ op: 'READ', local, remote })).rejects.toSatisfy(invalid);
+      // A request of another agent.
+      await expect(b.post(req)).rejects.toSatisfy(invalid);
+      expect(() => b.status(req)).toThrow(TransferError);
     });
 
     it('completes 1,000 concurrent transfers', async () => {

@@ -340,7 +340,7 @@ describe('embedded agent', () => {
     // Node 20 cannot run TypeScript: bundle the fixture (and the agent's sources) with rolldown first.
     const out = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/peer-process.mjs', import.meta.url));
     const { build } = await import('rolldown');
-    await build({ input: fileURLToPath(new URL('./fixtures/peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
+    await build({ input: fileURLToPath(new URL('./fixtures/peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr', '@kvconnect/native'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
     const child = fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
     try {
       const ask = (msg: object) =>

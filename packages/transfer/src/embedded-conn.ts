@@ -1,0 +1,624 @@
+/**
+ * The embedded agent's TCP connections (see the module note of `embedded.ts`): {@link OutConn},
+ * the initiator's connection to one remote agent (handshake, frame window, RDATA / WACK / ERR
+ * handling), and {@link InConn}, the target's side of one initiator's connection (handshake,
+ * bounds checks of every segment against the live registered regions, READ answers, WRITE
+ * landing, notif reception). Frames and the handshake are those of `wire.ts`.
+ * @module
+ */
+import * as net from 'node:net';
+import { checkProof, makeNonce, makeProof } from './auth.js';
+import { ProtocolError, TransferError } from './errors.js';
+import type { StagingPool } from './device.js';
+import type { HostRegion } from './memory.js';
+import { isCurrent, RequestState } from './agent-base.js';
+import type { TransferErrorKind, XferDesc, XferOp } from './types.js';
+import {
+  encodeFrame,
+  F,
+  FrameReader,
+  HANDSHAKE_CONTEXT,
+  MAX_HANDSHAKE_HEADER_BYTES,
+  MAX_HEADER_BYTES,
+  MAX_PAYLOAD_BYTES,
+  WIRE_VERSION,
+  type Header,
+  type PayloadSink,
+} from './wire.js';
+import type { EmbeddedAgent } from './embedded.js';
+import type { PeerInfo } from './embedded-metadata.js';
+
+/** A device segment of a frame: `locals[i]` is its staging view, at byte `at` of the frame's payload. */
+export interface DevSeg {
+  readonly i: number;
+  readonly at: number;
+  readonly region: HostRegion;
+  /** Offset in the region. */
+  readonly off: number;
+  readonly len: number;
+}
+
+export interface Pair {
+  readonly local: XferDesc;
+  readonly remote: XferDesc;
+}
+
+/** One frame of a transfer, queued or outstanding on a connection. */
+export interface OutFrame {
+  id: number;
+  readonly req: EmbeddedRequest;
+  readonly gen: number;
+  readonly t: typeof F.READ | typeof F.WRITE;
+  readonly segs: number[]; // flat remote [addr, len]
+  readonly locals: Uint8Array[]; // matching local views
+  readonly bytes: number;
+  /** Device segments (their `locals` are staging views once {@link EmbeddedAgent.stageFrame} ran). */
+  dev?: DevSeg[];
+  /** Staging buffer of the device segments (at frame byte offsets), while the frame holds it. */
+  stage?: { buf: Uint8Array; pool: StagingPool } | null;
+}
+
+/** A request of the embedded agent: its descriptor pairs, its notif and the frames of the current post not yet landed. */
+export class EmbeddedRequest extends RequestState {
+  /** Frames of the current post not yet done. */
+  pending = 0;
+  constructor(
+    owner: EmbeddedAgent,
+    op: XferOp,
+    remoteAgent: string,
+    readonly pairs: readonly Pair[],
+    bytes: number,
+    public notif: Uint8Array | null,
+  ) {
+    super(owner, op, remoteAgent, bytes, pairs.length);
+  }
+}
+
+/** Bytes of an outgoing connection's read buffer. */
+const READ_BUFFER_BYTES = 1 << 20;
+
+/** Outgoing connection to one remote agent. */
+export class OutConn {
+  readonly socket: net.Socket;
+  private readonly reader: FrameReader;
+  private ready = false;
+  private closed = false;
+  private blocked = false;
+  /** A frame's device-to-staging copies are running: sending waits for them (frame order). */
+  private staging = false;
+  private queue: OutFrame[] = [];
+  private qHead = 0;
+  private readonly inflight = new Map<number, OutFrame>();
+  private inflightBytes = 0;
+  private nextId = 1;
+  private failKind: TransferErrorKind = 'remote-disconnect';
+  private failMessage = 'connection closed';
+  private readonly connectTimer: NodeJS.Timeout;
+  /** Notifs sent before the handshake finished. */
+  private early: Array<{ msg: Uint8Array; resolve: () => void; reject: (e: Error) => void }> = [];
+  /** Callers of {@link whenReady} before the handshake finished. */
+  private readyWaiters: Array<{ resolve: () => void; reject: (e: Error) => void }> = [];
+  /** The handshake's nonces: the target's challenge and this side's (after HELLO). */
+  private serverNonce: Uint8Array | null = null;
+  private clientNonce: Uint8Array | null = null;
+
+  constructor(
+    private readonly agent: EmbeddedAgent,
+    readonly peer: PeerInfo,
+    private readonly maxInflight: number,
+    connectTimeoutMs: number,
+  ) {
+    // Reads land in one reused buffer of READ_BUFFER_BYTES (fewer, larger reads than the default
+    // 64 KiB chunks, no allocation per read); the reader copies out what it keeps unparsed.
+    const readBuf = Buffer.allocUnsafe(READ_BUFFER_BYTES);
+    this.socket = net.connect({
+      host: peer.host,
+      port: peer.port,
+      noDelay: true,
+      onread: {
+        buffer: readBuf,
+        callback: (n: number, buf: Uint8Array) => {
+          this.reader.push(Buffer.from(buf.buffer, buf.byteOffset, n));
+          this.reader.copyRetained();
+          return true;
+        },
+      },
+    });
+    this.reader = new FrameReader(
+      {
+        onHeader: (h, n) => this.onHeader(h, n),
+        onProtocolError: (m) => this.fatal('invalid', `peer ${peer.name} broke the protocol: ${m}`),
+      },
+      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
+    );
+    this.connectTimer = setTimeout(() => this.fatal('timeout', `connect/handshake with ${peer.name} at ${peer.host}:${peer.port} timed out after ${connectTimeoutMs} ms`), connectTimeoutMs);
+    this.connectTimer.unref();
+    // The target speaks first (CHAL); HELLO answers it (onHeader).
+    this.socket.on('drain', () => {
+      this.blocked = false;
+      this.pump();
+    });
+    this.socket.on('error', (e) => {
+      if (!this.ready && this.failKind === 'remote-disconnect') this.failMessage = `cannot reach ${peer.name} at ${peer.host}:${peer.port}: ${e.message}`;
+      else if (this.failKind === 'remote-disconnect') this.failMessage = `connection to ${peer.name} failed: ${e.message}`;
+    });
+    this.socket.on('close', () => this.onClose());
+  }
+
+  get isClosed(): boolean {
+    return this.closed;
+  }
+
+  /** True once the handshake is done (the peer proved the secret of its metadata). */
+  get isReady(): boolean {
+    return this.ready && !this.closed;
+  }
+
+  /** Queues frames and sends what the window allows. */
+  enqueue(frames: OutFrame[]): void {
+    if (this.closed) {
+      for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
+      return;
+    }
+    for (const f of frames) this.queue.push(f);
+    this.pump();
+  }
+
+  /** Resolves once the handshake is done (the peer proved its secret); rejects with the connection's error if it closes first. */
+  whenReady(): Promise<void> {
+    if (this.closed) return Promise.reject(new TransferError(this.failKind, this.failMessage));
+    if (this.ready) return Promise.resolve();
+    return new Promise((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
+  }
+
+  /** Sends a notif once the handshake is done; resolves when it was handed to the socket. */
+  sendNotif(msg: Uint8Array): Promise<void> {
+    if (this.closed) return Promise.reject(new TransferError(this.failKind, this.failMessage));
+    if (!this.ready) return new Promise((resolve, reject) => this.early.push({ msg, resolve, reject }));
+    this.writeNotif(msg);
+    return Promise.resolve();
+  }
+
+  private writeNotif(msg: Uint8Array): void {
+    this.socket.write(encodeFrame([F.NOTIF], msg.byteLength));
+    if (msg.byteLength > 0) this.socket.write(msg);
+  }
+
+  private pump(): void {
+    if (!this.ready || this.closed) return;
+    const s = this.socket;
+    let corked = false;
+    while (this.qHead < this.queue.length && !this.blocked && !this.staging) {
+      const f = this.queue[this.qHead]!;
+      if (!isCurrent(f.req, f.gen)) {
+        this.qHead++; // canceled or timed out before it was sent
+        continue;
+      }
+      if (this.inflightBytes > 0 && this.inflightBytes + f.bytes > this.maxInflight) break;
+      if (f.dev && f.stage === undefined) {
+        const staged = this.agent.stageFrame(f);
+        if (staged) {
+          this.staging = true;
+          void staged.then(() => {
+            this.staging = false;
+            this.pump();
+          });
+          break;
+        }
+        if (!isCurrent(f.req, f.gen)) continue;
+      }
+      this.qHead++;
+      f.id = this.nextId;
+      this.nextId = this.nextId === 0xffffffff ? 1 : this.nextId + 1;
+      this.inflight.set(f.id, f);
+      this.inflightBytes += f.bytes;
+      if (!corked) {
+        s.cork();
+        corked = true;
+      }
+      let ok: boolean;
+      if (f.t === F.READ) {
+        ok = s.write(encodeFrame([F.READ, f.id, f.segs]));
+      } else {
+        ok = s.write(encodeFrame([F.WRITE, f.id, f.segs], f.bytes));
+        for (const v of f.locals) ok = s.write(v);
+      }
+      if (!ok) this.blocked = true;
+    }
+    if (corked) s.uncork();
+    if (this.qHead > 1024 && this.qHead * 2 > this.queue.length) {
+      this.queue = this.queue.slice(this.qHead);
+      this.qHead = 0;
+    }
+  }
+
+  private onHeader(h: Header, payloadBytes: number): PayloadSink | null {
+    if (!this.ready) {
+      const cluster = this.agent.clusterSecretBytes;
+      if (h.t === F.CHAL && this.clientNonce === null) {
+        const sn = h.nonce;
+        const cn = makeNonce();
+        this.serverNonce = Uint8Array.prototype.slice.call(sn); // a view of the reused read buffer
+        this.clientNonce = cn;
+        const me = this.agent.name;
+        const agentProof = makeProof(this.peer.secret, HANDSHAKE_CONTEXT.hello, sn, cn, me);
+        const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, me, this.peer.name) : null;
+        this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, me, cn, agentProof, clusterProof]));
+        return null;
+      }
+      if (h.t === F.OK && this.clientNonce !== null && this.serverNonce !== null) {
+        if (h.name !== this.peer.name) {
+          this.fatal('invalid', `peer at ${this.peer.host}:${this.peer.port} is ${JSON.stringify(h.name)}, not ${JSON.stringify(this.peer.name)}`);
+          return null;
+        }
+        if (!checkProof(h.agentProof, this.peer.secret, HANDSHAKE_CONTEXT.ok, this.clientNonce, this.serverNonce, h.name)) {
+          this.fatal('invalid', `peer ${this.peer.name} did not prove the agent secret of its metadata`);
+          return null;
+        }
+        if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.okCluster, this.clientNonce, this.serverNonce, h.name, this.agent.name)) {
+          this.fatal('invalid', `peer ${this.peer.name} did not prove the cluster secret`);
+          return null;
+        }
+        this.ready = true;
+        this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
+        clearTimeout(this.connectTimer);
+        for (const e of this.early.splice(0)) {
+          this.writeNotif(e.msg);
+          e.resolve();
+        }
+        for (const w of this.readyWaiters.splice(0)) w.resolve();
+        this.pump();
+        return null;
+      }
+      if (h.t === F.FATAL) {
+        this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} refused the connection: ${h.message}`);
+        return null;
+      }
+      this.fatal('invalid', `peer ${this.peer.name} sent frame type ${h.t} out of the handshake`);
+      return null;
+    }
+    switch (h.t) {
+      case F.RDATA: {
+        const f = this.inflight.get(h.id);
+        if (!f || f.t !== F.READ || payloadBytes !== f.bytes) {
+          this.fatal('invalid', `peer ${this.peer.name} sent RDATA for unknown frame ${h.id} or of the wrong size`);
+          return null;
+        }
+        let seg = 0;
+        let off = 0;
+        return {
+          write: (chunk: Buffer) => {
+            // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
+            // post), its memory is the caller's again and late bytes are dropped.
+            if (!isCurrent(f.req, f.gen)) return;
+            let c = 0;
+            while (c < chunk.length) {
+              const dst = f.locals[seg]!;
+              const k = Math.min(dst.length - off, chunk.length - c);
+              dst.set(k === chunk.length && c === 0 ? chunk : chunk.subarray(c, c + k), off);
+              c += k;
+              off += k;
+              if (off === dst.length) {
+                seg++;
+                off = 0;
+              }
+            }
+          },
+          end: () => this.frameDone(h.id),
+        };
+      }
+      case F.WACK: {
+        const f = this.inflight.get(h.id);
+        if (!f || f.t !== F.WRITE) {
+          this.fatal('invalid', `peer ${this.peer.name} acknowledged unknown WRITE frame ${h.id}`);
+          return null;
+        }
+        this.frameDone(h.id);
+        return null;
+      }
+      case F.ERR: {
+        const f = this.inflight.get(h.id);
+        if (!f) {
+          this.fatal('invalid', `peer ${this.peer.name} refused unknown frame ${h.id}`);
+          return null;
+        }
+        this.inflight.delete(h.id);
+        this.inflightBytes -= f.bytes;
+        const kind: TransferErrorKind = h.kind === 'invalid' || h.kind === 'backend' || h.kind === 'not-found' ? h.kind : 'backend';
+        this.agent.frameFailed(f, kind, `${this.peer.name} refused the transfer: ${h.message}`);
+        this.pump();
+        return null;
+      }
+      case F.FATAL:
+        this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} closed the connection: ${h.message}`);
+        return null;
+      default:
+        this.fatal('invalid', `peer ${this.peer.name} sent unexpected frame type ${h.t}`);
+        return null;
+    }
+  }
+
+  private frameDone(id: number): void {
+    const f = this.inflight.get(id);
+    if (!f) return;
+    this.inflight.delete(id);
+    this.inflightBytes -= f.bytes;
+    this.agent.frameDone(f, this);
+    this.pump();
+  }
+
+  /** Fails everything and closes. */
+  fatal(kind: TransferErrorKind, message: string): void {
+    if (this.closed) return;
+    this.failKind = kind;
+    this.failMessage = message;
+    this.socket.destroy();
+    this.onClose();
+  }
+
+  private onClose(): void {
+    if (this.closed) return;
+    this.closed = true;
+    clearTimeout(this.connectTimer);
+    this.reader.kill();
+    this.agent.connClosed(this);
+    const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
+    this.inflight.clear();
+    this.queue = [];
+    this.qHead = 0;
+    this.inflightBytes = 0;
+    for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
+    for (const e of this.early.splice(0)) e.reject(new TransferError(this.failKind, this.failMessage));
+    for (const w of this.readyWaiters.splice(0)) w.reject(new TransferError(this.failKind, this.failMessage));
+  }
+}
+
+
+/** Incoming connection from one initiator. */
+export class InConn {
+  private readonly reader: FrameReader;
+  private peerName: string | null = null;
+  private closed = false;
+  private readonly helloTimer: NodeJS.Timeout;
+  /** This side's challenge (CHAL), sent on accept. */
+  private readonly serverNonce = makeNonce();
+  /** Bytes of a notif being received (counted in the agent's buffered bytes). */
+  private partial = 0;
+  readonly label: string;
+
+  constructor(
+    private readonly agent: EmbeddedAgent,
+    readonly socket: net.Socket,
+  ) {
+    this.label = `${socket.remoteAddress}:${socket.remotePort}`;
+    socket.setNoDelay(true);
+    this.reader = new FrameReader(
+      {
+        onHeader: (h, n) => this.onHeader(h, n),
+        onProtocolError: (m) => this.protocolError(m),
+      },
+      { maxHeaderBytes: MAX_HANDSHAKE_HEADER_BYTES, maxPayloadBytes: 0, frameTimeoutMs: agent.frameTimeoutMs },
+    );
+    this.helloTimer = setTimeout(() => this.protocolError('no HELLO in time'), agent.connectTimeoutMs);
+    this.helloTimer.unref();
+    socket.write(encodeFrame([F.CHAL, WIRE_VERSION, this.serverNonce]));
+    socket.on('data', (c: Buffer) => this.reader.push(c));
+    socket.on('error', () => {});
+    socket.on('close', () => {
+      this.closed = true;
+      clearTimeout(this.helloTimer);
+      this.reader.kill();
+      this.setPartial(0);
+      agent.inClosed(this);
+    });
+  }
+
+  /** Bytes this connection holds: unparsed input and a notif being received. */
+  get buffered(): number {
+    return this.reader.buffered + this.partial;
+  }
+
+  private setPartial(n: number): void {
+    this.agent.partialNotifBytes += n - this.partial;
+    this.partial = n;
+  }
+
+  private protocolError(message: string): void {
+    if (this.closed) return;
+    this.closed = true;
+    const err = new ProtocolError(this.peerName ? `${this.peerName} (${this.label})` : this.label, message);
+    try {
+      this.socket.end(encodeFrame([F.FATAL, 'invalid', message.slice(0, 4000)]));
+    } catch {
+      /* socket already gone */
+    }
+    setTimeout(() => this.socket.destroy(), 100).unref();
+    this.reader.kill();
+    this.setPartial(0);
+    this.agent.reportProtocolError(err);
+  }
+
+  private refuse(id: number, message: string): void {
+    this.socket.write(encodeFrame([F.ERR, id, 'invalid', message.slice(0, 4000)]));
+  }
+
+  /** Stops reading requests while too many response bytes are queued. */
+  private backpressure(): void {
+    if (this.socket.writableLength < this.agent.maxQueuedResponseBytes) return;
+    this.reader.pause();
+    this.socket.pause();
+    this.socket.once('drain', () => {
+      if (this.closed) return;
+      this.socket.resume();
+      this.reader.resume();
+    });
+  }
+
+  /** Resolves every segment to a live region view, or returns the first bad one. */
+  private resolve(segs: readonly number[]): { views: Uint8Array[]; regions: HostRegion[]; dev: DevSeg[] } | string {
+    const views: Uint8Array[] = [];
+    const regions: HostRegion[] = [];
+    const dev: DevSeg[] = [];
+    let at = 0;
+    for (let i = 0; i < segs.length; i += 2) {
+      const addr = segs[i]!;
+      const len = segs[i + 1]!;
+      const r = this.agent.regions.find(addr, len);
+      if (!r) return `segment ${i / 2} [0x${addr.toString(16)}, +${len}) is outside ${this.agent.name}'s registered memory`;
+      if (r.device) dev.push({ i: i / 2, at, region: r, off: addr - r.addr, len }); // its view: staging (stageTarget)
+      views.push(r.view.subarray(addr - r.addr, addr - r.addr + len));
+      regions.push(r);
+      at += len;
+    }
+    return { views, regions, dev };
+  }
+
+  /** A READ of device segments: device to staging, then the answer; the staging goes back once written. */
+  private answerDeviceRead(id: number, bytes: number, views: Uint8Array[], dev: DevSeg[]): void {
+    const st = this.agent.stageTarget(views, dev, bytes);
+    this.agent.deviceCopies(st.buf, dev, 'd2h').then(
+      () => {
+        if (this.closed) return;
+        this.socket.cork();
+        this.socket.write(encodeFrame([F.RDATA, id], bytes));
+        for (let i = 0; i < views.length; i++) {
+          if (i === views.length - 1) this.socket.write(views[i]!, () => st.pool.give(st.buf));
+          else this.socket.write(views[i]!);
+        }
+        this.socket.uncork();
+        this.backpressure();
+      },
+      (e: unknown) => {
+        if (!this.closed) this.refuse(id, `device copy failed: ${e instanceof Error ? e.message : String(e)}`);
+      },
+    );
+  }
+
+  private onHeader(h: Header, payloadBytes: number): PayloadSink | null {
+    if (this.peerName === null) {
+      if (h.t !== F.HELLO) {
+        this.protocolError(`expected HELLO, got frame type ${h.t}`);
+        return null;
+      }
+      // The cluster secret first: a peer outside the cluster learns nothing of the agent secret.
+      const cluster = this.agent.clusterSecretBytes;
+      const sn = this.serverNonce;
+      const me = this.agent.name;
+      if (cluster && !checkProof(h.clusterProof, cluster, HANDSHAKE_CONTEXT.helloCluster, sn, h.nonce, h.name, me)) {
+        this.protocolError(`agent ${JSON.stringify(h.name)} did not prove the cluster secret`);
+        return null;
+      }
+      if (!cluster && h.clusterProof !== null) {
+        this.protocolError(`agent ${JSON.stringify(h.name)} uses a cluster secret, ${me} has none`);
+        return null;
+      }
+      const mine = this.agent.secretBytes;
+      if (!checkProof(h.agentProof, mine, HANDSHAKE_CONTEXT.hello, sn, h.nonce, h.name)) {
+        this.protocolError(`agent ${JSON.stringify(h.name)} presented a wrong secret`);
+        return null;
+      }
+      clearTimeout(this.helloTimer);
+      this.peerName = h.name;
+      this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
+      const agentProof = makeProof(mine, HANDSHAKE_CONTEXT.ok, h.nonce, sn, me);
+      const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.okCluster, h.nonce, sn, me, h.name) : null;
+      this.socket.write(encodeFrame([F.OK, me, agentProof, clusterProof]));
+      return null;
+    }
+    switch (h.t) {
+      case F.READ: {
+        if (this.agent.stall) return null;
+        const r = this.resolve(h.segs);
+        if (typeof r === 'string') {
+          this.refuse(h.id, r);
+          return null;
+        }
+        if (r.dev.length > 0) {
+          this.answerDeviceRead(h.id, h.bytes, r.views, r.dev);
+          return null;
+        }
+        this.socket.cork();
+        this.socket.write(encodeFrame([F.RDATA, h.id], h.bytes));
+        for (const v of r.views) this.socket.write(v);
+        this.socket.uncork();
+        this.backpressure();
+        return null;
+      }
+      case F.WRITE: {
+        if (this.agent.stall) return null;
+        const r = this.resolve(h.segs);
+        if (typeof r === 'string') {
+          this.refuse(h.id, r);
+          return null; // the payload is dropped unread
+        }
+        const staged = r.dev.length > 0 ? this.agent.stageTarget(r.views, r.dev, h.bytes) : null;
+        let seg = 0;
+        let off = 0;
+        let lost = false;
+        return {
+          write: (chunk: Buffer) => {
+            let c = 0;
+            while (c < chunk.length) {
+              const dst = r.views[seg]!;
+              const k = Math.min(dst.length - off, chunk.length - c);
+              if (r.regions[seg]!.alive) dst.set(k === chunk.length && c === 0 ? chunk : chunk.subarray(c, c + k), off);
+              else lost = true; // deregistered meanwhile: never write into it
+              c += k;
+              off += k;
+              if (off === dst.length) {
+                seg++;
+                off = 0;
+              }
+            }
+          },
+          end: () => {
+            if (this.closed) return;
+            if (lost) this.refuse(h.id, 'target memory was deregistered during the write');
+            else if (staged) {
+              // Device segments: staging to device, then the acknowledgement.
+              this.agent.deviceCopies(staged.buf, r.dev, 'h2d').then(
+                () => {
+                  staged.pool.give(staged.buf);
+                  if (!this.closed) this.socket.write(encodeFrame([F.WACK, h.id]));
+                },
+                (e: unknown) => {
+                  if (!this.closed) this.refuse(h.id, `device copy failed: ${e instanceof Error ? e.message : String(e)}`);
+                },
+              );
+            } else this.socket.write(encodeFrame([F.WACK, h.id]));
+          },
+        };
+      }
+      case F.NOTIF: {
+        const from = this.peerName;
+        // Memory grows with the bytes that arrived, not with the size announced; one concat at the end.
+        const parts: Buffer[] = [];
+        let got = 0;
+        return {
+          write: (chunk: Buffer) => {
+            if (this.closed) return;
+            if (this.agent.partialNotifBytes + chunk.length > this.agent.maxBufferedBytes) {
+              this.protocolError(`more than ${this.agent.maxBufferedBytes} bytes of partial notifs buffered`);
+              return;
+            }
+            parts.push(Buffer.from(chunk));
+            got += chunk.length;
+            this.setPartial(got);
+          },
+          end: () => {
+            this.setPartial(0);
+            if (this.closed) return;
+            const buf = parts.length === 1 ? parts[0]! : Buffer.concat(parts, got);
+            if (!this.agent.queueNotif(from, new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength))) {
+              this.protocolError(`more than ${this.agent.maxQueuedNotifBytes} bytes of notifs queued`);
+            }
+          },
+        };
+      }
+      default:
+        this.protocolError(`unexpected frame type ${h.t}`);
+        return null;
+    }
+  }
+}
+
