@@ -30,6 +30,9 @@ import { EmulatedDevice, cudaSyncCallCount } from '@kvconnect/checksum';
 import { KVChecksumObservability } from '@kvconnect/core';
 import { parseScenario, runScenario, startPDProcesses } from '@kvconnect/harness';
 
+// Engine shutdowns wait on unref'd timers: keep the event loop alive until the table is out
+// (else Node ends the script with exit code 13, a top-level await left unsettled).
+const keepAlive = setInterval(() => {}, 1 << 30);
 const DEVICE = process.env.KVC_PD_DEVICE ?? 'cuda';
 const ONLY = process.env.KVC_PD_ONLY?.split(',');
 const MAX = 6;
@@ -172,4 +175,5 @@ console.log(`\n| case | verdict | detail |\n| --- | --- | --- |`);
 for (const r of rows) console.log(`| ${r.what} | ${r.status} | ${r.detail.replace(/\|/g, '/')} |`);
 const failed = rows.filter((r) => r.status === 'FAIL').length;
 console.log(failed === 0 ? `device ${DEVICE}: all ${rows.length - rows.filter((r) => r.status === 'SKIP').length} rows passed${rows.some((r) => r.status === 'SKIP') ? `, ${rows.filter((r) => r.status === 'SKIP').length} skipped` : ''}` : `device ${DEVICE}: ${failed} row(s) FAILED`);
+clearInterval(keepAlive);
 process.exit(failed === 0 ? 0 : 1);
