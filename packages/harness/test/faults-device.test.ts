@@ -21,7 +21,7 @@ async function hostAndDevice(raw: Record<string, unknown>): Promise<{ host: Scen
 }
 
 describe('faults on device KV (cuda-emulated) are caught as on host KV', () => {
-  it('nixl-pull TP2 -> TP1, GQA-S: every byte fault kind, a params fault, a transport error and a control', async () => {
+  it('nixl-pull TP2 -> TP1, GQA-S: every byte fault kind, params, payload and notif faults, a transport error and a control', async () => {
     const faults: FaultSpec[] = [
       { kind: 'bit-flip', requests: [0], layer: 1, head: 1, token: 20, piece: 1, bit: 9 },
       { kind: 'corrupt-region', fill: 'random', tokens: [33, 35], requests: [1] },
@@ -31,13 +31,15 @@ describe('faults on device KV (cuda-emulated) are caught as on host KV', () => {
       { kind: 'stale', requests: [5] },
       { kind: 'replay-params', from: 0, producerBlocks: 'zeroed', requests: [6] },
       { kind: 'transport-error', tokens: [16, 39], requests: [7] },
+      { kind: 'payload', mode: 'truncate', requests: [9] },
+      { kind: 'notif', target: 'finished-recving', mode: 'delay', steps: 3, requests: [10] },
     ];
     const { host, device } = await hostAndDevice({
       name: 'device-faults',
       model: 'GQA-S',
       connector: 'nixl-pull',
       producer: { tp: 2 },
-      requests: Array.from({ length: 9 }, (_, i) => ({ promptTokens: 40, promptSeed: i })),
+      requests: Array.from({ length: 11 }, (_, i) => ({ promptTokens: 40, promptSeed: i })),
       faults,
       expect: {},
     });
@@ -60,6 +62,10 @@ describe('faults on device KV (cuda-emulated) are caught as on host KV', () => {
     expect(q[7].loadError?.reason).toBe('transport-error');
     expect(q[8].kind).toBe('verified');
     expect(q[8].faultKinds).toEqual([]);
+    expect(q[9].verdict!.unverified).toEqual([{ groupId: null, reason: 'malformed-payload' }]);
+    // A delayed finishedRecving only delays: the load still verifies.
+    expect(q[10].kind).toBe('verified');
+    expect(q[10].faultKinds).toEqual(['notif']);
     expect(q.every((o) => o.equalsReference)).toBe(true);
     expect(q.map(summary)).toEqual(host.runs[0].requests.map(summary));
   }, 120_000);
