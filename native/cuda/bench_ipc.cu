@@ -1,7 +1,9 @@
 // Benchmark: 1 GiB of KV loaded through CUDA IPC from another process's allocation (the path of
 // the embedded agent on one host: kvc_dev_ipc_open, kvc_dev_copy_async on a stream, completion
 // polled with kvc_dev_event_query) against a plain cudaMemcpy device-to-device inside this
-// process, in the same run. Prints both, the ratio and a verdict (target: IPC >= 0.8 of D2D).
+// process and against cudaMemcpyPeer(dst on device 0, src on device 0) (issue 15's baseline; with
+// one GPU both devices are 0), in the same run. Prints all three, the ratios and a verdict per
+// baseline (target: IPC >= 0.8 of it).
 //
 //   kvc_bench_ipc [--mib N] [--reps R]
 // The exporter is this executable re-run with --exporter: it allocates N MiB, fills it, prints
@@ -117,8 +119,8 @@ int main(int argc, char** argv) {
   if (kvc_dev_ipc_open(0, h, bytes, &mapped)) return Die("ipc open");
   const double open_s = Now() - t0;
 
-  std::vector<double> d2d, ipc;
-  for (int r = -1; r < reps; r++) {  // r = -1: warm-up of both
+  std::vector<double> d2d, ipc, peer;
+  for (int r = -1; r < reps; r++) {  // r = -1: warm-up of all three
     cudaDeviceSynchronize();
     t0 = Now();
     // cudaMemcpy device-to-device may return before the copy finished: wait for it.
@@ -126,6 +128,12 @@ int main(int argc, char** argv) {
         cudaDeviceSynchronize() != cudaSuccess)
       return Die("cudaMemcpy");
     const double a = Now() - t0;
+    cudaDeviceSynchronize();
+    t0 = Now();
+    // cudaMemcpyPeer is asynchronous with respect to the host for device-to-device: wait for it.
+    if (cudaMemcpyPeer((void*)(uintptr_t)dst, 0, (const void*)(uintptr_t)src, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+      return Die("cudaMemcpyPeer");
+    const double c = Now() - t0;
     cudaDeviceSynchronize();
     t0 = Now();
     uint64_t ev = 0;
@@ -139,6 +147,7 @@ int main(int argc, char** argv) {
     if (r >= 0) {
       d2d.push_back(a);
       ipc.push_back(b);
+      peer.push_back(c);
     }
   }
   const size_t bad_ipc = CountBad(dst, bytes, 0x5eed);
@@ -146,15 +155,19 @@ int main(int argc, char** argv) {
   const size_t bad_d2d = CountBad(dst, bytes, 0xd2d);
   std::sort(d2d.begin(), d2d.end());
   std::sort(ipc.begin(), ipc.end());
-  const double md = d2d[d2d.size() / 2], mi = ipc[ipc.size() / 2];
-  const double gd = bytes / md / 1e9, gi = bytes / mi / 1e9;
-  const double ratio = gi / gd;
+  std::sort(peer.begin(), peer.end());
+  const double md = d2d[d2d.size() / 2], mi = ipc[ipc.size() / 2], mp = peer[peer.size() / 2];
+  const double gd = bytes / md / 1e9, gi = bytes / mi / 1e9, gp = bytes / mp / 1e9;
+  const double ratio = gi / gd, ratio_peer = gi / gp;
   printf("device: %s, %zu MiB, %d reps (median; best in brackets), ipc open %.2f ms\n", prop.name, mib, reps, open_s * 1e3);
   printf("cudaMemcpy D2D (same process):     %8.3f ms  %7.1f GB/s  [%.3f ms]\n", md * 1e3, gd, d2d.front() * 1e3);
+  printf("cudaMemcpyPeer dev0->dev0:         %8.3f ms  %7.1f GB/s  [%.3f ms]\n", mp * 1e3, gp, peer.front() * 1e3);
   printf("CUDA IPC load (peer process):      %8.3f ms  %7.1f GB/s  [%.3f ms]\n", mi * 1e3, gi, ipc.front() * 1e3);
   printf("words differing after the copies: ipc %zu, d2d %zu\n", bad_ipc, bad_d2d);
-  const bool ok = bad_ipc == 0 && bad_d2d == 0 && ratio >= 0.8;
-  printf("ratio IPC/D2D throughput: %.3f  verdict: %s (target >= 0.8, bytes intact)\n", ratio, ok ? "PASS" : "FAIL");
+  const bool intact = bad_ipc == 0 && bad_d2d == 0;
+  const bool ok = intact && ratio >= 0.8 && ratio_peer >= 0.8;
+  printf("ratio IPC/D2D throughput: %.3f  verdict: %s (target >= 0.8, bytes intact)\n", ratio, intact && ratio >= 0.8 ? "PASS" : "FAIL");
+  printf("ratio IPC/cudaMemcpyPeer(dev0->dev0) throughput: %.3f  verdict: %s (target >= 0.8, bytes intact)\n", ratio_peer, intact && ratio_peer >= 0.8 ? "PASS" : "FAIL");
   kvc_dev_ipc_close(mapped);
   if (write(to_child[1], "x\n", 2) < 0) { /* exporter gone */ }
   close(to_child[1]);

@@ -95,6 +95,35 @@ describe('P/D with device checksums (emulated device, results steps later)', () 
     await pd.shutdown();
   });
 
+  it('sums done within the step that submitted them (as on a GPU): nothing waits for them, few steps per request', async () => {
+    // A GPU finishes the step's kernel within the hooks' host time, so one takeReport() reports
+    // the request both in flight and summed; the scheduler must not then wait for sums it already
+    // has (that waited out inFlightTimeoutMs on both sides: 20 s per request on the H200,
+    // bench/cuda/README.md). Counted in engine steps, not time: with the wait, both engines step
+    // every millisecond until the deadline (about 1000 steps for 1 s).
+    const ref = await single('dense-gqa').generate(PROMPT, SAMPLING);
+    const producerDev = new EmulatedDevice({ completeAfterPolls: 0 });
+    const consumerDev = new EmulatedDevice({ completeAfterPolls: 0 });
+    const pd = makePD({ model: 'dense-gqa', failClosed: true, policy: 'fail', producer: { tpSize: 2, checksumBackend: producerDev, checksumInFlightTimeoutMs: 1000 }, consumer: { checksumBackend: consumerDev, checksumInFlightTimeoutMs: 1000 } });
+    await pd.producer.ready;
+    await pd.consumer.ready;
+    const prodTrace = trace(pd.producer, () => 0);
+    const consTrace = trace(pd.consumer, () => 0);
+    const r = await pd.proxy.generate(PROMPT, SAMPLING);
+    expect(r.error).toBeUndefined();
+    expect(r.tokenIds).toEqual(ref.tokenIds);
+    expect(r.prefill.kvTransferParams?.kv_checksums).toEqual(expect.any(String));
+    expect(await counter(pd.obs, 'loads', { verdict: 'verified' })).toBe(1);
+    // Submitted and reported in the same step, on both sides.
+    const same = (t: Trace) => t.steps.some((s) => s.inFlight.length > 0 && s.reported.length > 0);
+    expect(same(prodTrace)).toBe(true);
+    expect(same(consTrace)).toBe(true);
+    expect(prodTrace.steps.length).toBeLessThan(50);
+    expect(consTrace.steps.length).toBeLessThan(50);
+    expect(producerDev.syncCalls + consumerDev.syncCalls).toBe(0);
+    await pd.shutdown();
+  });
+
   it('by name (--checksum-backend cuda-emulated): verified, same output as a single instance', async () => {
     const ref = await single('mla').generate(PROMPT, SAMPLING);
     const pd = makePD({ model: 'mla', failClosed: true, policy: 'fail', producer: { checksumBackend: 'cuda-emulated' }, consumer: { tpSize: 2, checksumBackend: 'cuda-emulated' } });

@@ -356,8 +356,9 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
 
   /** A report's records end their workers' waits; its `inFlight` requests start new ones. */
   private trackInFlight(key: string, report: KVChecksumReport): void {
-    for (const e of report.sends) this.sends.get(e.requestId)?.inFlight?.delete(key);
-    for (const e of report.recvs) this.recvs.get(e.requestId)?.inFlight?.delete(key);
+    // New waits first, then the records end them: a step whose sums were submitted and already
+    // collected by the same takeReport() (a GPU finishes within the step's host time) reports the
+    // request both in flight and done, and must not wait for records it already delivered.
     const deadline = Date.now() + this.inFlightTimeoutMs;
     for (const id of report.inFlight?.sends ?? []) {
       const p = this.sends.get(id);
@@ -367,6 +368,8 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
       const p = this.recvs.get(id);
       if (p) (p.inFlight ??= new Map()).set(key, deadline);
     }
+    for (const e of report.sends) this.sends.get(e.requestId)?.inFlight?.delete(key);
+    for (const e of report.recvs) this.recvs.get(e.requestId)?.inFlight?.delete(key);
   }
 
   /** See {@link KVChecksumSchedulerHooks.sumsInFlight}. Past the deadline, logs the late workers once and stops waiting. */

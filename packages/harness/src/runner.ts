@@ -103,6 +103,7 @@ function sideOptions(s: SideSpec) {
     maxNumBatchedTokens: s.maxBatchedTokens ?? 256,
     numBlocks: s.numBlocks ?? 256,
     enablePrefixCaching: s.prefixCaching ?? true,
+    device: s.device ?? 'cpu',
   } as const;
 }
 

@@ -37,6 +37,12 @@ export interface SideSpec {
   numBlocks?: number;
   /** Prefix caching (default true). */
   prefixCaching?: boolean;
+  /**
+   * Where this side's engine keeps its KV cache (the engine's `device`, default `cpu`): `cuda`
+   * (GPU memory) or `cuda-emulated` (emulated device memory, CI). Device KV needs a device-capable
+   * inner connector (NIXL over the embedded agent).
+   */
+  device?: 'cpu' | 'cuda' | 'cuda-emulated';
   /** KV checksums on this side (default: the scenario's `checksums`). */
   checksums?: boolean;
   /** Consumer: `kv_checksum_fail_closed` (default true). */
@@ -159,7 +165,7 @@ export interface Scenario {
 }
 
 const TOP = ['$schema', 'name', 'description', 'source', 'model', 'connector', 'connectorConfig', 'checksums', 'mode', 'producer', 'consumer', 'requests', 'generate', 'concurrency', 'faults', 'runs', 'timeoutMs', 'expect'];
-const SIDE = ['tp', 'pp', 'blockSize', 'layout', 'kvLayout', 'dtype', 'prefixHitTokens', 'maxBatchedTokens', 'numBlocks', 'prefixCaching', 'checksums'];
+const SIDE = ['tp', 'pp', 'blockSize', 'layout', 'kvLayout', 'dtype', 'prefixHitTokens', 'maxBatchedTokens', 'numBlocks', 'prefixCaching', 'device', 'checksums'];
 const CONSUMER = [...SIDE, 'failClosed', 'policy', 'dp'];
 const REQUEST = ['prompt', 'promptTokens', 'promptSeed', 'continueFrom', 'appendFirstToken', 'maxTokens', 'temperature', 'seed', 'ignoreEos'];
 const GENERATE = ['count', 'promptTokens', 'sharedPrefix', 'prefixTokens', 'maxTokens', 'seed'];
@@ -186,6 +192,7 @@ function checkSide(c: Checker, raw: unknown, path: string, consumer: boolean): S
   if (o.layout !== undefined) c.oneOf(o.layout, at(path, 'layout'), ['NHD', 'HND']);
   if (o.kvLayout !== undefined) c.oneOf(o.kvLayout, at(path, 'kvLayout'), ['kv-first', 'block-kv', 'separate']);
   if (o.dtype !== undefined) c.oneOf(o.dtype, at(path, 'dtype'), ['bfloat16', 'float16', 'float32']);
+  if (o.device !== undefined) c.oneOf(o.device, at(path, 'device'), ['cpu', 'cuda', 'cuda-emulated']);
   for (const k of ['prefixCaching', 'checksums', 'failClosed']) if (o[k] !== undefined) c.boolean(o[k], at(path, k));
   if (o.policy !== undefined) c.oneOf(o.policy, at(path, 'policy'), ['fail', 'recompute']);
   return o as SideSpec;

@@ -89,6 +89,8 @@ export interface ProcessSide {
   layout?: 'NHD' | 'HND';
   maxBatchedTokens?: number;
   numBlocks?: number;
+  /** Where the engine keeps its KV cache (the engine's `device`; default `cpu`). */
+  device?: 'cpu' | 'cuda' | 'cuda-emulated';
 }
 
 /** Options of {@link startPDProcesses}. */
@@ -154,7 +156,7 @@ export async function freePort(): Promise<number> {
   return port;
 }
 
-function engineConfig(model: ModelConfig, s: ProcessSide, defaults: Required<ProcessSide>, workers: WorkersMode): EngineProcessConfig {
+function engineConfig(model: ModelConfig, s: ProcessSide, defaults: Required<Omit<ProcessSide, 'device'>>, workers: WorkersMode): EngineProcessConfig {
   return {
     model,
     executor: workers,
@@ -163,6 +165,7 @@ function engineConfig(model: ModelConfig, s: ProcessSide, defaults: Required<Pro
     cacheLayout: { layout: s.layout ?? defaults.layout, kvLayout: 'kv-first' },
     maxNumBatchedTokens: s.maxBatchedTokens ?? defaults.maxBatchedTokens,
     numBlocks: s.numBlocks ?? defaults.numBlocks,
+    ...(s.device !== undefined ? { device: s.device } : {}),
     host: '127.0.0.1',
     port: 0,
   };

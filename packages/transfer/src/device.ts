@@ -111,24 +111,76 @@ function checkDevice(what: string, d: number): void {
   if (!Number.isInteger(d) || d < 0 || d > 65535) throw new DeviceMemoryError('range', `${what}: device must be an integer in 0..65535, got ${d}`);
 }
 
-/** Polls `done` without blocking: a few event-loop turns, then every millisecond. */
-function pollSettled(done: () => boolean): Promise<void> {
-  return new Promise((resolve, reject) => {
-    let turns = 0;
-    const tick = (): void => {
+/**
+ * Waits without blocking for the copies of one stream: one poller per stream, however many copies
+ * are waited for. Copies on one stream finish in the order they were enqueued (CUDA stream order;
+ * the emulated queue drains in order), so a tick queries the waiting copies oldest first and stops
+ * at the first still running: while a batch of N copies runs, a tick makes about one query, not N.
+ * (One poller per copy made N queries and N timers per tick; the embedded agent's CUDA IPC path
+ * posts one copy per merged descriptor run, thousands per load of a TP2 producer into a TP1
+ * consumer, see bench/cuda/README.md.) A few event-loop turns first, then every millisecond;
+ * the turns start again whenever a copy finished.
+ */
+class StreamPoller {
+  /** Queries of copies' completion made so far (tests and benches). */
+  polls = 0;
+  private readonly waiting: Array<{ done: () => boolean; resolve: () => void; reject: (e: unknown) => void }> = [];
+  private running = false;
+
+  /** Resolves once `done()` returned true; rejects if it threw. */
+  wait(done: () => boolean): Promise<void> {
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ done, resolve, reject });
+      if (!this.running) {
+        this.running = true;
+        this.tick(0);
+      }
+    });
+  }
+
+  private tick(turns: number): void {
+    let progressed = false;
+    while (this.waiting.length > 0) {
+      const w = this.waiting[0]!;
       let d: boolean;
       try {
-        d = done();
+        this.polls++;
+        d = w.done();
       } catch (e) {
-        reject(e);
-        return;
+        this.waiting.shift();
+        w.reject(e);
+        progressed = true;
+        continue;
       }
-      if (d) resolve();
-      else if (++turns < 16) setImmediate(tick);
-      else setTimeout(tick, 1);
-    };
-    tick();
-  });
+      if (!d) break;
+      this.waiting.shift();
+      w.resolve();
+      progressed = true;
+    }
+    if (this.waiting.length === 0) {
+      this.running = false;
+      return;
+    }
+    const next = progressed ? 0 : turns + 1;
+    if (next < 16) setImmediate(() => this.tick(next));
+    else setTimeout(() => this.tick(next), 1);
+  }
+}
+
+/** The {@link StreamPoller} of each device's stream of one device memory, with their poll count. */
+class StreamPollers {
+  private readonly byDevice = new Map<number, StreamPoller>();
+  of(device: number): StreamPoller {
+    let p = this.byDevice.get(device);
+    if (!p) this.byDevice.set(device, (p = new StreamPoller()));
+    return p;
+  }
+  /** Completion queries made so far, over all devices. */
+  get polls(): number {
+    let n = 0;
+    for (const p of this.byDevice.values()) n += p.polls;
+    return n;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -166,7 +218,13 @@ class CudaDeviceMemory implements DeviceMemory {
   readonly hostId = cudaHostId();
   private readonly streams = new Map<number, bigint>();
   private readonly known = new Map<bigint, number>(); // allocations and mappings: base -> bytes
+  private readonly pollers = new StreamPollers();
   constructor(private readonly d: AddonDevice) {}
+
+  /** Completion queries of async copies made so far (one poller per stream: about one per tick, not one per copy). */
+  get settlePolls(): number {
+    return this.pollers.polls;
+  }
 
   private call<T>(what: string, fn: () => T): T {
     try {
@@ -226,7 +284,8 @@ class CudaDeviceMemory implements DeviceMemory {
     checkBytes('copyAsync', bytes);
     const c = this.call('copyAsync', () => this.d.copyAsync(device, kind, dst, src, bytes, this.stream(device)));
     const done = (): boolean => this.call('copy', () => c.done());
-    return { done, settled: () => pollSettled(done), release: () => c.release() };
+    const poller = this.pollers.of(device);
+    return { done, settled: () => poller.wait(done), release: () => c.release() };
   }
 
   copy(device: number, kind: CopyKind, dst: bigint | Uint8Array, src: bigint | Uint8Array, bytes: number): void {
@@ -288,8 +347,14 @@ export class EmulatedDeviceMemory implements DeviceMemory {
   private nextId = 1;
   private readonly staging = new WeakSet<ArrayBufferLike>();
   private readonly queues = new Map<number, EmuCopy[]>();
+  private readonly pollers = new StreamPollers();
   /** Copies run so far (tests use it to see that a path copied through this layer). */
   copies = 0;
+
+  /** Completion queries of async copies made so far (one poller per device queue: about one per tick, not one per copy). */
+  get settlePolls(): number {
+    return this.pollers.polls;
+  }
 
   constructor() {
     this.hostId = `emulated:${hostname()}:${process.pid}:${this.token.toString('hex')}`;
@@ -423,7 +488,8 @@ export class EmulatedDeviceMemory implements DeviceMemory {
     q.push(c);
     if (q.length === 1) setImmediate(() => this.drain(device));
     const done = (): boolean => c.finished;
-    return { done, settled: () => pollSettled(done), release: () => {} };
+    const poller = this.pollers.of(device);
+    return { done, settled: () => poller.wait(done), release: () => {} };
   }
 
   /** Runs a device's queued copies in order (the stream), one event-loop turn after they were enqueued. */

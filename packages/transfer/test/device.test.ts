@@ -409,3 +409,19 @@ describe('NIXL and Mooncake agents: device regions (fake libraries)', () => {
     }
   });
 });
+
+describe('waiting for many async copies', () => {
+  it('one poller per stream: N copies settle with about N completion queries, not N per tick', async () => {
+    const dm = new EmulatedDeviceMemory();
+    const r = dm.alloc(0, 64 * 1024);
+    const host = dm.allocHost(64 * 1024);
+    const copies = Array.from({ length: 500 }, (_, i) => dm.copyAsync(0, 'h2d', r.address + BigInt(i * 32), host.subarray(i * 32), 32));
+    const before = dm.settlePolls;
+    await Promise.all(copies.map((c) => c.settled()));
+    // Each copy queried once when done, plus the queries of ticks that found the oldest still
+    // running (the emulated queue drains one event-loop turn after the enqueue). A poller per copy
+    // queried every copy at least twice (once at once, once after the drain).
+    expect(dm.settlePolls - before).toBeLessThanOrEqual(500 + 4);
+    expect(copies.every((c) => c.done())).toBe(true);
+  });
+});

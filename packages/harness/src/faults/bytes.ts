@@ -3,9 +3,10 @@
  * snapshots, fills, and change accounting (ground truth: only bytes that really changed count).
  * @module
  */
-import type { HostWorkerKVCaches } from '@kvconnect/core';
+import type { WorkerKVCaches } from '@kvconnect/core';
 import type { Fill } from '../faults.js';
 import { forEachAttentionCell, forEachStateRow, prng, type ByteRun } from '../locate.js';
+import type { FaultCaches } from './kv-bytes.js';
 import { Changes, type ChangedGroup } from './records.js';
 
 /** A load (or a finished request's blocks) as the fault connector tracks it; plain data. */
@@ -36,7 +37,7 @@ export function equal(a: Uint8Array, b: Uint8Array): boolean {
 }
 
 /** Byte runs of a load on this worker: every loaded token's cells and the running states. */
-export function loadRuns(c: HostWorkerKVCaches, l: LoadMeta): Tagged[] {
+export function loadRuns(c: WorkerKVCaches, l: LoadMeta): Tagged[] {
   const out: Tagged[] = [];
   forEachAttentionCell(c, l.blocks, l.firstToken, l.numTokens, {}, (x) => out.push({ region: x.region, addr: x.addr, len: x.len, groupId: x.groupId, token: x.token }));
   forEachStateRow(c, l.blocks, {}, (r) => {
@@ -46,14 +47,14 @@ export function loadRuns(c: HostWorkerKVCaches, l: LoadMeta): Tagged[] {
 }
 
 /** KV bytes of a load held by this worker. */
-export function loadBytes(c: HostWorkerKVCaches, l: LoadMeta): number {
+export function loadBytes(c: WorkerKVCaches, l: LoadMeta): number {
   return loadRuns(c, l).reduce((a, r) => a + r.len, 0);
 }
 
 /** The bytes of a load's slots now (before the load lands). */
-export function snapshot(c: HostWorkerKVCaches, l: LoadMeta): Snapshot {
+export function snapshot(c: FaultCaches, l: LoadMeta): Snapshot {
   const m: Snapshot = new Map();
-  for (const r of loadRuns(c, l)) m.set(`${r.region}:${r.addr}`, c.regions[r.region].slice(r.addr, r.addr + r.len));
+  for (const r of loadRuns(c, l)) m.set(`${r.region}:${r.addr}`, c.bytes.read(r.region, r.addr, r.len));
   return m;
 }
 
@@ -62,42 +63,40 @@ export function snapshot(c: HostWorkerKVCaches, l: LoadMeta): Snapshot {
  * `snap` (`previous`; zeros where it has none).
  * @returns the groups whose bytes changed (tokens / state).
  */
-export function fillRuns(c: HostWorkerKVCaches, runs: readonly Tagged[], fill: Fill, seed: number, snap: Snapshot | null): ChangedGroup[] {
+export function fillRuns(c: FaultCaches, runs: readonly Tagged[], fill: Fill, seed: number, snap: Snapshot | null): ChangedGroup[] {
   const rnd = prng(seed);
   const changed = new Changes();
   for (const r of runs) {
-    const mem = c.regions[r.region];
-    const before = mem.slice(r.addr, r.addr + r.len);
+    const before = c.bytes.read(r.region, r.addr, r.len);
     let next: Uint8Array;
     if (fill === 'zero') next = new Uint8Array(r.len);
     else if (fill === 'random') next = Uint8Array.from(before, () => rnd() & 0xff);
     else if (fill === 'invert') next = Uint8Array.from(before, (b) => ~b & 0xff);
     else next = snap?.get(`${r.region}:${r.addr}`) ?? new Uint8Array(r.len);
-    mem.set(next, r.addr);
+    c.bytes.write(r.region, r.addr, next);
     if (!equal(before, next)) changed.add(r.groupId, r.token);
   }
   return changed.list();
 }
 
 /** Writes each `[run, bytes]` (all read before any is written), returning the groups whose bytes changed. */
-export function writeRuns(c: HostWorkerKVCaches, writes: ReadonlyArray<readonly [Tagged, Uint8Array]>): ChangedGroup[] {
+export function writeRuns(c: FaultCaches, writes: ReadonlyArray<readonly [Tagged, Uint8Array]>): ChangedGroup[] {
   const changed = new Changes();
   for (const [r, bytes] of writes) {
-    const mem = c.regions[r.region];
-    if (!equal(mem.subarray(r.addr, r.addr + r.len), bytes)) changed.add(r.groupId, r.token);
-    mem.set(bytes, r.addr);
+    if (!equal(c.bytes.read(r.region, r.addr, r.len), bytes)) changed.add(r.groupId, r.token);
+    c.bytes.write(r.region, r.addr, bytes);
   }
   return changed.list();
 }
 
 /** Index of the group `groupId`, or of the first group of `kind` that holds caches on this worker; -1 for none. */
-export function groupIndex(c: HostWorkerKVCaches, groupId: number | undefined, kind: 'attention' | 'state'): number {
+export function groupIndex(c: WorkerKVCaches, groupId: number | undefined, kind: 'attention' | 'state'): number {
   if (groupId !== undefined) return c.groupConfigs.findIndex((g) => g.groupId === groupId);
   return c.groupConfigs.findIndex((g, gi) => (kind === 'state' ? g.kind === 'state' : g.kind !== 'state') && c.groups[gi]?.caches.length > 0);
 }
 
 /** Index of the group `groupId`, or of the first attention group of the engine (held here or not); -1 for none. */
-export function attentionGroupIndex(c: HostWorkerKVCaches, groupId: number | undefined): number {
+export function attentionGroupIndex(c: WorkerKVCaches, groupId: number | undefined): number {
   if (groupId !== undefined) return c.groupConfigs.findIndex((g) => g.groupId === groupId);
   return c.groupConfigs.findIndex((g) => g.kind !== 'state');
 }

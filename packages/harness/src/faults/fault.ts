@@ -23,9 +23,10 @@
  * `kinds/index.ts` (the compiler rejects the switch until the case is there).
  * @module
  */
-import type { KVChecksumCarrier, KVTransferParams, TransferResults, HostWorkerKVCaches } from '@kvconnect/core';
+import type { KVChecksumCarrier, KVTransferParams, TransferResults } from '@kvconnect/core';
 import type { FaultSpec } from '../faults.js';
 import type { LoadMeta, Snapshot } from './bytes.js';
+import type { FaultCaches } from './kv-bytes.js';
 import type { ChangedGroup } from './records.js';
 
 /** The worker a hook runs on. */
@@ -53,7 +54,7 @@ export interface ParamsInput {
 
 /** A consumer load on one worker, for {@link Fault.consumerLoad}. */
 export interface LoadInput {
-  caches: HostWorkerKVCaches;
+  caches: FaultCaches;
   worker: WorkerPlace;
   load: LoadMeta;
   /** The slots' bytes before the load landed (when a selected fault needs them), else null. */
@@ -67,7 +68,7 @@ export interface LoadInput {
 
 /** A finished producer request's blocks on one worker, for {@link Fault.producerBlocks}. */
 export interface BlocksInput {
-  caches: HostWorkerKVCaches;
+  caches: FaultCaches;
   worker: WorkerPlace;
   /** Tokens `[0, numTokens)` of the request (the prompt). */
   load: LoadMeta;

@@ -25,7 +25,8 @@
  * Layout: `config.ts` (strict config), `scheduler.ts` and `worker.ts` (the two wrappers),
  * `fault.ts` (the {@link Fault} interface; where each hook runs; how to add a fault), `kinds/`
  * (one module per fault kind, `kinds/index.ts` the exhaustive switch), `bytes.ts` and
- * `select.ts` (helpers the faults share), `records.ts` (what crosses and what is reported).
+ * `select.ts` (helpers the faults share), `kv-bytes.ts` (byte access to host or device KV regions),
+ * `records.ts` (what crosses and what is reported).
  * @module
  */
 export { FAULT_INJECTING_CONNECTOR, parseFaultConfig, type FaultConnectorConfig } from './config.js';
@@ -53,3 +54,4 @@ export { FaultScheduler } from './scheduler.js';
 export { faultSelects, requestKeySeed } from './select.js';
 export { FaultWorker } from './worker.js';
 export type { LoadMeta } from './bytes.js';
+export { DEVICE_PAGE_BYTES, DeviceKvBytes, HostKvBytes, kvBytesOf, type DeviceKvCopies, type FaultCaches, type KvBytes } from './kv-bytes.js';

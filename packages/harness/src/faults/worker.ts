@@ -3,15 +3,17 @@
  * worker-side faults (producer `stale`; consumer notif, loaded-bytes and connector-payload
  * faults) using the worker's registered views to find the bytes, and reports what it did in its
  * worker metadata ({@link FaultWorkerMeta}). Everything it knows of its scheduler half comes in
- * the step metadata ({@link FaultMeta}).
+ * the step metadata ({@link FaultMeta}). Host or device KV alike: the faults read and write the
+ * regions through one byte-access session per hook call (`kv-bytes.ts`), flushed before the
+ * call returns, so on device KV they change the device memory the checksum worker sums.
  * @module
  */
 import { performance } from 'node:perf_hooks';
-import { hostRegions } from '@kvconnect/core';
-import type { HostWorkerKVCaches, KVConnectorWorker, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
+import type { KVConnectorWorker, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import type { ByteRun } from '../locate.js';
 import { loadBytes, snapshot, type LoadMeta, type Snapshot } from './bytes.js';
 import type { Fault, NotifState, ResultHit } from './fault.js';
+import { kvBytesOf, type FaultCaches } from './kv-bytes.js';
 import { newNotifState, releaseHeldReports } from './kinds/index.js';
 import type { FaultMeta, FaultWorkerMeta, StaleOrder, WorkerInjection, WorkerLoadRecord } from './records.js';
 import { faultSelects, requestKeySeed, workerSeed } from './select.js';
@@ -27,7 +29,7 @@ interface WorkerLoad extends LoadMeta {
 
 /** The worker half of a FaultInjectingConnector. */
 export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWorkerMeta, unknown> {
-  private caches: HostWorkerKVCaches | null = null;
+  private caches: WorkerKVCaches | null = null;
   private readonly loads = new Map<string, WorkerLoad>();
   private readonly restores = new Map<string, Array<readonly [ByteRun, Uint8Array]>>();
   private readonly notifState: NotifState = newNotifState();
@@ -43,7 +45,8 @@ export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWor
   ) {}
 
   async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
-    this.caches = hostRegions(caches, 'FaultConnector');
+    kvBytesOf(caches); // refuses mixed host and device regions
+    this.caches = caches;
     await this.inner.registerKvCaches(caches);
   }
 
@@ -58,11 +61,17 @@ export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWor
     this.inner.bindConnectorMetadata(this.innerMeta);
   }
 
+  /** A byte-access session over the registered caches (flush it before the hook call returns); null before registration. */
+  private session(): FaultCaches | null {
+    return this.caches ? { ...this.caches, bytes: kvBytesOf(this.caches) } : null;
+  }
+
   startLoadKv(output: SchedulerOutput): void {
+    let c: FaultCaches | null = null;
     for (const l of this.loads.values()) {
       if (l.startedAt >= 0) continue;
       l.startedAt = now();
-      if (this.caches && this.faults.some((f) => f.needsSnapshot && f.consumerLoad && faultSelects(f.spec, f.index, l.requestId))) l.snapshot = snapshot(this.caches, l);
+      if (this.caches && this.faults.some((f) => f.needsSnapshot && f.consumerLoad && faultSelects(f.spec, f.index, l.requestId))) l.snapshot = snapshot((c ??= this.session()!), l);
     }
     this.inner.startLoadKv({ ...output, kvConnectorMetadata: this.innerMeta });
   }
@@ -108,12 +117,12 @@ export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWor
   getTransferResults(): TransferResults<FaultWorkerMeta> {
     const got = this.inner.getTransferResults();
     const res: TransferResults<FaultWorkerMeta> = { finishedSending: new Set(got.finishedSending), finishedRecving: new Set(got.finishedRecving), invalidBlockIds: new Set(got.invalidBlockIds), kvChecksums: new Map(got.kvChecksums), loadErrors: new Map(got.loadErrors) };
-    const c = this.caches;
+    const c = this.session();
     // Producer: blocks made stale are restored once the consumer read them.
     for (const id of res.finishedSending) {
       const saved = this.restores.get(id);
       if (!saved || !c) continue;
-      for (const [run, bytes] of [...saved].reverse()) c.regions[run.region].set(bytes, run.addr);
+      for (const [run, bytes] of [...saved].reverse()) c.bytes.write(run.region, run.addr, bytes);
       this.restores.delete(id);
     }
     // Producer: this step computed the prompts' last tokens (and their checksums); nobody read them yet.
@@ -146,6 +155,8 @@ export class FaultWorker implements KVConnectorWorker<FaultMeta | null, FaultWor
       const t = now();
       this.loadRecords.push({ requestId: id, ...this.place(), startedAt: l.startedAt < 0 ? t : l.startedAt, finishedAt: t, bytes: c ? loadBytes(c, l) : 0, firstToken: l.firstToken, numTokens: l.numTokens });
     }
+    // The bytes changed above land before the checksum worker sums this step's loads.
+    c?.bytes.flush();
     // Consumer: connector-carried checksum payloads.
     this.resultHooks(res, (f) => f.consumerPayloads);
     const meta: FaultWorkerMeta = { injections: this.injections, loads: this.loadRecords };

@@ -47,7 +47,9 @@ export function bitFlipFault(spec: BitFlipSpec, index: number): Fault<BitFlipSpe
         for (let q = 0; q < x.part; q++) before += x.view.parts[q].bytes;
         const b = byteInCell - before;
         if (b < 0 || b >= x.len) return;
-        c.regions[x.region][x.addr + b] ^= 1 << (bit % 8);
+        const byte = c.bytes.read(x.region, x.addr + b, 1);
+        byte[0] ^= 1 << (bit % 8);
+        c.bytes.write(x.region, x.addr + b, byte);
         changed.add(x.groupId, x.token);
       });
       return { changed: changed.list(), detail: `layer ${layer} head ${head} token ${token} piece ${piece} bit ${bit}` };

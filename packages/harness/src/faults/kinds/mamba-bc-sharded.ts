@@ -46,12 +46,12 @@ export function mambaBcShardedFault(spec: MambaBcShardedSpec, index: number): Fa
           const totalRows = globalSize.reduce((a, b) => a + b, 0);
           const rowLen = rowBytes[0]?.reduce((a, e) => a + e.len, 0) ?? 0;
           const next = v.states[1];
-          const nextBytes = next ? c.regions[next.region].slice(next.offset + block * next.blockStride, next.offset + block * next.blockStride + next.shape.reduce((a, b) => a * b, 1) * DTYPE_BYTES[next.dtype]) : new Uint8Array(0);
+          const nextBytes = next ? c.bytes.read(next.region, next.offset + block * next.blockStride, next.shape.reduce((a, b) => a * b, 1) * DTYPE_BYTES[next.dtype]) : new Uint8Array(0);
           const readRow = (elems: ByteRun[]) => {
             const out = new Uint8Array(rowLen);
             let o = 0;
             for (const e of elems) {
-              out.set(c.regions[e.region].subarray(e.addr, e.addr + e.len), o);
+              out.set(c.bytes.read(e.region, e.addr, e.len), o);
               o += e.len;
             }
             return out;
@@ -82,7 +82,7 @@ export function mambaBcShardedFault(spec: MambaBcShardedSpec, index: number): Fa
             const before = readRow(elems);
             let o = 0;
             for (const e of elems) {
-              c.regions[e.region].set(bytes.subarray(o, o + e.len), e.addr);
+              c.bytes.write(e.region, e.addr, bytes.subarray(o, o + e.len));
               o += e.len;
             }
             if (!equal(before, bytes)) changed.add(gc.groupId, -1);

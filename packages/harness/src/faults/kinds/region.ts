@@ -4,7 +4,7 @@
  * states and conv segments).
  * @module
  */
-import { loadBlockIds, type HostWorkerKVCaches } from '@kvconnect/core';
+import { loadBlockIds, type WorkerKVCaches } from '@kvconnect/core';
 import type { FaultSpec } from '../../faults.js';
 import { forEachAttentionCell, forEachStateRow } from '../../locate.js';
 import type { LoadMeta, Tagged } from '../bytes.js';
@@ -13,7 +13,7 @@ import type { LoadMeta, Tagged } from '../bytes.js';
 export type RegionSpec = Extract<FaultSpec, { kind: 'corrupt-region' | 'transport-error' }>;
 
 /** The byte runs of the load that `f` selects on this worker. */
-export function regionRuns(c: HostWorkerKVCaches, f: RegionSpec, l: LoadMeta): Tagged[] {
+export function regionRuns(c: WorkerKVCaches, f: RegionSpec, l: LoadMeta): Tagged[] {
   const out: Tagged[] = [];
   const stateOnly = f.states !== undefined || f.segments !== undefined;
   const isState = (gid: number | undefined) => gid !== undefined && c.groupConfigs.find((g) => g.groupId === gid)?.kind === 'state';
@@ -34,7 +34,7 @@ export function regionRuns(c: HostWorkerKVCaches, f: RegionSpec, l: LoadMeta): T
 }
 
 /** The block ids of the load that `f` selects (every group of `f.group`; state groups: the running-state block). */
-export function regionBlocks(c: HostWorkerKVCaches, f: RegionSpec, l: LoadMeta): Set<number> {
+export function regionBlocks(c: WorkerKVCaches, f: RegionSpec, l: LoadMeta): Set<number> {
   const groups = c.groupConfigs.map((g) => (f.group === undefined || f.group === g.groupId ? g : null));
   return new Set(loadBlockIds(groups, l.blocks, Math.max(l.firstToken, f.tokens?.[0] ?? 0), Math.min(l.numTokens, (f.tokens?.[1] ?? Infinity) + 1)));
 }

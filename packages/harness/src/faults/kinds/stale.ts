@@ -29,7 +29,7 @@ export function staleFault(spec: StaleSpec, index: number): Fault<StaleSpec> {
     producerBlocks({ caches, load, workerSeed, keep }) {
       if (fill === 'none') return { changed: [], detail: 'blocks freed but not overwritten' };
       const runs = loadRuns(caches, load);
-      if (spec.restore !== false) keep(runs.map((r) => [r, caches.regions[r.region].slice(r.addr, r.addr + r.len)] as const));
+      if (spec.restore !== false) keep(runs.map((r) => [r, caches.bytes.read(r.region, r.addr, r.len)] as const));
       return { changed: fillRuns(caches, runs, fill, workerSeed, null), detail: `producer blocks overwritten (${fill}) before the read` };
     },
   };

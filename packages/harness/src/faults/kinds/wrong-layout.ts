@@ -39,8 +39,7 @@ export function wrongLayoutFault(spec: WrongLayoutSpec, index: number): Fault<Wr
               const hnd = p.tokenStride === hb && p.headStride === B * hb;
               if (!nhd && !hnd) throw new Error(`wrong-layout fault: ${v.name} is neither NHD nor HND`);
               const base = p.offset + block * p.blockStride;
-              const mem = c.regions[p.region];
-              const before = mem.slice(base, base + B * H * hb);
+              const before = c.bytes.read(p.region, base, B * H * hb);
               const out = new Uint8Array(B * H * hb);
               for (let h = 0; h < H; h++) {
                 for (let t = 0; t < B; t++) {
@@ -49,7 +48,7 @@ export function wrongLayoutFault(spec: WrongLayoutSpec, index: number): Fault<Wr
                   out.set(before.subarray(actual, actual + hb), wrong);
                 }
               }
-              mem.set(out, base);
+              c.bytes.write(p.region, base, out);
               for (let t = 0; t < B; t++) {
                 const tok = pos * B + t;
                 if (tok < l.firstToken || tok >= l.numTokens) continue;
