@@ -362,4 +362,14 @@ export interface KVTransferConfig {
   kv_connector_extra_config: Record<string, unknown>;
   /** A module to import that registers `kv_connector` (third-party connectors). */
   kv_connector_module_path?: string;
+  /** vLLM's `engine_id`: the engine's id when the engine is given none of its own. */
+  engine_id?: string;
+  /** vLLM keys without a meaning here, accepted and ignored (`IGNORED_VLLM_KEYS` in config.ts). */
+  kv_buffer_device?: string;
+  kv_buffer_size?: number;
+  kv_rank?: number | null;
+  kv_parallel_size?: number;
+  kv_ip?: string;
+  kv_port?: number;
+  enable_permute_local_kv?: boolean;
 }
