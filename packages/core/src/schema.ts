@@ -86,15 +86,21 @@ function pathOf(prefix: string, path: readonly PropertyKey[]): string {
 }
 
 /**
- * The problems of a zod error, one per issue (an `unrecognized_keys` issue: one per key, at the
- * key's path), in the order zod found them. `prefix` is prepended to every path
+ * The problems of a zod error, one per field path (the first issue zod found there; an
+ * `unrecognized_keys` issue gives one per key, at the key's path), in the order zod found them. `prefix` is prepended to every path
  * (`kv_connector_extra_config`).
  */
 export function zodProblems(error: z.ZodError, prefix = ''): ConfigProblem[] {
   const out: ConfigProblem[] = [];
+  const seen = new Set<string>();
+  const add = (path: string, message: string) => {
+    if (seen.has(path)) return;
+    seen.add(path);
+    out.push({ path, message });
+  };
   for (const iss of error.issues) {
-    if (iss.code === 'unrecognized_keys') for (const k of iss.keys) out.push({ path: pathOf(prefix, [...iss.path, k]), message: iss.message });
-    else out.push({ path: pathOf(prefix, iss.path), message: iss.message });
+    if (iss.code === 'unrecognized_keys') for (const k of iss.keys) add(pathOf(prefix, [...iss.path, k]), iss.message);
+    else add(pathOf(prefix, iss.path), iss.message);
   }
   return out;
 }

@@ -118,6 +118,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
       host: this.config.agentHost,
       nixlLibrary: this.config.nixlLibrary,
       nixlBackendParams: this.config.nixlBackendParams,
+      nixlBackend: this.config.nixlBackend,
       clusterSecret: this.config.clusterSecret,
     });
     this.agent = agent;
