@@ -38,6 +38,7 @@
  */
 import { isDeviceRegion, type GroupSpec, type KVMemoryRegion, type RankContext } from '@kvconnect/checksum';
 import type { Registry } from 'prom-client';
+import type { Logger } from 'pino';
 
 /** The role of an engine in P/D (vLLM `kv_role`). */
 export type KVRole = 'kv_producer' | 'kv_consumer' | 'kv_both';
@@ -335,6 +336,8 @@ export interface SchedulerContext {
   groupConfigs: readonly KVCacheGroupConfig[];
   /** The engine's Prometheus registry: connectors register their metrics here (served on /metrics). */
   metricsRegistry?: Registry;
+  /** The engine's logger (pino; its lines carry the engine and role): connectors log with a child of it. */
+  logger?: Logger;
 }
 
 /** What a connector's worker half knows about its engine. */
@@ -346,6 +349,8 @@ export interface WorkerContext {
   ppSize: number;
   /** The engine's Prometheus registry (as {@link SchedulerContext.metricsRegistry}). */
   metricsRegistry?: Registry;
+  /** The engine's logger for this worker (its lines carry the engine, role, PP stage and TP rank). */
+  logger?: Logger;
 }
 
 /** The KV transfer config (vLLM `kv_transfer_config`), validated by `parseKVTransferConfig`. */

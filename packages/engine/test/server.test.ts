@@ -173,10 +173,11 @@ describe('engine server', () => {
     expect(text).toContain('# TYPE kvconnect_kv_checksum_loads_total counter');
     expect(text).toContain('kvconnect_kv_checksum_loads_total{verdict="verified"} 1');
     expect(await new EngineClient(p.url).metrics()).toContain('kvconnect_kv_checksum_payloads_sent_total{carrier="kv_transfer_params"} 1');
-    // An engine without a transfer config has an empty registry.
-    const empty = await fetch(`${plain.url}/metrics`);
-    expect(empty.status).toBe(200);
-    expect(await empty.text()).toBe('');
+    // the engine metrics (vLLM's names with kvconnect_) are there too; an engine without a transfer config has only them
+    expect(text).toMatch(new RegExp(`^kvconnect_generation_tokens_total\\{model_name="${pd.consumer.model.name}",engine="${pd.consumer.engineId}"\\} 3$`, 'm'));
+    const plainText = await (await fetch(`${plain.url}/metrics`)).text();
+    expect(plainText).toContain('# TYPE kvconnect_num_requests_running gauge');
+    expect(plainText).not.toContain('kvconnect_kv_checksum');
   });
 
   it('timeouts answer 504 and abort; an in-use request_id answers 409; a disconnected client aborts', async () => {
