@@ -438,7 +438,7 @@ export function runConsumer(o: {
   scheduler.updateFromOutputs(outputs);
   const decision = scheduler.onLoadFinished(req, o.loadError);
   scheduler.onRequestFinished(req, { delayFree: false }, 'stop');
-  return { decision, scheduler, obs, workers, logs, recvStarts };
+  return { decision, scheduler, obs, workers, logs, recvStarts, blocks };
 }
 
 /** The value of a counter (optionally with labels) in a registry. */
