@@ -10,7 +10,20 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, InvalidArgumentError, Option } from 'commander';
-import { KVChecksumObservability, defaultRegistry, kindOf, isPlainObject, plainObject, strictObject, z, zodProblems } from '@kvconnect/core';
+import {
+  ConnectorModuleError,
+  KVChecksumObservability,
+  KVTransferConfigError,
+  UnknownConnectorError,
+  createLogger,
+  defaultRegistry,
+  isPlainObject,
+  kindOf,
+  plainObject,
+  strictObject,
+  z,
+  zodProblems,
+} from '@kvconnect/core';
 import { Engine, type EngineOptions } from '../engine.js';
 import { PRESETS, type ModelConfig, type PresetName } from '../model/config.js';
 import { startEngineServer } from './engine-server.js';
@@ -427,8 +440,23 @@ export function parseProxyArgs(argv: readonly string[]): Parsed<ProxyProcessConf
   return parsed;
 }
 
-/** Builds the {@link EngineOptions} of an {@link EngineProcessConfig} (logs to stderr). */
+/**
+ * The engine id of a config (`engineId`, else `kvTransferConfig.engine_id`, else a random one) and
+ * its role (`kv_role`, or `none` without a transfer config): the fields every log line carries.
+ */
+function identityOf(c: EngineProcessConfig): { engine: string; role: string } {
+  const t = c.kvTransferConfig;
+  const engine = c.engineId ?? (typeof t?.engine_id === 'string' && t.engine_id.length > 0 ? t.engine_id : `engine-${Math.random().toString(36).slice(2, 10)}`);
+  return { engine, role: typeof t?.kv_role === 'string' ? t.kv_role : 'none' };
+}
+
+/**
+ * Builds the {@link EngineOptions} of an {@link EngineProcessConfig}: logs go to stderr (pino,
+ * `logLevel`, default `warn`), every line naming the engine and its role.
+ */
 export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
+  const id = identityOf(c);
+  const logger = createLogger({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) }, bindings: id });
   const o: EngineOptions = {
     model: c.model,
     preset: c.preset,
@@ -444,15 +472,26 @@ export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
     longPrefillTokenThreshold: c.longPrefillTokenThreshold,
     kvTransferConfig: c.kvTransferConfig,
     enablePrefixCaching: c.enablePrefixCaching,
-    engineId: c.engineId,
+    engineId: id.engine,
+    servedModelName: c.servedModelName?.[0],
     checksumBackend: c.checksumBackend,
     device: c.device,
     executor: c.executor,
     workerImports: c.imports,
-    observability: new KVChecksumObservability({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) } }),
+    observability: new KVChecksumObservability({ logger }),
   };
   for (const k of Object.keys(o) as (keyof EngineOptions)[]) if (o[k] === undefined) delete o[k];
   return o;
+}
+
+/**
+ * A setup error that is the operator's config, as a {@link UsageError} (one `error:` line, exit 2):
+ * a bad `kv_connector_extra_config` (the connector's `KVTransferConfigError`), an unknown connector
+ * (which names the package to import), a connector module that does not import. Else null.
+ */
+function configErrorOf(e: unknown): UsageError | null {
+  if (e instanceof KVTransferConfigError || e instanceof UnknownConnectorError || e instanceof ConnectorModuleError) return new UsageError(`engine options: ${e.message}`);
+  return null;
 }
 
 function emit(event: Record<string, unknown>): void {
@@ -520,10 +559,17 @@ export async function runEngineMain(argv: readonly string[]): Promise<void> {
   }
   const { config } = parsed;
   try {
-    for (const m of config.imports ?? []) await defaultRegistry.loadModule(m);
+    for (const m of config.imports ?? []) {
+      try {
+        await defaultRegistry.loadModule(m);
+      } catch (e) {
+        throw configErrorOf(e) ?? e;
+      }
+    }
     let engine: Engine;
+    const options = engineOptionsOf(config);
     try {
-      engine = new Engine(engineOptionsOf(config));
+      engine = new Engine(options);
     } catch (e) {
       throw new UsageError(`engine options: ${e instanceof Error ? e.message : String(e)}`);
     }
@@ -535,13 +581,18 @@ export async function runEngineMain(argv: readonly string[]): Promise<void> {
       maxTokens: config.maxTokens,
       maxModelLen: config.maxModelLen,
       servedModelNames: config.servedModelName,
+      logger: options.observability!.logger,
       onShutdown: () => stopHook?.('shutdown'),
     });
     onStop(async () => {
       await server.close();
       await engine.shutdown();
     }, parsed.exitWithParent);
-    await engine.ready;
+    try {
+      await engine.ready;
+    } catch (e) {
+      throw configErrorOf(e) ?? e;
+    }
     const cfg = engine.transferConfig;
     emit({
       event: 'ready',
