@@ -637,6 +637,7 @@ export async function runProxyMain(argv: readonly string[]): Promise<void> {
       connectTimeoutMs: config.connectTimeoutMs,
       maxBodyBytes: config.maxBodyBytes,
       maxTokens: config.maxTokens,
+      logger: createLogger({ level: config.logLevel ?? 'info', destination: { write: (line: string) => process.stderr.write(line) }, bindings: { component: 'proxy' } }),
       onShutdown: () => stopHook?.('shutdown'),
     });
     onStop(() => server.close(), parsed.exitWithParent);
