@@ -15,7 +15,7 @@ import type { UnverifiedReason, Verdict } from '@kvconnect/checksum';
 import type { LoadError } from './connector.js';
 
 /** pino's logger type, the one logger of kvconnect (re-exported so packages need not depend on pino for the type). */
-export type { Logger } from 'pino';
+export type { Logger, LevelWithSilent } from 'pino';
 
 /** Metric names (all counters end in `_total`; the histogram is in seconds). */
 export const METRIC_NAMES = Object.freeze({

@@ -568,6 +568,8 @@ export async function runEngineMain(argv: readonly string[]): Promise<void> {
     }
     let engine: Engine;
     const options = engineOptionsOf(config);
+    // worker processes log at the engine's level (worker-process.ts)
+    if (config.logLevel !== undefined) process.env.KVCONNECT_LOG_LEVEL = config.logLevel;
     try {
       engine = new Engine(options);
     } catch (e) {
