@@ -377,6 +377,8 @@ export interface ConsumerRun {
   workers: FakeWorker[];
   logs: Array<Record<string, unknown>>;
   recvStarts: number[];
+  /** The consumer's block ids per group (the load's blocks). */
+  blocks: BlockIdsPerGroup;
 }
 
 /**
