@@ -12,7 +12,7 @@ export async function until(cond: () => boolean, ms = 10_000): Promise<void> {
 }
 
 /**
- * Sum of a prom-client metric's values whose labels include `labels` (histogram buckets left out).
+ * Sum of a prom-client metric's values whose labels include `labels` (a histogram: its `_sum`).
  * @throws Error when `registry` has no metric `name` (a renamed or unregistered metric must fail
  *   the test, not read as 0).
  */
@@ -21,7 +21,8 @@ export async function metricValue(registry: Registry, name: string, labels: Reco
   if (!m) throw new Error(`no metric ${name} in the registry (registered: ${registry.getMetricsAsArray().map((x) => x.name).join(', ') || 'none'})`);
   const v = await m.get();
   return v.values
-    .filter((x) => Object.entries(labels).every(([k, l]) => x.labels[k] === l) && !(x as { metricName?: string }).metricName?.endsWith('_bucket'))
+    // a histogram counts its `_sum` (bytes, seconds), not its buckets or `_count`
+    .filter((x) => Object.entries(labels).every(([k, l]) => x.labels[k] === l) && !/_(bucket|count)$/.test((x as { metricName?: string }).metricName ?? ''))
     .reduce((a, x) => a + x.value, 0);
 }
 

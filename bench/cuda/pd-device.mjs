@@ -72,7 +72,7 @@ for (const mode of ['pull', 'push']) {
     const dm2 = await (await fetch(`${d.url}/metrics`)).text();
     check(metric(dm2, 'kvconnect_kv_checksum_wrong_request_total') >= 1, `${mode}: request B given request A's params: wrong request caught (wrong_request_total ${metric(dm2, 'kvconnect_kv_checksum_wrong_request_total')})`);
     check(b.status === 200 && JSON.stringify(bb.choices?.[0]?.token_ids) === JSON.stringify(wantB), `${mode}: request B recomputed, output equals a single instance`);
-    const xfer = metric(dm2, 'kvconnect_nixl_xfer_seconds_sum') + metric((await (await fetch(`${p.url}/metrics`)).text()), 'kvconnect_nixl_xfer_seconds_sum');
+    const xfer = metric(dm2, 'kvconnect_nixl_xfer_time_seconds_sum') + metric((await (await fetch(`${p.url}/metrics`)).text()), 'kvconnect_nixl_xfer_time_seconds_sum');
     console.log(`${mode}: NIXL transfer time (sum over loads, both sides): ${(xfer * 1000).toFixed(1)} ms`);
   } finally {
     await Promise.all([proxy.stop(), p.stop(), d.stop()]);

@@ -6,6 +6,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { PresetName } from '@kvconnect/engine';
+import { MOONCAKE_METRIC_NAMES } from '@kvconnect/mooncake';
+import { PROMTOOL, promtoolCheck, sampleValue } from '../../packages/engine/test/utils/prom.js';
 import { counter, makeMooncakePD, prompts, single, until, type SideOptions } from './utils.js';
 
 const S = { maxTokens: 6, ignoreEos: true };
@@ -56,4 +58,24 @@ describe('MooncakeConnector P/D (concurrent proxy)', () => {
       }
     });
   }
+});
+
+describe('MooncakeConnector transfer metrics', () => {
+  it("the producer's WRITEs are timed, sized and counted per transfer (one per consumer worker); promtool-clean", async () => {
+    const pd = await makeMooncakePD({ model: 'dense-gqa', producer: {}, consumer: { tpSize: 2 }, failClosed: true, policy: 'fail' });
+    try {
+      const got = await pd.proxy.generate(prompts(1, 7)[0], S);
+      expect(got.error).toBeUndefined();
+      const text = await pd.producer.metricsText();
+      const W = { op: 'WRITE' };
+      expect(sampleValue(text, `${MOONCAKE_METRIC_NAMES.xferSeconds}_count`, W)).toBe(2);
+      expect(sampleValue(text, `${MOONCAKE_METRIC_NAMES.bytes}_count`, W)).toBe(2);
+      expect(sampleValue(text, `${MOONCAKE_METRIC_NAMES.bytes}_sum`, W)).toBeGreaterThan(0);
+      expect(sampleValue(text, `${MOONCAKE_METRIC_NAMES.descriptors}_count`, W)).toBe(2);
+      expect(sampleValue(text, MOONCAKE_METRIC_NAMES.failedTransfers, W)).toBe(0);
+      if (PROMTOOL) expect(promtoolCheck(text)).toEqual({ code: 0, output: '' });
+    } finally {
+      await pd.shutdown();
+    }
+  });
 });

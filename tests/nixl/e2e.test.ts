@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import type { PresetName } from '@kvconnect/engine';
 import { NIXL_METRIC_NAMES } from '@kvconnect/nixl-common';
+import { PROMTOOL, promtoolCheck, sampleValue } from '../../packages/engine/test/utils/prom.js';
 import { checksumCounter, makeNixlPD, metricValue, single, until, type SideOptions } from './utils.js';
 
 const PROMPT = 'Disaggregated serving moves the KV cache from prefill to decode over NIXL.';
@@ -47,6 +48,26 @@ for (const mode of ['pull', 'push'] as const) {
     }
   });
 }
+
+describe("NIXL metrics as vLLM's NixlConnector", () => {
+  it('one histogram sample per transfer for time, bytes and descriptors; promtool-clean', async () => {
+    const pd = await makeNixlPD({ mode: 'pull', model: 'dense-gqa', producer: { tpSize: 2 }, policy: 'fail' });
+    try {
+      await pd.proxy.generate(PROMPT, S);
+      const text = await pd.consumerMetrics.metrics();
+      const L = { mode: 'pull', op: 'READ' };
+      // TP2 -> TP1: the consumer's one worker reads from both producer ranks, one transfer each
+      expect(sampleValue(text, `${NIXL_METRIC_NAMES.xferSeconds}_count`, L)).toBe(2);
+      expect(sampleValue(text, `${NIXL_METRIC_NAMES.bytes}_count`, L)).toBe(2);
+      expect(sampleValue(text, `${NIXL_METRIC_NAMES.descriptors}_count`, L)).toBe(2);
+      expect(sampleValue(text, `${NIXL_METRIC_NAMES.bytes}_sum`, L)).toBe(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.bytes, L));
+      expect(sampleValue(text, `${NIXL_METRIC_NAMES.bytes}_sum`, L)).toBeGreaterThan(0);
+      if (PROMTOOL) expect(promtoolCheck(text)).toEqual({ code: 0, output: '' });
+    } finally {
+      await pd.shutdown();
+    }
+  });
+});
 
 // Real NIXL when NIXL_PREFIX names an install (then the agent searches it), else the fake library.
 const REAL_NIXL = process.env.NIXL_PREFIX !== undefined && process.env.NIXL_PREFIX !== '';

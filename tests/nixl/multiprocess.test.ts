@@ -98,7 +98,7 @@ describe('NIXL across processes (producer, consumer, proxy)', () => {
       expect(await metric(d.url, 'kvconnect_kv_checksum_loads_total{verdict="verified"} 1')).toBe(true);
       // The consumer's NIXL metrics (pull: its workers' READs, one per producer rank a consumer rank
       // maps to: max(TP sizes) per producer PP stage) reach its /metrics, from worker processes too.
-      if (mode === 'pull') expect((await (await fetch(`${d.url}/metrics`)).text()).match(/^kvconnect_nixl_transfers_total\{mode="pull",op="READ"\} (\d+)$/m)?.[1]).toBe(String(Math.max(tp, dtp) * pp));
+      if (mode === 'pull') expect((await (await fetch(`${d.url}/metrics`)).text()).match(/^kvconnect_nixl_xfer_time_seconds_count\{mode="pull",op="READ"\} (\d+)$/m)?.[1]).toBe(String(Math.max(tp, dtp) * pp));
     });
   }
 

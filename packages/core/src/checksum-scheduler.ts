@@ -410,7 +410,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     const load = this.consumerLoad(p, request);
     const verdict = verifyLoad(p.payload ?? null, load);
     const action: LoadDecision['action'] = verdict.verdict === 'verified' || !this.config.kv_checksum_fail_closed ? 'use' : this.config.kv_load_failure_policy;
-    this.report(request.requestId, verdict, action, load.numTokens);
+    this.report(request.requestId, verdict, action, load.numTokens, p.entry.groups);
     // After the decision: the drill-down never delays the load failure policy.
     if (verdict.verdict === 'mismatch') this.localizer?.start(request, p.entry, verdict);
     return { action, verdict };
@@ -454,7 +454,13 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     return { numTokens: p.entry.numTokens, tokenIds: request.promptTokenIds, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers };
   }
 
-  private report(requestId: string, verdict: Verdict, action: LoadDecision['action'], numTokens: number): void {
+  /** Records, logs and emits a verdict; the log lines name the request, group, block ids, positions and reason. */
+  private report(requestId: string, verdict: Verdict, action: LoadDecision['action'], numTokens: number, loaded: readonly { groupId: number; start: number; blockIds: readonly number[] }[] = []): void {
+    // consumer block ids at consumer block positions (SPEC 8: positions count from the request's first block)
+    const blockIdsAt = (groupId: number, positions: readonly number[]): number[] => {
+      const g = loaded.find((x) => x.groupId === groupId);
+      return g ? positions.map((pos) => g.blockIds[pos - g.start] ?? -1) : [];
+    };
     const obs = this.observability;
     const ev: LoadEvent = { requestId, verdict, action, numTokens };
     obs.recordLoad(verdict, action);
@@ -471,7 +477,9 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
       log.debug({ requestId, action, identity }, 'KV load verified');
       obs.events.emit('load-verified', ev);
     } else {
-      for (const m of verdict.mismatches) log.error({ requestId, groupId: m.groupId, positions: m.positions, action, wrongRequest: verdict.wrongRequest }, 'KV checksum mismatch');
+      for (const m of verdict.mismatches) {
+        log.error({ requestId, groupId: m.groupId, blockIds: blockIdsAt(m.groupId, m.positions), positions: m.positions, reason: verdict.wrongRequest ? 'wrong-request' : 'mismatch', action, wrongRequest: verdict.wrongRequest }, 'KV checksum mismatch');
+      }
       for (const u of verdict.unverified) log.warn({ requestId, groupId: u.groupId, reason: u.reason, action }, 'KV checksums not verified');
       log.info({ requestId, action, identity, summary: verdictSummary(verdict) }, `KV load ${verdict.verdict}: ${action}`);
       obs.events.emit(verdict.verdict === 'mismatch' ? 'load-mismatch' : 'load-unverified', ev);

@@ -4,6 +4,7 @@
  * @module
  */
 import type { KVRole, KVTransferConfig } from './connector.js';
+import { bool, int, isPlainObject, kindOf, oneOf, plainObject, str, strictObject, z, zodProblems } from './schema.js';
 
 /** One problem of a raw config: the field path (`kv_role`, `kv_connector_extra_config.connectors[0].kv_connector`) and what is wrong. */
 export interface ConfigProblem {
@@ -22,43 +23,58 @@ export class KVTransferConfigError extends Error {
   }
 }
 
-const ROLES: readonly KVRole[] = ['kv_producer', 'kv_consumer', 'kv_both'];
+const ROLES = ['kv_producer', 'kv_consumer', 'kv_both'] as const satisfies readonly KVRole[];
 const POLICIES = ['fail', 'recompute'] as const;
-const KEYS = [
-  'kv_connector',
-  'kv_role',
-  'enable_kv_checksum',
-  'kv_checksum_fail_closed',
-  'kv_load_failure_policy',
-  'kv_connector_extra_config',
-  'kv_connector_module_path',
-] as const;
 
-function kindOf(v: unknown): string {
-  if (v === null) return 'null';
-  if (Array.isArray(v)) return 'array';
-  return typeof v;
-}
+/**
+ * Keys of vLLM's `KVTransferConfig` (vllm/config/kv_transfer.py) that have no meaning in kvconnect:
+ * accepted (type-checked as vLLM types them), kept in the config, and ignored; the engine logs
+ * each one it sees at debug level ({@link ignoredTransferConfigKeys}). `kv_buffer_device`,
+ * `kv_buffer_size`, `kv_rank`, `kv_parallel_size`, `kv_ip` and `kv_port` serve vLLM's NCCL-based
+ * connectors (the NIXL and Mooncake connectors here find their peers through
+ * `kv_transfer_params` and their own extra config); `enable_permute_local_kv` permutes a GPU
+ * layout kvconnect does not have.
+ */
+export const IGNORED_VLLM_KEYS = ['kv_buffer_device', 'kv_buffer_size', 'kv_rank', 'kv_parallel_size', 'kv_ip', 'kv_port', 'enable_permute_local_kv'] as const;
 
-function isPlainObject(v: unknown): v is Record<string, unknown> {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false;
-  const proto = Object.getPrototypeOf(v);
-  return proto === Object.prototype || proto === null;
-}
+const optionalInt = (min: number, max?: number) => int(min, max).optional();
+
+/** The zod schema of a raw `kv_transfer_config` (see {@link parseKVTransferConfig} for the keys). */
+export const kvTransferConfigSchema = strictObject({
+  kv_connector: str({ nonEmpty: true }),
+  kv_role: oneOf(ROLES),
+  enable_kv_checksum: bool().optional(),
+  kv_checksum_fail_closed: bool().optional(),
+  kv_load_failure_policy: oneOf(POLICIES).optional(),
+  kv_connector_extra_config: plainObject().optional(),
+  kv_connector_module_path: str({ nonEmpty: true }).optional(),
+  engine_id: str({ nonEmpty: true }).optional(),
+  kv_buffer_device: str({ nonEmpty: true }).optional(),
+  kv_buffer_size: z.number({ error: (iss) => `expected a number, got ${kindOf(iss.input)}` }).nonnegative({ error: 'must not be negative' }).optional(),
+  kv_rank: int(0).nullable().optional(),
+  kv_parallel_size: optionalInt(1),
+  kv_ip: str({ nonEmpty: true }).optional(),
+  kv_port: optionalInt(0, 65535),
+  enable_permute_local_kv: bool().optional(),
+});
 
 /**
  * Validates a raw `kv_transfer_config` object (e.g. parsed from `--kv-transfer-config` JSON).
  *
- * Keys (vLLM names):
+ * Keys (vLLM names, vllm/config/kv_transfer.py):
  * - `kv_connector` (required, non-empty string): the registered connector name;
  * - `kv_role` (required): `kv_producer`, `kv_consumer` or `kv_both`;
  * - `enable_kv_checksum` (boolean, default false): checksum KV loads (set on both sides);
  * - `kv_checksum_fail_closed` (boolean, default false): mismatched or unverified loads go to
  *   the load failure policy instead of being logged and used (SPEC 8);
  * - `kv_load_failure_policy` (`fail` | `recompute`, default `recompute`);
- * - `kv_connector_extra_config` (plain object, default `{}`): connector options, not validated here;
+ * - `kv_connector_extra_config` (plain object, default `{}`): connector options, validated by the
+ *   connector's factory;
  * - `kv_connector_module_path` (optional non-empty string): a module to import that registers
- *   `kv_connector` (see `KVConnectorRegistry.loadModule`).
+ *   `kv_connector` (see `KVConnectorRegistry.loadModule`);
+ * - `engine_id` (optional non-empty string): the engine's id, as in vLLM, when the engine is not
+ *   given one itself (`--engine-id`);
+ * - {@link IGNORED_VLLM_KEYS}: accepted with vLLM's types and ignored.
  *
  * @param raw - the raw value; `pathPrefix` prefixes problem paths (used for nested configs).
  * An absent key takes its default; `null` is a wrong type, not a default.
@@ -68,58 +84,25 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
  *   fields, values outside their sets.
  */
 export function parseKVTransferConfig(raw: unknown, pathPrefix = ''): KVTransferConfig {
-  const p = (k: string) => (pathPrefix ? `${pathPrefix}.${k}` : k);
-  const problems: ConfigProblem[] = [];
   if (!isPlainObject(raw)) {
     throw new KVTransferConfigError([{ path: pathPrefix, message: `expected an object, got ${kindOf(raw)}` }]);
   }
-  for (const k of Object.keys(raw)) {
-    if (!(KEYS as readonly string[]).includes(k)) problems.push({ path: p(k), message: `unknown key (known: ${KEYS.join(', ')})` });
-  }
-  const bool = (k: string): boolean => {
-    const v = raw[k];
-    if (v === undefined) return false;
-    if (typeof v !== 'boolean') problems.push({ path: p(k), message: `expected a boolean, got ${kindOf(v)}` });
-    return v === true;
-  };
-
-  const connector = raw.kv_connector;
-  if (connector === undefined) problems.push({ path: p('kv_connector'), message: 'required' });
-  else if (typeof connector !== 'string') problems.push({ path: p('kv_connector'), message: `expected a string, got ${kindOf(connector)}` });
-  else if (connector.length === 0) problems.push({ path: p('kv_connector'), message: 'must not be empty' });
-
-  const role = raw.kv_role;
-  if (role === undefined) problems.push({ path: p('kv_role'), message: `required (one of ${ROLES.join(', ')})` });
-  else if (typeof role !== 'string') problems.push({ path: p('kv_role'), message: `expected a string, got ${kindOf(role)}` });
-  else if (!(ROLES as readonly string[]).includes(role)) problems.push({ path: p('kv_role'), message: `expected one of ${ROLES.join(', ')}, got ${JSON.stringify(role)}` });
-
-  const enable = bool('enable_kv_checksum');
-  const failClosed = bool('kv_checksum_fail_closed');
-
-  const policy = raw.kv_load_failure_policy === undefined ? 'recompute' : raw.kv_load_failure_policy;
-  if (typeof policy !== 'string') problems.push({ path: p('kv_load_failure_policy'), message: `expected a string, got ${kindOf(policy)}` });
-  else if (!(POLICIES as readonly string[]).includes(policy)) {
-    problems.push({ path: p('kv_load_failure_policy'), message: `expected one of ${POLICIES.join(', ')}, got ${JSON.stringify(policy)}` });
-  }
-
-  const extra = raw.kv_connector_extra_config === undefined ? {} : raw.kv_connector_extra_config;
-  if (!isPlainObject(extra)) problems.push({ path: p('kv_connector_extra_config'), message: `expected an object, got ${kindOf(extra)}` });
-
-  const modulePath = raw.kv_connector_module_path;
-  if (modulePath !== undefined) {
-    if (typeof modulePath !== 'string') problems.push({ path: p('kv_connector_module_path'), message: `expected a string, got ${kindOf(modulePath)}` });
-    else if (modulePath.length === 0) problems.push({ path: p('kv_connector_module_path'), message: 'must not be empty' });
-  }
-
-  if (problems.length > 0) throw new KVTransferConfigError(problems);
+  const r = kvTransferConfigSchema.safeParse(raw);
+  if (!r.success) throw new KVTransferConfigError(zodProblems(r.error, pathPrefix));
+  const v = r.data;
   const config: KVTransferConfig = {
-    kv_connector: connector as string,
-    kv_role: role as KVRole,
-    enable_kv_checksum: enable,
-    kv_checksum_fail_closed: failClosed,
-    kv_load_failure_policy: policy as 'fail' | 'recompute',
-    kv_connector_extra_config: { ...(extra as Record<string, unknown>) },
+    ...v,
+    kv_connector: v.kv_connector,
+    kv_role: v.kv_role,
+    enable_kv_checksum: v.enable_kv_checksum ?? false,
+    kv_checksum_fail_closed: v.kv_checksum_fail_closed ?? false,
+    kv_load_failure_policy: v.kv_load_failure_policy ?? 'recompute',
+    kv_connector_extra_config: { ...(v.kv_connector_extra_config ?? {}) },
   };
-  if (modulePath !== undefined) config.kv_connector_module_path = modulePath as string;
   return config;
+}
+
+/** The keys of {@link IGNORED_VLLM_KEYS} that `config` sets (the engine logs them at debug level). */
+export function ignoredTransferConfigKeys(config: KVTransferConfig): string[] {
+  return IGNORED_VLLM_KEYS.filter((k) => (config as unknown as Record<string, unknown>)[k] !== undefined);
 }

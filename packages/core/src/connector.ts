@@ -39,6 +39,7 @@
 import type { LocalizeAnswer, LocalizeQuery } from './checksum-localize.js';
 import { isDeviceRegion, type GroupSpec, type KVMemoryRegion, type RankContext } from '@kvconnect/checksum';
 import type { Registry } from 'prom-client';
+import type { Logger } from 'pino';
 
 /** The role of an engine in P/D (vLLM `kv_role`). */
 export type KVRole = 'kv_producer' | 'kv_consumer' | 'kv_both';
@@ -343,6 +344,8 @@ export interface SchedulerContext {
   groupConfigs: readonly KVCacheGroupConfig[];
   /** The engine's Prometheus registry: connectors register their metrics here (served on /metrics). */
   metricsRegistry?: Registry;
+  /** The engine's logger (pino; its lines carry the engine and role): connectors log with a child of it. */
+  logger?: Logger;
 }
 
 /** What a connector's worker half knows about its engine. */
@@ -354,6 +357,8 @@ export interface WorkerContext {
   ppSize: number;
   /** The engine's Prometheus registry (as {@link SchedulerContext.metricsRegistry}). */
   metricsRegistry?: Registry;
+  /** The engine's logger for this worker (its lines carry the engine, role, PP stage and TP rank). */
+  logger?: Logger;
 }
 
 /** The KV transfer config (vLLM `kv_transfer_config`), validated by `parseKVTransferConfig`. */
@@ -370,4 +375,14 @@ export interface KVTransferConfig {
   kv_connector_extra_config: Record<string, unknown>;
   /** A module to import that registers `kv_connector` (third-party connectors). */
   kv_connector_module_path?: string;
+  /** vLLM's `engine_id`: the engine's id when the engine is given none of its own. */
+  engine_id?: string;
+  /** vLLM keys without a meaning here, accepted and ignored (`IGNORED_VLLM_KEYS` in config.ts). */
+  kv_buffer_device?: string;
+  kv_buffer_size?: number;
+  kv_rank?: number | null;
+  kv_parallel_size?: number;
+  kv_ip?: string;
+  kv_port?: number;
+  enable_permute_local_kv?: boolean;
 }

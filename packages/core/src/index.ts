@@ -9,6 +9,7 @@ export { workerKey, hostRegions, DeviceMemoryUnsupportedError } from './connecto
 export { loadBlockIds } from './blocks.js';
 export type * from './checksum-hooks.js';
 export * from './config.js';
+export * from './schema.js';
 export * from './registry.js';
 export * from './multi-connector.js';
 export * from './observability.js';

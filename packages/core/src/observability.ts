@@ -15,6 +15,9 @@ import type { UnverifiedReason, Verdict } from '@kvconnect/checksum';
 import type { Localization } from './checksum-localize.js';
 import type { LoadError } from './connector.js';
 
+/** pino's logger type, the one logger of kvconnect (re-exported so packages need not depend on pino for the type). */
+export type { Logger, LevelWithSilent } from 'pino';
+
 /** Metric names (all counters end in `_total`; the histogram is in seconds). */
 export const METRIC_NAMES = Object.freeze({
   loads: 'kvconnect_kv_checksum_loads_total',
@@ -130,6 +133,11 @@ export interface ObservabilityOptions {
   level?: LevelWithSilent;
   /** Where the created logger writes (any object with `write(line)`). Default: stdout. */
   destination?: DestinationStream;
+  /**
+   * Fields on every line of the created logger: which engine and role wrote it
+   * (`{ engine: 'prefill-0', role: 'kv_producer' }`, see {@link createLogger}).
+   */
+  bindings?: Record<string, string | number>;
   /** The metrics registry. Default: a new `Registry` (never prom-client's global `register`). */
   registry?: Registry;
   /** Labels added to every metric of the registry (e.g. `{ engine: 'prefill-0' }`). */
@@ -191,9 +199,7 @@ export class KVChecksumObservability {
   private readonly onceKeys = new Set<string>();
 
   constructor(options: ObservabilityOptions = {}) {
-    this.logger =
-      options.logger ??
-      (options.destination ? pino({ level: options.level ?? 'info', name: 'kvconnect' }, options.destination) : pino({ level: options.level ?? 'info', name: 'kvconnect' }));
+    this.logger = options.logger ?? createLogger({ level: options.level, destination: options.destination, bindings: options.bindings });
     this.registry = options.registry ?? new Registry();
     if (options.defaultLabels) this.registry.setDefaultLabels(options.defaultLabels);
     const registers = [this.registry];
@@ -252,6 +258,24 @@ export class KVChecksumObservability {
     if (seconds > 0) this.metrics.seconds.observe({ side }, seconds);
     if (bytes > 0) this.metrics.bytesSummed.inc({ side }, bytes);
   }
+}
+
+/**
+ * The one logger kvconnect's processes write with (pino, name `kvconnect`): JSON lines carrying
+ * `bindings` (by convention `engine` and `role` for an engine, `component: 'proxy'` for the proxy)
+ * on every line.
+ * @param o.level pino level (default `info`); `o.destination` any `write(line)` object (default
+ *   stdout).
+ */
+export function createLogger(o: { level?: LevelWithSilent; destination?: DestinationStream; bindings?: Record<string, string | number> } = {}): Logger {
+  const opts = { level: o.level ?? 'info', name: 'kvconnect' };
+  const base = o.destination ? pino(opts, o.destination) : pino(opts);
+  return o.bindings && Object.keys(o.bindings).length > 0 ? base.child(o.bindings) : base;
+}
+
+/** A logger that writes nothing (a connector half given no `ctx.logger`). */
+export function silentLogger(): Logger {
+  return pino({ level: 'silent' });
 }
 
 /**

@@ -18,13 +18,31 @@ export class DuplicateConnectorError extends Error {
   }
 }
 
-/** Raised for a `kv_connector` name no factory is registered under. `registered` lists the known names. */
+/**
+ * The kvconnect packages that register a connector when imported, by `kv_connector` name (the
+ * names their packages export: `NIXL_CONNECTOR`, `NIXL_PUSH_CONNECTOR`, `MOONCAKE_CONNECTOR`,
+ * `IN_PROCESS_CONNECTOR`); {@link UnknownConnectorError} names the package to import.
+ */
+export const CONNECTOR_PACKAGES: Readonly<Record<string, string>> = Object.freeze({
+  NixlConnector: '@kvconnect/nixl-pull',
+  NixlPushConnector: '@kvconnect/nixl-push',
+  MooncakeConnector: '@kvconnect/mooncake',
+  InProcessConnector: '@kvconnect/engine/testing',
+});
+
+/**
+ * Raised for a `kv_connector` name no factory is registered under. `registered` lists the known
+ * names; for a kvconnect connector whose package was not imported, the message names the package
+ * ({@link CONNECTOR_PACKAGES}) and how to import it (`--import` on the engine CLI).
+ */
 export class UnknownConnectorError extends Error {
   constructor(
     readonly connectorName: string,
     readonly registered: readonly string[],
   ) {
-    super(`unknown KV connector ${JSON.stringify(connectorName)}; registered: ${registered.length ? registered.join(', ') : '(none)'}`);
+    const pkg = CONNECTOR_PACKAGES[connectorName];
+    const hint = pkg ? `; it is in ${pkg}: import it first (kvconnect-engine --import ${pkg}, or kv_connector_module_path)` : '';
+    super(`unknown KV connector ${JSON.stringify(connectorName)}; registered: ${registered.length ? registered.join(', ') : '(none)'}${hint}`);
     this.name = 'UnknownConnectorError';
   }
 }

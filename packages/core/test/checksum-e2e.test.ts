@@ -126,7 +126,7 @@ describe('a corrupted load', () => {
     expect(cons.decision.action).toBe('use');
     expect(cons.decision.verdict).toMatchObject({ verdict: 'mismatch', mismatches: [{ groupId: 0, positions: [1] }] });
     const line = cons.logs.find((l) => l.msg === 'KV checksum mismatch');
-    expect(line).toMatchObject({ requestId: 'req-1', groupId: 0, positions: [1], action: 'use', level: 50 });
+    expect(line).toMatchObject({ requestId: 'req-1', groupId: 0, blockIds: [cons.blocks[0][1]], positions: [1], reason: 'mismatch', action: 'use', level: 50 });
     expect(await metricValue(cons.obs, METRIC_NAMES.loads, { verdict: 'mismatch' })).toBe(1);
     expect(await metricValue(cons.obs, METRIC_NAMES.failed)).toBe(0);
   });

@@ -379,6 +379,8 @@ export interface ConsumerRun {
   workers: FakeWorker[];
   logs: Array<Record<string, unknown>>;
   recvStarts: number[];
+  /** The consumer's block ids per group (the load's blocks). */
+  blocks: BlockIdsPerGroup;
 }
 
 /**
@@ -442,7 +444,7 @@ export function runConsumer(o: {
   scheduler.updateFromOutputs(outputs);
   const decision = scheduler.onLoadFinished(req, o.loadError);
   scheduler.onRequestFinished(req, { delayFree: false }, 'stop');
-  return { decision, scheduler, obs, workers, logs, recvStarts };
+  return { decision, scheduler, obs, workers, logs, recvStarts, blocks };
 }
 
 /** The value of a counter (optionally with labels) in a registry. */

@@ -55,7 +55,14 @@ describe('KVConnectorRegistry', () => {
     const r = new KVConnectorRegistry();
     r.register(factory('Zed'));
     expect(() => r.get('Nope')).toThrow(UnknownConnectorError);
-    expect(() => r.create(cfg('Nope'), { scheduler: schedCtx, worker: workerCtx })).toThrow(/unknown KV connector "Nope"; registered: MultiConnector, Zed/);
+    expect(() => r.create(cfg('Nope'), { scheduler: schedCtx, worker: workerCtx })).toThrow(/unknown KV connector "Nope"; registered: MultiConnector, Zed$/);
+  });
+
+  it("a kvconnect connector whose package was not imported names the package to import", () => {
+    const r = new KVConnectorRegistry();
+    expect(() => r.get('NixlConnector')).toThrow('unknown KV connector "NixlConnector"; registered: MultiConnector; it is in @kvconnect/nixl-pull: import it first (kvconnect-engine --import @kvconnect/nixl-pull, or kv_connector_module_path)');
+    expect(() => r.get('MooncakeConnector')).toThrow(/it is in @kvconnect\/mooncake/);
+    expect(() => r.get('NixlPushConnector')).toThrow(/it is in @kvconnect\/nixl-push/);
   });
 
   it('the default registry holds MultiConnector', () => {

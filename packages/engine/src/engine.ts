@@ -15,6 +15,7 @@
  */
 import {
   AggregatorRegistry,
+  Registry,
   type MetricObjectWithValues,
   type MetricValue,
 } from 'prom-client';
@@ -22,6 +23,7 @@ import {
   KVChecksumObservability,
   KVChecksumScheduler,
   defaultRegistry,
+  ignoredTransferConfigKeys,
   parseKVTransferConfig,
   type KVChecksumMetrics,
   type KVConnectorRegistry,
@@ -31,6 +33,7 @@ import { checkChecksumBackend, type EngineChecksumBackend } from './checksum-dev
 import type { KVCacheGroupConfig, KVConnectorOutput, KVConnectorScheduler, KVTransferConfig, KVTransferParams, FinishReason, SchedulerOutput } from './contracts.js';
 import type { KvDtype } from './dtype.js';
 import type { KVDeviceMode } from '@kvconnect/transfer';
+import { EngineMetrics } from './metrics.js';
 import { InProcessExecutor, type Executor, type ExecutorKind } from './executor.js';
 import { roundTrip } from './ipc.js';
 import { MultiProcessExecutor } from './multiprocess-executor.js';
@@ -86,8 +89,10 @@ export interface EngineOptions {
   kvTransferConfig?: unknown;
   /** Prefix caching (default true). */
   enablePrefixCaching?: boolean;
-  /** The engine id connectors use to name this engine (default a random one). */
+  /** The engine id connectors use to name this engine (default `kv_transfer_config.engine_id`, else a random one). */
   engineId?: string;
+  /** The model name on the engine's metrics (vLLM's `model_name` label; default the model's name). */
+  servedModelName?: string;
   /** Where `kv_connector` is looked up (default the core's `defaultRegistry`). */
   registry?: KVConnectorRegistry;
   /**
@@ -174,6 +179,12 @@ export class Engine {
   readonly ready: Promise<void>;
   /** Events, metrics and logs of KV checksums (present with a transfer config). */
   readonly observability: KVChecksumObservability | null;
+  /**
+   * The engine's Prometheus registry: the engine metrics (vLLM's names, metrics.ts), and with a
+   * transfer config the KV checksum and connector metrics (the observability's registry).
+   */
+  readonly metricsRegistry: Registry;
+  private readonly engineMetrics: EngineMetrics;
   private readonly weights: ModelWeights;
   private readonly o: EngineOptions;
   private readonly executor: Executor;
@@ -197,9 +208,19 @@ export class Engine {
     this.ppSize = o.ppSize ?? 1;
     this.blockSize = o.blockSize ?? 16;
     validateModel(this.model, this.tpSize, this.ppSize);
-    this.engineId = o.engineId ?? `engine-${Math.random().toString(36).slice(2, 10)}`;
     this.transferConfig = o.kvTransferConfig === undefined || o.kvTransferConfig === null ? null : parseKVTransferConfig(o.kvTransferConfig);
-    this.observability = this.transferConfig ? (o.observability ?? new KVChecksumObservability({ level: 'warn' })) : null;
+    this.engineId = o.engineId ?? this.transferConfig?.engine_id ?? `engine-${Math.random().toString(36).slice(2, 10)}`;
+    this.observability = this.transferConfig ? (o.observability ?? new KVChecksumObservability({ level: 'warn', bindings: { engine: this.engineId, role: this.transferConfig.kv_role } })) : null;
+    for (const key of this.transferConfig ? ignoredTransferConfigKeys(this.transferConfig) : []) {
+      this.observability?.logger.debug({ key }, `kv_transfer_config.${key} has no meaning in kvconnect: ignored`);
+    }
+    this.metricsRegistry = this.observability?.registry ?? new Registry();
+    this.engineMetrics = new EngineMetrics(this.metricsRegistry, { modelName: o.servedModelName ?? this.model.name, engine: this.engineId }, {
+      queues: () => {
+        const s = this._scheduler;
+        return s ? { running: s.running.length, waiting: s.waiting.length, kvUsage: s.kv.usage, preemptions: s.stats.preemptions, prefixQueriedTokens: s.kv.stats.queriedTokens, prefixHitTokens: s.kv.stats.hitTokens } : null;
+      },
+    });
     this.groupConfigs = buildGroupConfigs(this.model, this.blockSize);
     this.weights = buildWeights(this.model);
     const numBlocks = o.numBlocks ?? 512;
@@ -234,7 +255,7 @@ export class Engine {
     } else if (this.executorKind === 'inprocess') {
       this.workers = workerOptions.map((stage) => stage.map((wo) => new Worker(wo)));
       if (this.transferConfig?.enable_kv_checksum) checkChecksumBackend(o.checksumBackend ?? 'auto', this.workers[0][0].kvCaches(), this.workers[0][0].checksumKvCaches());
-      const env = { registry: o.registry ?? defaultRegistry, metricsRegistry: this.observability?.registry, checksumBackend: o.checksumBackend };
+      const env = { registry: o.registry ?? defaultRegistry, metricsRegistry: this.observability?.registry, checksumBackend: o.checksumBackend, logger: this.observability?.logger };
       const runtimes = this.workers.map((stage) => stage.map((w) => new WorkerRuntime(w, this.weights, env)));
       this.executor = new InProcessExecutor(this.model, this.weights, runtimes, o.checkPlainData === false ? <T>(v: T) => v : roundTrip);
     } else {
@@ -250,7 +271,7 @@ export class Engine {
     const registry = this.o.registry ?? defaultRegistry;
     if (cfg) {
       await registry.prepare(cfg);
-      this.connector = registry.createScheduler(cfg, { engineId: this.engineId, tpSize: this.tpSize, ppSize: this.ppSize, groupConfigs: this.groupConfigs, metricsRegistry: this.observability?.registry });
+      this.connector = registry.createScheduler(cfg, { engineId: this.engineId, tpSize: this.tpSize, ppSize: this.ppSize, groupConfigs: this.groupConfigs, metricsRegistry: this.observability?.registry, logger: this.observability?.logger.child({ half: 'scheduler' }) });
       if (cfg.enable_kv_checksum) {
         this.checksumScheduler = new KVChecksumScheduler({
           config: cfg,
@@ -307,14 +328,13 @@ export class Engine {
   }
 
   /**
-   * The engine's Prometheus metrics in text format: the checksum and connector scheduler metrics
-   * of its registry and, with worker processes, every worker's registry (connector worker halves),
-   * aggregated with prom-client's `AggregatorRegistry` (same name and labels: summed). '' without
-   * a transfer config.
+   * The engine's Prometheus metrics in text format: the engine metrics (vLLM's names), the checksum
+   * and connector scheduler metrics of its registry and, with worker processes, every worker's
+   * registry (connector worker halves), aggregated with prom-client's `AggregatorRegistry` (same
+   * name and labels: summed).
    */
   async metricsText(): Promise<string> {
-    const reg = this.observability?.registry;
-    if (!reg) return '';
+    const reg = this.metricsRegistry;
     const workers = this.executor.kind === 'processes' ? await this.executor.workerMetrics() : [];
     if (workers.length === 0) return reg.metrics();
     const own = await reg.getMetricsAsJSON();
@@ -357,6 +377,7 @@ export class Engine {
     if (this._failure) throw this._failure;
     const ids = typeof prompt === 'string' ? this.tokenizer.encode(prompt) : prompt;
     const id = requestId ?? `${this.engineId}-req-${this.nextId++}`;
+    this.engineMetrics.requestArrived(id, performance.now());
     this.scheduler.addRequest(new Request(id, ids, sampling, kvTransferParams ? { ...kvTransferParams } : undefined, this.steps));
     return id;
   }
@@ -380,6 +401,7 @@ export class Engine {
   }
 
   private settle(r: Request): void {
+    this.engineMetrics.requestFinished(r.requestId, performance.now(), r.finishReason ?? 'error', r.promptTokenIds.length, r.outputTokenIds.length);
     const p = this.pending.get(r.requestId);
     this.pending.delete(r.requestId);
     p?.resolve(this.resultOf(r));
@@ -445,6 +467,8 @@ export class Engine {
         if (logits) sampled.set(s.request.requestId, s.request.sample(logits));
       }
       const finished = sched.updateFromOutput(plan, sampled, out.outputs);
+      const now = performance.now();
+      for (const id of sampled.keys()) this.engineMetrics.firstToken(id, now);
       return { stepId: plan.stepId, numScheduledTokens: plan.numScheduledTokens, finished: finished.map((r) => this.resultOf(r)), preempted: plan.preempted };
     } finally {
       this.stepping = false;

@@ -25,7 +25,7 @@
  * @module
  */
 import { Socket } from 'node:net';
-import { defaultRegistry } from '@kvconnect/core';
+import { createLogger, defaultRegistry, type LevelWithSilent } from '@kvconnect/core';
 import type { BackendName } from '@kvconnect/checksum';
 import { Registry } from 'prom-client';
 import type { SchedulerOutput } from './contracts.js';
@@ -61,7 +61,13 @@ function main(): void {
       opts = m.worker;
       process.title = `kvconnect-worker pp${opts.ppRank}/tp${opts.tpRank}`;
       for (const mod of m.imports) await defaultRegistry.loadModule(mod);
-      rt = new WorkerRuntime(new Worker(opts), buildWeights(opts.model), { registry: defaultRegistry, metricsRegistry: registry, checksumBackend: m.checksumBackend });
+      // logs on stderr (the engine process's, inherited), at the engine's level (KVCONNECT_LOG_LEVEL, set by kvconnect-engine)
+      const logger = createLogger({
+        level: (process.env.KVCONNECT_LOG_LEVEL as LevelWithSilent | undefined) ?? 'warn',
+        destination: { write: (line: string) => process.stderr.write(line) },
+        bindings: { engine: m.setup.engineId, role: m.setup.transferConfig?.kv_role ?? 'none' },
+      });
+      rt = new WorkerRuntime(new Worker(opts), buildWeights(opts.model), { registry: defaultRegistry, metricsRegistry: registry, checksumBackend: m.checksumBackend, logger });
       return rt.setup(m.setup);
     }
     if (m.t === 'metrics') return registry.getMetricsAsJSON();

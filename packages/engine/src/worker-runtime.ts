@@ -13,7 +13,7 @@
  *   (with `takeReport()` and the results' `workerMeta`).
  * @module
  */
-import { KVChecksumWorker, workerKey, type KVConnectorRegistry } from '@kvconnect/core';
+import { KVChecksumWorker, workerKey, type KVConnectorRegistry, type Logger } from '@kvconnect/core';
 import { checksumWorkerSetup, type EngineChecksumBackend } from './checksum-device.js';
 import type { Registry } from 'prom-client';
 import type { KVConnectorOutput, SchedulerOutput } from './contracts.js';
@@ -29,6 +29,8 @@ export interface WorkerEnv {
   metricsRegistry?: Registry;
   /** KV checksum backend (default `auto`; see checksum-device.ts for which KV memory it reads). */
   checksumBackend?: EngineChecksumBackend;
+  /** The engine's logger: the connector's worker half gets a child naming the PP stage and TP rank (`ctx.logger`). */
+  logger?: Logger;
 }
 
 /** One worker's connector and checksum hooks and mixer compute (see the module comment). */
@@ -54,7 +56,7 @@ export class WorkerRuntime {
     if (!cfg) return null;
     const w = this.worker;
     await this.env.registry.prepare(cfg);
-    const c = this.env.registry.createWorker(cfg, { engineId: s.engineId, tpRank: w.tpRank, tpSize: w.tpSize, ppRank: w.ppRank, ppSize: w.ppSize, metricsRegistry: this.env.metricsRegistry });
+    const c = this.env.registry.createWorker(cfg, { engineId: s.engineId, tpRank: w.tpRank, tpSize: w.tpSize, ppRank: w.ppRank, ppSize: w.ppSize, metricsRegistry: this.env.metricsRegistry, logger: this.env.logger?.child({ half: 'worker', pp: w.ppRank, tp: w.tpRank }) });
     w.connector = c;
     await c.registerKvCaches(w.kvCaches());
     if (s.checksum) {

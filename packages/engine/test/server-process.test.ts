@@ -159,8 +159,23 @@ describe('engine and proxy processes', () => {
     expect((bad as LaunchError).stderr).toMatch(/preset: expected one of/);
     const setup = await launchEngineProcess({ config: { ...BASE, kvTransferConfig: { kv_connector: 'NoSuchConnector', kv_role: 'kv_producer' } } }).catch((x: unknown) => x);
     expect(setup).toBeInstanceOf(LaunchError);
-    expect((setup as LaunchError).message).toMatch(/code 1/);
-    expect((setup as LaunchError).stderr).toMatch(/unknown KV connector "NoSuchConnector"/);
+    expect((setup as LaunchError).message).toMatch(/code 2/);
+    expect((setup as LaunchError).stderr).toMatch(/^error: engine options: unknown KV connector "NoSuchConnector"; registered: MultiConnector$/m);
+    expect((setup as LaunchError).stderr).not.toMatch(/^\s+at /m);
+    // a bad kv_connector_extra_config key: the same one clean error line as a bad kv_transfer_config key
+    for (const kvTransferConfig of [
+      { kv_connector: 'NixlConnector', kv_role: 'kv_producer', kv_bogus: 1 },
+      { kv_connector: 'NixlConnector', kv_role: 'kv_producer', kv_connector_extra_config: { lease_msec: 1 } },
+    ]) {
+      const e = await launchEngineProcess({ config: { ...BASE, imports: ['@kvconnect/nixl-pull'], kvTransferConfig } }).catch((x: unknown) => x);
+      expect(e).toBeInstanceOf(LaunchError);
+      expect((e as LaunchError).message).toMatch(/code 2/);
+      const key = kvTransferConfig.kv_connector_extra_config ? 'kv_connector_extra_config.lease_msec' : 'kv_bogus';
+      expect((e as LaunchError).stderr.trim()).toMatch(new RegExp(`^error: engine options: invalid kv_transfer_config: ${key}: unknown key \\(known: [^\\n]*\\)$`));
+    }
+    // a kvconnect connector whose package was not imported: the error says which one to import
+    const noImport = await launchEngineProcess({ config: { ...BASE, kvTransferConfig: { kv_connector: 'NixlConnector', kv_role: 'kv_producer' } } }).catch((x: unknown) => x);
+    expect((noImport as LaunchError).stderr).toMatch(/^error: engine options: unknown KV connector "NixlConnector"; .*it is in @kvconnect\/nixl-pull: import it first \(kvconnect-engine --import @kvconnect\/nixl-pull/m);
     const proxy = await launchProxyProcess({ config: { prefill: ['http://127.0.0.1:9'], decode: ['http://127.0.0.1:9'], connectTimeoutMs: 200 } }).catch((x: unknown) => x);
     expect(proxy).toBeInstanceOf(LaunchError);
     expect((proxy as LaunchError).stderr).toMatch(/not reachable/);

@@ -10,7 +10,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { Engine } from '../src/engine.js';
 import { EngineClient, EngineClientError } from '../src/server/engine-client.js';
 import { startEngineServer, type EngineServer } from '../src/server/engine-server.js';
-import { engineOptionsOf, parseEngineArgs, parseProxyArgs } from '../src/server/main.js';
+import { ENGINE_FLAGS, ENGINE_USAGE, engineOptionsOf, parseEngineArgs, parseProxyArgs } from '../src/server/main.js';
 import { findStop, parseCompletionRequest } from '../src/server/protocol.js';
 import { startProxyServer, type ProxyServer } from '../src/server/proxy-server.js';
 import { makePD, single, until } from './utils/pd.js';
@@ -173,10 +173,11 @@ describe('engine server', () => {
     expect(text).toContain('# TYPE kvconnect_kv_checksum_loads_total counter');
     expect(text).toContain('kvconnect_kv_checksum_loads_total{verdict="verified"} 1');
     expect(await new EngineClient(p.url).metrics()).toContain('kvconnect_kv_checksum_payloads_sent_total{carrier="kv_transfer_params"} 1');
-    // An engine without a transfer config has an empty registry.
-    const empty = await fetch(`${plain.url}/metrics`);
-    expect(empty.status).toBe(200);
-    expect(await empty.text()).toBe('');
+    // the engine metrics (vLLM's names with kvconnect_) are there too; an engine without a transfer config has only them
+    expect(text).toMatch(new RegExp(`^kvconnect_generation_tokens_total\\{model_name="${pd.consumer.model.name}",engine="${pd.consumer.engineId}"\\} 3$`, 'm'));
+    const plainText = await (await fetch(`${plain.url}/metrics`)).text();
+    expect(plainText).toContain('# TYPE kvconnect_num_requests_running gauge');
+    expect(plainText).not.toContain('kvconnect_kv_checksum');
   });
 
   it('timeouts answer 504 and abort; an in-use request_id answers 409; a disconnected client aborts', async () => {
@@ -380,6 +381,38 @@ describe('CLI parsing', () => {
     expect(() => parseEngineArgs(['--config-json', '{"preset":"mla","tpsize":2}'])).toThrow(/tpsize: unknown key/);
     expect(() => parseEngineArgs(['--config-json', '{nope'])).toThrow(/not valid JSON/);
     expect(() => parseEngineArgs(['--config', '/nonexistent/x.json'])).toThrow(/--config/);
+  });
+
+  it("engine: vLLM's flag names, one table behind the parser and the help; the older spellings still work", () => {
+    const cfg = (args: string[]) => {
+      const p = parseEngineArgs(['--preset', 'dense-gqa', ...args]);
+      if (p.help) throw new Error('help');
+      return p.config;
+    };
+    const kvt = { kv_connector: 'NixlConnector', kv_role: 'kv_consumer', engine_id: 'd0' };
+    expect(
+      cfg([
+        '--tensor-parallel-size', '2',
+        '--pipeline-parallel-size', '2',
+        '--block-size', '32',
+        '--max-num-batched-tokens', '64',
+        '--host', '0.0.0.0',
+        '--port', '8000',
+        '--served-model-name', 'a', 'b',
+        '--no-enable-prefix-caching',
+        '--kv-transfer-config', JSON.stringify(kvt),
+      ]),
+    ).toEqual({ preset: 'dense-gqa', tpSize: 2, ppSize: 2, blockSize: 32, maxNumBatchedTokens: 64, host: '0.0.0.0', port: 8000, servedModelName: ['a', 'b'], enablePrefixCaching: false, kvTransferConfig: kvt });
+    expect(cfg(['--tp-size', '2', '--pp-size', '3', '--num-gpu-blocks-override', '64', '--disable-prefix-caching'])).toEqual({ preset: 'dense-gqa', tpSize: 2, ppSize: 3, numBlocks: 64, enablePrefixCaching: false });
+    expect(cfg(['--enable-prefix-caching']).enablePrefixCaching).toBe(true);
+    expect(cfg([]).enablePrefixCaching).toBeUndefined();
+    expect(() => cfg(['--tensor-parallel-size', '0'])).toThrow(/tpSize: expected a positive integer, got 0/);
+    expect(() => cfg(['--pipeline-parallel-size', 'two'])).toThrow(/--pipeline-parallel-size <n>' argument 'two' is invalid/);
+    for (const f of ENGINE_FLAGS) expect(ENGINE_USAGE).toContain(f.flags);
+    expect(ENGINE_USAGE).toContain('Older spellings that still work: --tp-size = --tensor-parallel-size; --pp-size = --pipeline-parallel-size');
+    expect(ENGINE_USAGE).not.toMatch(/^\s+--tp-size/m);
+    expect(parseProxyArgs(['--prefill', 'http://x:1', '--decode', 'http://x:2', '--log-level', 'warn'])).toMatchObject({ config: { logLevel: 'warn' } });
+    expect(() => parseProxyArgs(['--prefill', 'http://x:1', '--decode', 'http://x:2', '--log-level', 'loud'])).toThrow(/logLevel: expected one of fatal, error/);
   });
 
   it('proxy: URLs are required and checked', () => {

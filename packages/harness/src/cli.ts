@@ -5,6 +5,7 @@
  */
 import { Command, InvalidArgumentError } from 'commander';
 import { DEMO_CONNECTOR_ALIASES, DEMO_CONNECTORS, readPrompts, runDemo, type DemoOptions } from './demo.js';
+import { MODEL_PRESET_NAMES } from './models.js';
 import { runFiles } from './run-files.js';
 
 function rate(v: string): number {
@@ -50,7 +51,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     )
     .option('--connector <name>', 'pull: NixlConnector, sequential proxy | push: NixlPushConnector, sequential proxy | mooncake: MooncakeConnector, concurrent proxy (each: proxy, producer, consumer as separate processes) | in-process: one process, the in-process connector (inprocess: deprecated spelling)', 'pull')
     .option('--out <dir>', 'report folder (default ./kvconnect-demo-report-<time>)')
-    .option('--model <preset>', 'model preset', 'dense-gqa')
+    .option('--model <preset>', `model preset: ${MODEL_PRESET_NAMES.join(' | ')}`, 'dense-gqa')
     .option('--max-tokens <n>', 'tokens to generate per prompt', posInt, 16)
     .option('--seed <n>', 'seed of the fault choice', posInt, 1)
     .option('--concurrency <n>', 'requests in flight at once (each fault is planned for a prompt by its index, carried with the request, so the same prompts get the same faults at any concurrency)', posInt, 4)

@@ -333,7 +333,6 @@ async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promi
   const scenario = demoScenario(c, connector, faults as FaultSpec[], hit.length);
   const setup = [
     `one process: model ${c.model}; producer TP2, block 16, NHD; consumer TP1, block 32, HND`,
-    weightsNote(c.model),
     `connector ${connector} (wrapped by FaultInjectingConnector, loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed})`,
     `faulted requests: ${faults.map((f) => `r${f.requests[0]} ${faultLabel(f)}`).join(', ') || 'none'}`,
@@ -434,7 +433,6 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
     `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
     `faulted requests: ${hit.map((n) => `r${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
-    weightsNote(c.model),
     `each process's stdout and stderr: proxy.log, producer.log, consumer.log in ${outDir}`,
   ];
   for (const l of setup) print(l);

@@ -329,11 +329,6 @@ function sum(samples: MetricSample[] | null, name: string, where: (l: Record<str
   return hits.length ? hits.reduce((a, s) => a + s.value, 0) : null;
 }
 
-function add(...xs: Array<number | null>): number | null {
-  const v = xs.filter((x): x is number => x !== null);
-  return v.length ? v.reduce((a, b) => a + b, 0) : null;
-}
-
 /** Reduces the producer's and consumer's metrics to the demo's numbers. */
 export function processMetrics(producer: MetricSample[] | null, consumer: MetricSample[] | null): ProcessMetrics {
   const all = [...(producer ?? []), ...(consumer ?? [])];
@@ -357,10 +352,10 @@ export function processMetrics(producer: MetricSample[] | null, consumer: Metric
     loads,
     recomputed: sum(consumer, 'kvconnect_kv_checksum_recomputed_total'),
     failed: sum(consumer, 'kvconnect_kv_checksum_failed_total'),
-    // Transfer wall time: NIXL's post-to-done histogram; Mooncake's transfer histograms when exposed.
-    transferSeconds: add(connSum(/^kvconnect_nixl_xfer_seconds_sum$/), connSum(/^kvconnect_mooncake_.*(transfer|xfer).*seconds_sum$/)),
-    transferBytes: connSum(/^kvconnect_(nixl|mooncake)_.*bytes.*_total$/),
-    transfers: add(connSum(/^kvconnect_nixl_transfers_total$/), connSum(/^kvconnect_mooncake_.*transfers_total$/)),
+    // Transfer wall time, bytes and count: the connectors' vLLM-named histograms (nixl-common/src/metrics.ts, mooncake/src/metrics.ts)
+    transferSeconds: connSum(/^kvconnect_(nixl|mooncake)_xfer_time_seconds_sum$/),
+    transferBytes: connSum(/^kvconnect_(nixl|mooncake)_bytes_transferred_sum$/),
+    transfers: connSum(/^kvconnect_(nixl|mooncake)_xfer_time_seconds_count$/),
     connectorMetrics: names,
     scraped: { producer: producer !== null, consumer: consumer !== null },
   };

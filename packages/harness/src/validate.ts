@@ -1,8 +1,10 @@
 /**
  * A small strict validator for the harness's JSON inputs (scenarios, fault specs): every problem
  * is collected with its JSON path (`faults[2].tokens[1]`) and a message, never only the first.
+ * The checks are zod schemas (the one schema library of kvconnect, `@kvconnect/core`'s schema.ts).
  * @module
  */
+import { z, zodProblems } from '@kvconnect/core';
 
 /** One problem of an input: where (a JSON path; `''` is the root) and what. */
 export interface Problem {
@@ -38,7 +40,24 @@ export function at(base: string, key: string | number): string {
   return base ? `${base}.${key}` : key;
 }
 
-/** Collects problems while reading a value. Readers return the value when valid, else undefined. */
+/** Number checks of {@link Checker.number} / {@link Checker.int}, as zod refinements. */
+function bounded(s: z.ZodType<number>, opts: { min?: number; max?: number }): z.ZodType<number> {
+  let out = s;
+  if (opts.min !== undefined) out = out.refine((v) => v >= opts.min!, { error: (iss) => `must be >= ${opts.min}, got ${String(iss.input)}`, abort: true });
+  if (opts.max !== undefined) out = out.refine((v) => v <= opts.max!, { error: (iss) => `must be <= ${opts.max}, got ${String(iss.input)}`, abort: true });
+  return out;
+}
+
+const NUMBER = z.number({ error: (iss) => `expected a number, got ${kindOf(iss.input)}` }).refine((v) => Number.isFinite(v), { error: 'expected a number, got number', abort: true });
+const INT = z.custom<number>((v) => typeof v === 'number' && Number.isSafeInteger(v), { error: (iss) => `expected an integer, got ${typeof iss.input === 'number' ? iss.input : kindOf(iss.input)}` });
+const STRING = z.string({ error: (iss) => `expected a string, got ${kindOf(iss.input)}` });
+const BOOLEAN = z.boolean({ error: (iss) => `expected a boolean, got ${kindOf(iss.input)}` });
+
+/**
+ * Collects problems while reading a value. Readers return the value when valid, else undefined.
+ * Each reader checks with a zod schema (`@kvconnect/core`'s `zodProblems` gives the paths and
+ * messages), so the harness validates with the same library as the configs and the engine API.
+ */
 export class Checker {
   readonly problems: Problem[] = [];
 
@@ -47,10 +66,19 @@ export class Checker {
     return undefined;
   }
 
+  /** `schema` on `v`: the parsed value, or undefined with its problems recorded at `path`. */
+  check<T>(schema: z.ZodType<T>, v: unknown, path: string): T | undefined {
+    const r = schema.safeParse(v);
+    if (r.success) return r.data;
+    this.problems.push(...zodProblems(r.error, path));
+    return undefined;
+  }
+
   /** An object with only `known` keys (unknown keys are problems). */
   object(v: unknown, path: string, known: readonly string[]): Record<string, unknown> | undefined {
     if (!isObject(v)) return this.fail(path, `expected an object, got ${kindOf(v)}`);
-    for (const k of Object.keys(v)) if (!known.includes(k)) this.fail(at(path, k), `unknown field (known: ${known.join(', ')})`);
+    const shape = Object.fromEntries(known.map((k) => [k, z.unknown().optional()]));
+    this.check(z.strictObject(shape, { error: `unknown field (known: ${known.join(', ')})` }), v, path);
     return v;
   }
 
@@ -64,31 +92,24 @@ export class Checker {
   }
 
   string(v: unknown, path: string, opts: { nonEmpty?: boolean } = {}): string | undefined {
-    if (typeof v !== 'string') return this.fail(path, `expected a string, got ${kindOf(v)}`);
-    if (opts.nonEmpty && v.length === 0) return this.fail(path, 'must not be empty');
-    return v;
+    return this.check(opts.nonEmpty ? STRING.min(1, { error: 'must not be empty' }) : STRING, v, path);
   }
 
   boolean(v: unknown, path: string): boolean | undefined {
-    if (typeof v !== 'boolean') return this.fail(path, `expected a boolean, got ${kindOf(v)}`);
-    return v;
+    return this.check(BOOLEAN, v, path);
   }
 
   number(v: unknown, path: string, opts: { min?: number; max?: number } = {}): number | undefined {
-    if (typeof v !== 'number' || !Number.isFinite(v)) return this.fail(path, `expected a number, got ${kindOf(v)}`);
-    if (opts.min !== undefined && v < opts.min) return this.fail(path, `must be >= ${opts.min}, got ${v}`);
-    if (opts.max !== undefined && v > opts.max) return this.fail(path, `must be <= ${opts.max}, got ${v}`);
-    return v;
+    return this.check(bounded(NUMBER, opts), v, path);
   }
 
   int(v: unknown, path: string, opts: { min?: number; max?: number } = {}): number | undefined {
-    if (typeof v !== 'number' || !Number.isSafeInteger(v)) return this.fail(path, `expected an integer, got ${typeof v === 'number' ? v : kindOf(v)}`);
-    return this.number(v, path, opts);
+    return this.check(bounded(INT, opts), v, path);
   }
 
   oneOf<T extends string>(v: unknown, path: string, values: readonly T[]): T | undefined {
-    if (typeof v !== 'string' || !(values as readonly string[]).includes(v)) return this.fail(path, `expected one of ${values.map((x) => JSON.stringify(x)).join(', ')}, got ${JSON.stringify(v)}`);
-    return v as T;
+    const msg = `expected one of ${values.map((x) => JSON.stringify(x)).join(', ')}, got ${JSON.stringify(v)}`;
+    return this.check(z.custom<T>((x) => typeof x === 'string' && (values as readonly string[]).includes(x), { error: msg }), v, path);
   }
 
   /** An inclusive integer range `[a, b]` with `a <= b`. */
@@ -104,22 +125,11 @@ export class Checker {
   intArray(v: unknown, path: string, opts: { min?: number; nonEmpty?: boolean } = {}): number[] | undefined {
     if (!Array.isArray(v)) return this.fail(path, `expected an array of integers, got ${kindOf(v)}`);
     if (opts.nonEmpty && v.length === 0) return this.fail(path, 'must not be empty');
-    const out: number[] = [];
-    let ok = true;
-    v.forEach((x, i) => {
-      const n = this.int(x, at(path, i), { min: opts.min });
-      if (n === undefined) ok = false;
-      else out.push(n);
-    });
-    return ok ? out : undefined;
+    return this.check(z.array(bounded(INT, { min: opts.min })), v, path);
   }
 
   stringArray(v: unknown, path: string): string[] | undefined {
     if (!Array.isArray(v)) return this.fail(path, `expected an array of strings, got ${kindOf(v)}`);
-    let ok = true;
-    v.forEach((x, i) => {
-      if (this.string(x, at(path, i)) === undefined) ok = false;
-    });
-    return ok ? (v as string[]) : undefined;
+    return this.check(z.array(STRING), v, path);
   }
 }

@@ -76,3 +76,14 @@ describe('kvconnect CLI', () => {
     expect(r.stderr).toMatch(/share of loads/);
   });
 });
+
+describe('kvconnect demo --help', () => {
+  it('lists the model presets', async () => {
+    const { buildProgram } = await import('../src/cli.js');
+    const { MODEL_PRESET_NAMES } = await import('../src/models.js');
+    const help = buildProgram(() => {}).commands.find((c) => c.name() === 'demo')!.helpInformation();
+    expect(MODEL_PRESET_NAMES.length).toBeGreaterThan(3);
+    for (const name of ['dense-gqa', 'mla', 'hybrid-mamba2', 'GQA-S']) expect(help).toContain(name);
+    expect(help.replace(/\s+/g, ' ')).toContain(`model preset: ${MODEL_PRESET_NAMES.join(' | ')}`);
+  });
+});

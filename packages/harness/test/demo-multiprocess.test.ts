@@ -187,7 +187,10 @@ describe('kvconnect demo, multi-process topology', () => {
         '# HELP kvconnect_kv_checksum_seconds x',
         'kvconnect_kv_checksum_seconds_sum{side="send"} 0.25',
         'kvconnect_kv_checksum_bytes_summed_total{side="send"} 4096',
-        'kvconnect_nixl_bytes_transferred_total{mode="push",op="WRITE"} 8192',
+        'kvconnect_nixl_bytes_transferred_sum{mode="push",op="WRITE"} 8192',
+        'kvconnect_nixl_bytes_transferred_count{mode="push",op="WRITE"} 2',
+        'kvconnect_mooncake_xfer_time_seconds_sum{op="READ"} 0.5',
+        'kvconnect_mooncake_xfer_time_seconds_count{op="READ"} 1',
       ].join('\n'),
     );
     const consumer = parsePrometheus(
@@ -196,7 +199,8 @@ describe('kvconnect demo, multi-process topology', () => {
         'kvconnect_kv_checksum_loads_total{verdict="verified"} 3',
         'kvconnect_kv_checksum_loads_total{verdict="mismatch"} 1',
         'kvconnect_kv_checksum_recomputed_total{reason="mismatch"} 1',
-        'kvconnect_nixl_xfer_seconds_sum{mode="pull",op="READ"} 0.125',
+        'kvconnect_nixl_xfer_time_seconds_sum{mode="pull",op="READ"} 0.125',
+        'kvconnect_nixl_xfer_time_seconds_count{mode="pull",op="READ"} 2',
       ].join('\n'),
     );
     const m = processMetrics(producer, consumer);
@@ -205,9 +209,10 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(m.loads).toEqual({ verified: 3, mismatch: 1 });
     expect(m.recomputed).toBe(1);
     expect(m.failed).toBeNull();
-    expect(m.transferSeconds).toBe(0.125);
+    expect(m.transferSeconds).toBe(0.625);
     expect(m.transferBytes).toBe(8192);
-    expect(m.connectorMetrics).toEqual(['kvconnect_nixl_bytes_transferred_total', 'kvconnect_nixl_xfer_seconds']);
+    expect(m.transfers).toBe(3);
+    expect(m.connectorMetrics).toEqual(['kvconnect_mooncake_xfer_time_seconds', 'kvconnect_nixl_bytes_transferred', 'kvconnect_nixl_xfer_time_seconds']);
     expect(processMetrics(null, null)).toMatchObject({ transferSeconds: null, loads: null, scraped: { producer: false, consumer: false } });
   });
 });

@@ -15,6 +15,7 @@ import { registerMooncakeConnector } from './connector.js';
 export { MOONCAKE_CONNECTOR, createMooncakeConnectorFactory, mooncakeConnectorFactory, registerMooncakeConnector } from './connector.js';
 export { MooncakeScheduler, type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
 export { MooncakeWorker, type MooncakeConnectorHooks, type MooncakeWorkerStats } from './worker.js';
+export { MOONCAKE_METRIC_NAMES, mooncakeMetrics, type MooncakeMetrics } from './metrics.js';
 export { parseMooncakeOptions, type MooncakeBackend, type MooncakeOptions } from './config.js';
 export { MooncakeUnavailableError, createAgent, mooncakeUnavailableReason } from './agent.js';
 export * from './protocol.js';

@@ -35,8 +35,7 @@
  * @module
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { debuglog } from 'node:util';
-import { loadBlockIds } from '@kvconnect/core';
+import { loadBlockIds, silentLogger, type Logger } from '@kvconnect/core';
 import type { KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import { checkBindHost, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
@@ -62,8 +61,10 @@ import {
   type WireMemory,
 } from './protocol.js';
 import { type MooncakeConnectorMetadata, type MooncakeLoadSpec, type MooncakeSendSpec } from './scheduler.js';
+import { mooncakeMetrics, type MooncakeMetrics } from './metrics.js';
 
-const log = debuglog('kvconnect:mooncake');
+const errText = (e: unknown): string => (e instanceof Error ? e.message : String(e));
+
 
 /** Test and embedding hooks of the connector (fault injection). */
 export interface MooncakeConnectorHooks {
@@ -211,7 +212,14 @@ export class MooncakeWorker implements KVConnectorWorker {
     private readonly ctx: WorkerContext,
     private readonly opts: MooncakeOptions,
     private readonly hooks: MooncakeConnectorHooks = {},
-  ) {}
+  ) {
+    this.metrics = mooncakeMetrics(ctx.metricsRegistry);
+    this.log = ctx.logger?.child({ connector: 'MooncakeConnector' }) ?? silentLogger();
+  }
+
+  private readonly metrics: MooncakeMetrics;
+  /** The engine's logger (`ctx.logger`: engine, role, PP stage, TP rank), or a silent one. */
+  private readonly log: Logger;
 
   private get key(): string {
     return `${this.ctx.ppRank}:${this.ctx.tpRank}`;
@@ -399,16 +407,16 @@ export class MooncakeWorker implements KVConnectorWorker {
           this.stats.metadataRejected++;
           continue;
         }
-        void this.onRouterMessage(identity, msg).catch((e) => log('metadata handler failed: %s', e));
+        void this.onRouterMessage(identity, msg).catch((e) => this.log.warn({ err: errText(e) }, 'metadata handler failed'));
       }
     } catch (e) {
-      if (!this.closed) log('router loop ended: %s', e);
+      if (!this.closed) this.log.warn({ err: errText(e) }, 'router loop ended');
     }
   }
 
   private sendEnvelope(identity: Buffer, e: SideEnvelope): void {
     if (!this.routerSender || this.closed) return;
-    this.routerSender.send([identity, encodeEnvelope(e)]).catch((err) => log('reply failed: %s', err));
+    this.routerSender.send([identity, encodeEnvelope(e)]).catch((err) => this.log.debug({ err: errText(err) }, 'reply failed'));
   }
 
   /** Answers in the session the message came in (even when that session was dropped since). */
@@ -551,8 +559,10 @@ export class MooncakeWorker implements KVConnectorWorker {
         try {
           const req = await agent.makeTransfer({ op: 'WRITE', local, remote });
           try {
+            const t0 = performance.now();
             let status = await agent.post(req);
             if (status === 'in-progress') status = await agent.wait(req);
+            if (status === 'done') this.metrics.xferSeconds.observe({ op: 'WRITE' }, (performance.now() - t0) / 1000);
             if (status !== 'done') throw new Error(`WRITE to ${agentName} failed: ${status}${req.error ? `: ${req.error.message}` : ''}`);
           } finally {
             await agent.release(req).catch(() => {});
@@ -564,9 +574,12 @@ export class MooncakeWorker implements KVConnectorWorker {
         this.stats.writes++;
         this.stats.bytesWritten += plan.bytes;
         this.stats.descriptors += plan.local.length;
+        this.metrics.bytes.observe({ op: 'WRITE' }, plan.bytes);
+        this.metrics.descriptors.observe({ op: 'WRITE' }, plan.local.length);
       }
       return { ok: true, payload: st.spec.kvChecksums };
     } catch (e) {
+      this.metrics.failedTransfers.inc({ op: 'WRITE' });
       const error = e instanceof Error ? e.message : String(e);
       this.lastError = error;
       return { ok: false, error };
@@ -663,7 +676,7 @@ export class MooncakeWorker implements KVConnectorWorker {
         }
       }
     } catch (e) {
-      if (!this.closed) log('dealer loop for %s ended: %s', addr, e);
+      if (!this.closed) this.log.warn({ addr, err: errText(e) }, 'dealer loop ended');
     }
   }
 
@@ -767,7 +780,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     clearTimeout(st.timer);
     if (st.failed !== null) {
       this.stats.loadsFailed++;
-      log('load %s failed: %s', id, st.failed);
+      this.log.debug({ requestId: id, err: st.failed }, 'load failed');
       this.loadErrors.set(id, { reason: st.failReason ?? 'producer-error', message: st.failed });
       for (const b of loadBlockIds(this.caches?.groupConfigs ?? [], st.spec.blocks, st.spec.firstToken, st.spec.numTokens)) this.invalid.add(b);
     } else {

@@ -16,12 +16,12 @@ export class AgentUnavailableError extends Error {
 /**
  * Creates the agent of `backend` named `name`: the embedded agent listens on `host` (any free
  * port; a non-loopback host needs `clusterSecret`, which its connections then prove); the NIXL agent loads `nixlLibrary` (default: the transfer package's search, e.g.
- * `NIXL_LIBRARY` / `NIXL_PREFIX`) with the UCX backend and `nixlBackendParams`.
+ * `NIXL_LIBRARY` / `NIXL_PREFIX`) with the backend plugin `nixlBackend` (default UCX) and `nixlBackendParams`.
  * @throws AgentUnavailableError for an unknown backend; the agent's error when it cannot start
  *   (e.g. `NIXL not available: ...`).
  */
-export const createAgent: AgentFactory = async ({ backend, name, host, nixlLibrary, nixlBackendParams, clusterSecret }) => {
+export const createAgent: AgentFactory = async ({ backend, name, host, nixlLibrary, nixlBackendParams, nixlBackend, clusterSecret }) => {
   if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host, clusterSecret: clusterSecret ?? null });
-  if (backend === 'nixl') return transfer.NixlAgent.create({ name, library: nixlLibrary, backendParams: nixlBackendParams }) as Promise<TransferAgent>;
+  if (backend === 'nixl') return transfer.NixlAgent.create({ name, library: nixlLibrary, backend: nixlBackend, backendParams: nixlBackendParams }) as Promise<TransferAgent>;
   throw new AgentUnavailableError(`unknown transfer backend ${JSON.stringify(backend)}`);
 };

@@ -2,13 +2,13 @@
  * `kv_connector_extra_config` of the NIXL connectors, validated with defaults.
  * @module
  */
-import { KVTransferConfigError, type ConfigProblem, type KVTransferConfig } from '@kvconnect/core';
+import { KVTransferConfigError, int, strictObject, z, zodProblems, type ConfigProblem, type KVTransferConfig } from '@kvconnect/core';
 import { resolveClusterSecret, type TransferAgent } from '@kvconnect/transfer';
 import type { Registry } from 'prom-client';
 import { isRegistry } from './metrics.js';
 
 /** Creates a worker's transfer agent (test hook and custom backends). */
-export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string>; clusterSecret?: Uint8Array | null }) => Promise<TransferAgent>;
+export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string>; nixlBackend?: string; clusterSecret?: Uint8Array | null }) => Promise<TransferAgent>;
 
 /** The validated options. */
 export interface NixlConfig {
@@ -28,7 +28,7 @@ export interface NixlConfig {
    * knowledge of it (`docs/security.md`).
    */
   clusterSecret: Buffer | null;
-  /** Producer lease, ms (default 30 000). */
+  /** Producer lease, ms: `lease_ms`, or vLLM's `kv_lease_duration` in seconds (default 30 000). */
   leaseMs: number;
   /** Consumer heartbeat period, ms (default 5 000; 0 = none). */
   heartbeatMs: number;
@@ -51,102 +51,91 @@ export interface NixlConfig {
   nixlLibrary?: string;
   /** `nixl` backend: backend plugin parameters (e.g. `{ ucx_error_handling_mode: 'none' }`). */
   nixlBackendParams?: Record<string, string>;
+  /** `nixl` backend: the NIXL backend plugin (vLLM's `backends: ["UCX"]`; default UCX). */
+  nixlBackend?: string;
   /** Added to the compatibility hash (operators can keep deployments apart). */
   compatSalt: string;
   agentFactory: AgentFactory | null;
   metricsRegistry: Registry | null;
 }
 
-const KEYS = [
-  'backend',
-  'side_channel_host',
-  'side_channel_port',
-  'agent_host',
-  'cluster_secret',
-  'lease_ms',
-  'heartbeat_ms',
-  'localize_hold_ms',
-  'transfer_timeout_ms',
-  'push_timeout_ms',
-  'handshake_timeout_ms',
-  'lease_check',
-  'compat_salt',
-  'nixl_library',
-  'nixl_backend_params',
-  'agent_factory',
-  'metrics_registry',
-];
+const text = () => z.string({ error: 'expected a non-empty string' }).min(1, { error: 'expected a non-empty string' });
 
 /**
- * Validates `config.kv_connector_extra_config`. Unknown keys are rejected (typos would silently
- * fall back to defaults otherwise).
- * @throws KVTransferConfigError listing every problem.
+ * The zod schema of the NIXL connectors' `kv_connector_extra_config`. kvconnect's keys plus
+ * vLLM's NixlConnector keys (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py):
+ * `backends` (NIXL backend plugins, e.g. `["UCX"]`; one is supported) and `kv_lease_duration`
+ * (seconds; the same lease as `lease_ms`, which it may not be given with).
+ */
+export const nixlExtraConfigSchema = strictObject({
+  backend: z.enum(['embedded', 'nixl'], { error: (iss) => `expected 'embedded' or 'nixl', got ${JSON.stringify(iss.input)}` }).optional(),
+  side_channel_host: text().optional(),
+  side_channel_port: int(0, 65535).optional(),
+  agent_host: text().optional(),
+  cluster_secret: z.unknown().optional(),
+  lease_ms: int(1, 24 * 3600 * 1000).optional(),
+  kv_lease_duration: z
+    .number({ error: 'expected a number of seconds in (0, 86400]' })
+    .refine((v) => v > 0 && v <= 86_400, { error: 'expected a number of seconds in (0, 86400]' })
+    .optional(),
+  heartbeat_ms: int(0, 3600 * 1000).optional(),
+  localize_hold_ms: int(0, 3600 * 1000).optional(),
+  transfer_timeout_ms: int(1, 3600 * 1000).optional(),
+  push_timeout_ms: int(1, 24 * 3600 * 1000).optional(),
+  handshake_timeout_ms: int(1, 600 * 1000).optional(),
+  lease_check: z.boolean({ error: 'expected a boolean' }).optional(),
+  compat_salt: z.string({ error: 'expected a string' }).optional(),
+  nixl_library: text().optional(),
+  nixl_backend_params: z.record(z.string(), z.string(), { error: 'expected an object of strings' }).optional(),
+  backends: z
+    .array(text(), { error: 'expected an array of NIXL backend names, e.g. ["UCX"]' })
+    .length(1, { error: 'expected one NIXL backend (kvconnect drives one backend plugin per agent), e.g. ["UCX"]' })
+    .optional(),
+  agent_factory: z.custom<AgentFactory>((v) => typeof v === 'function', { error: 'expected a function' }).optional(),
+  metrics_registry: z.custom<Registry>((v) => isRegistry(v), { error: 'expected a prom-client Registry' }).optional(),
+});
+
+/**
+ * Validates `config.kv_connector_extra_config` ({@link nixlExtraConfigSchema}). Unknown keys are
+ * rejected (typos would silently fall back to defaults otherwise).
+ * @throws KVTransferConfigError listing every problem, at `kv_connector_extra_config.<key>`.
  */
 export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
-  const x = config.kv_connector_extra_config ?? {};
-  const problems: ConfigProblem[] = [];
+  const raw = config.kv_connector_extra_config ?? {};
   const p = (k: string) => `kv_connector_extra_config.${k}`;
-  for (const k of Object.keys(x)) if (!KEYS.includes(k)) problems.push({ path: p(k), message: `unknown key (known: ${KEYS.join(', ')})` });
-  const int = (k: string, def: number, min: number, max: number): number => {
-    const v = x[k];
-    if (v === undefined) return def;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) {
-      problems.push({ path: p(k), message: `expected an integer in ${min}..${max}` });
-      return def;
-    }
-    return v;
-  };
-  const text = (k: string, def: string): string => {
-    const v = x[k];
-    if (v === undefined) return def;
-    if (typeof v !== 'string' || v.length === 0) {
-      problems.push({ path: p(k), message: 'expected a non-empty string' });
-      return def;
-    }
-    return v;
-  };
-  const backend = text('backend', 'embedded');
-  if (backend !== 'embedded' && backend !== 'nixl') problems.push({ path: p('backend'), message: `expected 'embedded' or 'nixl', got ${JSON.stringify(backend)}` });
-  const host = text('side_channel_host', '127.0.0.1');
-  const leaseCheck = x.lease_check === undefined ? true : x.lease_check;
-  if (typeof leaseCheck !== 'boolean') problems.push({ path: p('lease_check'), message: 'expected a boolean' });
-  const factory = x.agent_factory ?? null;
-  if (factory !== null && typeof factory !== 'function') problems.push({ path: p('agent_factory'), message: 'expected a function' });
+  const r = nixlExtraConfigSchema.safeParse(raw);
+  const problems: ConfigProblem[] = r.success ? [] : zodProblems(r.error, 'kv_connector_extra_config');
   let clusterSecret: Buffer | null = null;
   try {
-    clusterSecret = resolveClusterSecret(x.cluster_secret);
+    clusterSecret = resolveClusterSecret((raw as Record<string, unknown>).cluster_secret);
   } catch (e) {
     problems.push({ path: p('cluster_secret'), message: e instanceof Error ? e.message : String(e) });
   }
-  const registry = x.metrics_registry ?? null;
-  if (registry !== null && !isRegistry(registry)) problems.push({ path: p('metrics_registry'), message: 'expected a prom-client Registry' });
+  if (r.success && r.data.lease_ms !== undefined && r.data.kv_lease_duration !== undefined) {
+    problems.push({ path: p('kv_lease_duration'), message: 'give kv_lease_duration (seconds, vLLM) or lease_ms, not both' });
+  }
+  if (!r.success || problems.length > 0) throw new KVTransferConfigError(problems);
+  const x = r.data;
+  const host = x.side_channel_host ?? '127.0.0.1';
   const out: NixlConfig = {
-    backend: backend as NixlConfig['backend'],
+    backend: x.backend ?? 'embedded',
     sideChannelHost: host,
-    sideChannelPort: int('side_channel_port', 0, 0, 65535),
-    agentHost: text('agent_host', host),
+    sideChannelPort: x.side_channel_port ?? 0,
+    agentHost: x.agent_host ?? host,
     clusterSecret,
-    leaseMs: int('lease_ms', 30_000, 1, 24 * 3600 * 1000),
-    heartbeatMs: int('heartbeat_ms', 5_000, 0, 3600 * 1000),
-    localizeHoldMs: int('localize_hold_ms', 0, 0, 3600 * 1000),
-    transferTimeoutMs: int('transfer_timeout_ms', 30_000, 1, 3600 * 1000),
-    pushTimeoutMs: int('push_timeout_ms', 60_000, 1, 24 * 3600 * 1000),
-    handshakeTimeoutMs: int('handshake_timeout_ms', 5_000, 1, 600 * 1000),
-    leaseCheck: leaseCheck === true,
-    compatSalt: typeof x.compat_salt === 'string' ? x.compat_salt : '',
-    agentFactory: typeof factory === 'function' ? (factory as AgentFactory) : null,
-    metricsRegistry: isRegistry(registry) ? registry : null,
+    leaseMs: x.lease_ms ?? (x.kv_lease_duration !== undefined ? Math.round(x.kv_lease_duration * 1000) : 30_000),
+    heartbeatMs: x.heartbeat_ms ?? 5_000,
+    localizeHoldMs: x.localize_hold_ms ?? 0,
+    transferTimeoutMs: x.transfer_timeout_ms ?? 30_000,
+    pushTimeoutMs: x.push_timeout_ms ?? 60_000,
+    handshakeTimeoutMs: x.handshake_timeout_ms ?? 5_000,
+    leaseCheck: x.lease_check ?? true,
+    compatSalt: x.compat_salt ?? '',
+    agentFactory: x.agent_factory ?? null,
+    metricsRegistry: x.metrics_registry ?? null,
   };
-  if (x.nixl_library !== undefined) {
-    if (typeof x.nixl_library === 'string' && x.nixl_library.length > 0) out.nixlLibrary = x.nixl_library;
-    else problems.push({ path: p('nixl_library'), message: 'expected a non-empty string' });
-  }
-  const bp = x.nixl_backend_params;
-  if (bp !== undefined) {
-    if (typeof bp === 'object' && bp !== null && !Array.isArray(bp) && Object.values(bp).every((v) => typeof v === 'string')) out.nixlBackendParams = { ...(bp as Record<string, string>) };
-    else problems.push({ path: p('nixl_backend_params'), message: 'expected an object of strings' });
-  }
-  if (x.compat_salt !== undefined && typeof x.compat_salt !== 'string') problems.push({ path: p('compat_salt'), message: 'expected a string' });
-  if (problems.length > 0) throw new KVTransferConfigError(problems);
+  if (x.nixl_library !== undefined) out.nixlLibrary = x.nixl_library;
+  if (x.nixl_backend_params !== undefined) out.nixlBackendParams = { ...x.nixl_backend_params };
+  if (x.backends !== undefined) out.nixlBackend = x.backends[0];
   return out;
 }

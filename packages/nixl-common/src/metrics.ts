@@ -1,6 +1,7 @@
 /**
- * Prometheus metrics of the NIXL connectors (prom-client), after vLLM's `NixlKVConnectorStats`:
- * transfer time, post time, bytes, descriptors, failed transfers, failed notifs, expired leases.
+ * Prometheus metrics of the NIXL connectors (prom-client), as vLLM's NixlConnector exports them
+ * (`NixlKVConnectorStats` / `NixlPromMetrics`): transfer time, post time, bytes and descriptors per
+ * transfer (histograms), failed transfers, failed notifs, expired leases.
  * Registered on the engine's registry when the connector is given one (the worker/scheduler
  * context's `metricsRegistry`, or `kv_connector_extra_config.metrics_registry`), else on a
  * registry of their own (never prom-client's global one). Metrics already on the registry (a
@@ -9,39 +10,50 @@
  */
 import { Counter, Histogram, Registry, type Metric } from 'prom-client';
 
-/** Metric names. */
+/**
+ * Metric names: vLLM's NixlConnector metrics (`NixlPromMetrics` in
+ * vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py) with `kvconnect_` for `vllm:`
+ * (`vllm:nixl_xfer_time_seconds` is `kvconnect_nixl_xfer_time_seconds`; promtool refuses `:`),
+ * same types and buckets; the handshakes counter is kvconnect's own. A transfer count is the
+ * `_count` of the transfer-time histogram.
+ */
 export const NIXL_METRIC_NAMES = Object.freeze({
-  xferSeconds: 'kvconnect_nixl_xfer_seconds',
-  postSeconds: 'kvconnect_nixl_post_seconds',
-  bytes: 'kvconnect_nixl_bytes_transferred_total',
-  descriptors: 'kvconnect_nixl_descriptors_total',
-  transfers: 'kvconnect_nixl_transfers_total',
-  failedTransfers: 'kvconnect_nixl_failed_transfers_total',
-  failedNotifs: 'kvconnect_nixl_failed_notifications_total',
-  expiredLeases: 'kvconnect_nixl_expired_leases_total',
+  xferSeconds: 'kvconnect_nixl_xfer_time_seconds',
+  postSeconds: 'kvconnect_nixl_post_time_seconds',
+  bytes: 'kvconnect_nixl_bytes_transferred',
+  descriptors: 'kvconnect_nixl_num_descriptors',
+  failedTransfers: 'kvconnect_nixl_num_failed_transfers_total',
+  failedNotifs: 'kvconnect_nixl_num_failed_notifications_total',
+  expiredLeases: 'kvconnect_nixl_num_kv_expired_reqs_total',
   handshakes: 'kvconnect_nixl_handshakes_total',
 });
 
 /** The metrics of one engine's NIXL connector. Labels: `mode` (pull/push), `op` (READ/WRITE), `reason`. */
 export interface NixlMetrics {
   readonly registry: Registry;
-  /** Wall time of a transfer from post to done, seconds. */
+  /** Wall time of a transfer from post to done, seconds (vLLM's `nixl_xfer_time_seconds`). */
   readonly xferSeconds: Histogram<'mode' | 'op'>;
-  /** Time to post a transfer (build + post), seconds. */
+  /** Time to post a transfer (build + post), seconds (vLLM's `nixl_post_time_seconds`). */
   readonly postSeconds: Histogram<'mode' | 'op'>;
-  readonly bytes: Counter<'mode' | 'op'>;
-  readonly descriptors: Counter<'mode' | 'op'>;
-  /** Transfers that completed. */
-  readonly transfers: Counter<'mode' | 'op'>;
-  /** Loads (consumer) or writes (producer) that failed, by reason. */
+  /** Bytes per completed transfer (vLLM's `nixl_bytes_transferred`; `_sum` is the total). */
+  readonly bytes: Histogram<'mode' | 'op'>;
+  /** Descriptors (coalesced) per completed transfer (vLLM's `nixl_num_descriptors`). */
+  readonly descriptors: Histogram<'mode' | 'op'>;
+  /** Loads (consumer) or writes (producer) that failed, by reason (vLLM's `nixl_num_failed_transfers`). */
   readonly failedTransfers: Counter<'mode' | 'reason'>;
-  /** Notifs that did not decode or did not match a load. */
+  /** Notifs that did not decode or did not match a load (vLLM's `nixl_num_failed_notifications`). */
   readonly failedNotifs: Counter<'mode'>;
-  /** Producer leases that expired before the consumer was done. */
+  /** Producer leases that expired before the consumer was done (vLLM's `nixl_num_kv_expired_reqs`). */
   readonly expiredLeases: Counter<'mode'>;
   /** Handshakes by result (`ok`, or the refusal / failure code). */
   readonly handshakes: Counter<'mode' | 'result'>;
 }
+
+/** vLLM's buckets (nixl_connector.py): post time; transfer time drops the first. */
+const TIME_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0];
+/** vLLM's bytes buckets: 2 KiB to 8 GiB, every factor of 4. */
+const BYTES_BUCKETS = Array.from({ length: 12 }, (_, i) => 2 ** (11 + 2 * i));
+const DESCRIPTOR_BUCKETS = [10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000];
 
 function getOr<T extends Metric>(registry: Registry, name: string, make: () => T): T {
   return (registry.getSingleMetric(name) as T | undefined) ?? make();
@@ -55,18 +67,17 @@ export function isRegistry(x: unknown): x is Registry {
 /** The metrics on `registry` (created, or reused when already there). */
 export function nixlMetrics(registry: Registry = new Registry()): NixlMetrics {
   const registers = [registry];
-  const buckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
   const N = NIXL_METRIC_NAMES;
+  const labelNames = ['mode', 'op'] as const;
   return {
     registry,
-    xferSeconds: getOr(registry, N.xferSeconds, () => new Histogram({ name: N.xferSeconds, help: 'NIXL connector transfer time (post to done), seconds', labelNames: ['mode', 'op'], buckets, registers })),
-    postSeconds: getOr(registry, N.postSeconds, () => new Histogram({ name: N.postSeconds, help: 'NIXL connector time to build and post a transfer, seconds', labelNames: ['mode', 'op'], buckets, registers })),
-    bytes: getOr(registry, N.bytes, () => new Counter({ name: N.bytes, help: 'KV bytes moved by the NIXL connector', labelNames: ['mode', 'op'], registers })),
-    descriptors: getOr(registry, N.descriptors, () => new Counter({ name: N.descriptors, help: 'Descriptors (coalesced) in NIXL connector transfers', labelNames: ['mode', 'op'], registers })),
-    transfers: getOr(registry, N.transfers, () => new Counter({ name: N.transfers, help: 'NIXL connector transfers that completed', labelNames: ['mode', 'op'], registers })),
-    failedTransfers: getOr(registry, N.failedTransfers, () => new Counter({ name: N.failedTransfers, help: 'NIXL connector loads or writes that failed, by reason', labelNames: ['mode', 'reason'], registers })),
-    failedNotifs: getOr(registry, N.failedNotifs, () => new Counter({ name: N.failedNotifs, help: 'NIXL notifs that failed to decode or matched no transfer', labelNames: ['mode'], registers })),
-    expiredLeases: getOr(registry, N.expiredLeases, () => new Counter({ name: N.expiredLeases, help: 'Producer KV leases that expired before the consumer was done', labelNames: ['mode'], registers })),
+    xferSeconds: getOr(registry, N.xferSeconds, () => new Histogram({ name: N.xferSeconds, help: 'Histogram of transfer duration for NIXL KV Cache transfers (post to done), seconds.', labelNames, buckets: TIME_BUCKETS.slice(1), registers })),
+    postSeconds: getOr(registry, N.postSeconds, () => new Histogram({ name: N.postSeconds, help: 'Histogram of transfer post time for NIXL KV Cache transfers (build and post), seconds.', labelNames, buckets: TIME_BUCKETS, registers })),
+    bytes: getOr(registry, N.bytes, () => new Histogram({ name: N.bytes, help: 'Histogram of bytes transferred per NIXL KV Cache transfers.', labelNames, buckets: BYTES_BUCKETS, registers })),
+    descriptors: getOr(registry, N.descriptors, () => new Histogram({ name: N.descriptors, help: 'Histogram of number of descriptors per NIXL KV Cache transfers.', labelNames, buckets: DESCRIPTOR_BUCKETS, registers })),
+    failedTransfers: getOr(registry, N.failedTransfers, () => new Counter({ name: N.failedTransfers, help: 'Number of failed NIXL KV Cache transfers (loads or writes), by reason.', labelNames: ['mode', 'reason'], registers })),
+    failedNotifs: getOr(registry, N.failedNotifs, () => new Counter({ name: N.failedNotifs, help: 'Number of failed NIXL KV Cache notifications (undecodable, or matching no transfer).', labelNames: ['mode'], registers })),
+    expiredLeases: getOr(registry, N.expiredLeases, () => new Counter({ name: N.expiredLeases, help: 'Number of requests that had their KV expire (producer lease ended before the consumer was done).', labelNames: ['mode'], registers })),
     handshakes: getOr(registry, N.handshakes, () => new Counter({ name: N.handshakes, help: 'NIXL side-channel handshakes by result', labelNames: ['mode', 'result'], registers })),
   };
 }

@@ -13,7 +13,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { KVConnectorWorker, KVTransferConfig, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
-import { loadBlockIds } from '@kvconnect/core';
+import { loadBlockIds, silentLogger, type Logger } from '@kvconnect/core';
 import { toMemoryRegion, type TransferAgent, type XferOp } from '@kvconnect/transfer';
 import { createAgent } from './agent.js';
 import { parseNixlConfig, type NixlConfig } from './config.js';
@@ -39,11 +39,6 @@ export class TransferFailedError extends Error {
   }
 }
 
-const DEBUG = !!process.env.KVCONNECT_NIXL_DEBUG;
-/** Debug log line (env `KVCONNECT_NIXL_DEBUG`). */
-export function debug(...args: unknown[]): void {
-  if (DEBUG) console.error('[nixl]', ...args);
-}
 
 const sleep = (ms: number) =>
   new Promise<void>((r) => {
@@ -60,6 +55,8 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
   readonly peers: NixlPeers;
   /** `ppRank:tpRank`. */
   readonly key: string;
+  /** The engine's logger (`ctx.logger`: engine, role, PP stage, TP rank), or a silent one. */
+  protected readonly log: Logger;
   /** The rank's transfer agent (after `registerKvCaches`). */
   agent: TransferAgent | null = null;
   /** The rank's handshake info (after `registerKvCaches`). */
@@ -98,6 +95,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
     this.metrics = nixlMetrics(this.config.metricsRegistry ?? metricsRegistryOf(ctx) ?? undefined);
     this.peers = new NixlPeers({ mode, config: this.config, metrics: this.metrics });
     this.key = `${ctx.ppRank}:${ctx.tpRank}`;
+    this.log = ctx.logger?.child({ connector: mode === 'pull' ? 'NixlConnector' : 'NixlPushConnector' }) ?? silentLogger();
   }
 
   /** Consumer role (loads). */
@@ -124,6 +122,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
       host: this.config.agentHost,
       nixlLibrary: this.config.nixlLibrary,
       nixlBackendParams: this.config.nixlBackendParams,
+      nixlBackend: this.config.nixlBackend,
       clusterSecret: this.config.clusterSecret,
     });
     this.agent = agent;
@@ -216,7 +215,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
         for (const [sender, msgs] of m) for (const b of msgs) this.onNotif(sender, b);
       } catch (e) {
         if (this.closed) break;
-        debug(this.key, 'pollNotifs failed', e);
+        this.log.warn({ err: e instanceof Error ? e.message : String(e) }, 'pollNotifs failed');
       }
       this.onTick();
       await sleep(this.busy() ? 1 : 10);
@@ -238,7 +237,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
    */
   protected failLoad(load: LoadSpec, reason: string, err?: unknown): void {
     if (!this.active.has(load.requestId) || this.recvDone.has(load.requestId)) return;
-    debug(this.key, 'load failed', load.requestId, reason, err instanceof Error ? err.message : err);
+    this.log.warn({ requestId: load.requestId, reason, err: err instanceof Error ? err.message : err === undefined ? undefined : String(err) }, 'KV load failed');
     this.metrics.failedTransfers.inc({ mode: this.mode, reason });
     const held = this.caches!.groupConfigs.map((g, gi) => (this.rank!.caches.some((c) => c.group === gi) ? g : null));
     for (const b of loadBlockIds(held, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
@@ -282,9 +281,8 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
       if (s === 'in-progress') s = await agent.wait(req);
       if (s !== 'done') throw new TransferFailedError(s, `${op} with ${remoteName}: ${s}${req.error ? ` (${req.error.message})` : ''}`, { cause: req.error });
       this.metrics.xferSeconds.observe({ mode: this.mode, op }, (performance.now() - t1) / 1000);
-      this.metrics.bytes.inc({ mode: this.mode, op }, req.bytes);
-      this.metrics.descriptors.inc({ mode: this.mode, op }, req.count);
-      this.metrics.transfers.inc({ mode: this.mode, op });
+      this.metrics.bytes.observe({ mode: this.mode, op }, req.bytes);
+      this.metrics.descriptors.observe({ mode: this.mode, op }, req.count);
     } finally {
       await agent.release(req).catch(() => {});
       await agent.releaseDescList(local).catch(() => {});

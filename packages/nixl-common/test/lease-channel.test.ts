@@ -219,6 +219,23 @@ describe('extra config', () => {
     } catch (e) {
       expect(e).toBeInstanceOf(KVTransferConfigError);
       expect((e as KVTransferConfigError).problems.map((p) => p.path.split('.')[1]).sort()).toEqual(['backend', 'lease_check', 'lease_ms', 'metrics_registry', 'side_channel_port', 'typo']);
+      expect((e as KVTransferConfigError).problems.find((p) => p.path === 'kv_connector_extra_config.typo')?.message).toMatch(/^unknown key \(known: backend, .*kv_lease_duration.*backends/);
+      expect((e as KVTransferConfigError).problems.find((p) => p.path === 'kv_connector_extra_config.side_channel_port')?.message).toBe('expected an integer in 0..65535');
     }
+  });
+  it("takes vLLM's NixlConnector keys: backends, kv_lease_duration in seconds", () => {
+    expect(parseNixlConfig(cfg('kv_producer', { backends: ['UCX'], kv_lease_duration: 2.5 }))).toMatchObject({ nixlBackend: 'UCX', leaseMs: 2500 });
+    const problems = (extra: Record<string, unknown>) => {
+      try {
+        parseNixlConfig(cfg('kv_producer', extra));
+      } catch (e) {
+        return (e as KVTransferConfigError).problems;
+      }
+      throw new Error('no error');
+    };
+    expect(problems({ backends: ['UCX', 'GDS'] })).toEqual([{ path: 'kv_connector_extra_config.backends', message: 'expected one NIXL backend (kvconnect drives one backend plugin per agent), e.g. ["UCX"]' }]);
+    expect(problems({ backends: 'UCX' })).toEqual([{ path: 'kv_connector_extra_config.backends', message: 'expected an array of NIXL backend names, e.g. ["UCX"]' }]);
+    expect(problems({ kv_lease_duration: 0 })).toEqual([{ path: 'kv_connector_extra_config.kv_lease_duration', message: 'expected a number of seconds in (0, 86400]' }]);
+    expect(problems({ kv_lease_duration: 30, lease_ms: 30_000 })).toEqual([{ path: 'kv_connector_extra_config.kv_lease_duration', message: 'give kv_lease_duration (seconds, vLLM) or lease_ms, not both' }]);
   });
 });

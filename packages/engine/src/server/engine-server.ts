@@ -371,9 +371,8 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
   }
 
   async function metrics(res: ServerResponse): Promise<void> {
-    const reg = engine.observability?.registry;
     const text = await engine.metricsText();
-    sendText(res, 200, text, reg?.contentType ?? 'text/plain; version=0.0.4; charset=utf-8');
+    sendText(res, 200, text, engine.metricsRegistry.contentType);
   }
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {

@@ -9,12 +9,24 @@
  * @module
  */
 import { readFileSync } from 'node:fs';
-import { parseArgs } from 'node:util';
-import { KVChecksumObservability, defaultRegistry } from '@kvconnect/core';
+import { Command, InvalidArgumentError, Option } from 'commander';
+import {
+  ConnectorModuleError,
+  KVChecksumObservability,
+  KVTransferConfigError,
+  UnknownConnectorError,
+  createLogger,
+  defaultRegistry,
+  isPlainObject,
+  kindOf,
+  plainObject,
+  strictObject,
+  z,
+  zodProblems,
+} from '@kvconnect/core';
 import { Engine, type EngineOptions } from '../engine.js';
 import { PRESETS, type ModelConfig, type PresetName } from '../model/config.js';
 import { startEngineServer } from './engine-server.js';
-import { isPlainObject } from './protocol.js';
 import { startProxyServer } from './proxy-server.js';
 
 /** A config error (bad flag, bad JSON, wrong type): exit code 2. */
@@ -81,90 +93,75 @@ export interface ProxyProcessConfig {
   connectTimeoutMs?: number;
   maxBodyBytes?: number;
   maxTokens?: number;
+  /** Log level (pino) of the proxy's logs on stderr, access log included (default `info`). */
+  logLevel?: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
-type Kind = 'int' | 'nat' | 'string' | 'bool' | 'object' | 'strings' | readonly string[];
+// ---- config schemas (zod; messages as kvconnect has always given them) ----
 
-const ENGINE_KEYS: Record<keyof EngineProcessConfig, Kind> = {
-  model: 'string', // or an object: checked apart
-  preset: Object.keys(PRESETS),
-  tpSize: 'int',
-  ppSize: 'int',
-  blockSize: 'int',
-  numBlocks: 'int',
-  cacheLayout: 'object',
-  kvDtype: ['bfloat16', 'float16', 'float32'],
-  ssmDtype: ['bfloat16', 'float16', 'float32'],
-  maxNumBatchedTokens: 'int',
-  maxNumSeqs: 'int',
-  longPrefillTokenThreshold: 'nat',
-  kvTransferConfig: 'object',
-  enablePrefixCaching: 'bool',
-  engineId: 'string',
-  checksumBackend: ['auto', 'ts', 'native', 'cuda', 'cuda-emulated'],
-  device: ['cpu', 'cuda', 'cuda-emulated'],
-  imports: 'strings',
-  executor: ['inprocess', 'processes'],
-  host: 'string',
-  port: 'nat',
-  maxBodyBytes: 'int',
-  requestTimeoutMs: 'nat',
-  maxTokens: 'int',
-  maxModelLen: 'int',
-  servedModelName: 'strings',
-  logLevel: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'],
-};
+const got = (v: unknown) => (v === undefined ? 'nothing' : JSON.stringify(v));
+const posInt = () => z.custom<number>((v) => Number.isSafeInteger(v) && (v as number) >= 1, { error: (iss) => `expected a positive integer, got ${got(iss.input)}` });
+const natInt = () => z.custom<number>((v) => Number.isSafeInteger(v) && (v as number) >= 0, { error: (iss) => `expected a non-negative integer, got ${got(iss.input)}` });
+const portNum = () => z.custom<number>((v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 65535, { error: (iss) => `expected an integer in [0, 65535], got ${got(iss.input)}` });
+const text = () => z.custom<string>((v) => typeof v === 'string' && v.length > 0, { error: (iss) => `expected a non-empty string, got ${kindOf(iss.input)}` });
+const flag = () => z.custom<boolean>((v) => typeof v === 'boolean', { error: (iss) => `expected a boolean, got ${kindOf(iss.input)}` });
+const texts = () => z.custom<string[]>((v) => Array.isArray(v) && v.every((x) => typeof x === 'string' && x.length > 0), { error: 'expected an array of non-empty strings' });
+const choice = <const T extends readonly string[]>(values: T) =>
+  z.custom<T[number]>((v) => (values as readonly string[]).includes(v as string), { error: (iss) => `expected one of ${values.join(', ')}, got ${got(iss.input)}` });
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
-const PROXY_KEYS: Record<keyof ProxyProcessConfig, Kind> = {
-  prefill: 'strings',
-  decode: 'strings',
-  mode: ['sequential', 'concurrent'],
-  host: 'string',
-  port: 'nat',
-  timeoutMs: 'int',
-  connectTimeoutMs: 'nat',
-  maxBodyBytes: 'int',
-  maxTokens: 'int',
-};
+/** The zod schema of an {@link EngineProcessConfig} (the keys of `--config` and `--config-json`). */
+export const engineProcessConfigSchema = strictObject({
+  model: z.custom<PresetName | ModelConfig>((v) => typeof v === 'string' || isPlainObject(v), { error: (iss) => `expected a preset name or a model config object, got ${kindOf(iss.input)}` }).optional(),
+  preset: choice(Object.keys(PRESETS) as PresetName[]).optional(),
+  tpSize: posInt().optional(),
+  ppSize: posInt().optional(),
+  blockSize: posInt().optional(),
+  numBlocks: posInt().optional(),
+  cacheLayout: strictObject({
+    layout: z.custom<'NHD' | 'HND'>((v) => v === 'NHD' || v === 'HND', { error: (iss) => `expected NHD or HND, got ${got(iss.input)}` }),
+    kvLayout: z.custom<'kv-first' | 'block-kv' | 'separate'>((v) => ['kv-first', 'block-kv', 'separate'].includes(v as string), { error: (iss) => `expected kv-first, block-kv or separate, got ${got(iss.input)}` }),
+  }).optional(),
+  kvDtype: choice(['bfloat16', 'float16', 'float32'] as const).optional(),
+  ssmDtype: choice(['bfloat16', 'float16', 'float32'] as const).optional(),
+  maxNumBatchedTokens: posInt().optional(),
+  maxNumSeqs: posInt().optional(),
+  longPrefillTokenThreshold: natInt().optional(),
+  kvTransferConfig: plainObject().optional(),
+  enablePrefixCaching: flag().optional(),
+  engineId: text().optional(),
+  checksumBackend: choice(['auto', 'ts', 'native', 'cuda', 'cuda-emulated'] as const).optional(),
+  device: choice(['cpu', 'cuda', 'cuda-emulated'] as const).optional(),
+  imports: texts().optional(),
+  executor: choice(['inprocess', 'processes'] as const).optional(),
+  host: text().optional(),
+  port: portNum().optional(),
+  maxBodyBytes: posInt().optional(),
+  requestTimeoutMs: natInt().optional(),
+  maxTokens: posInt().optional(),
+  maxModelLen: posInt().optional(),
+  servedModelName: texts().optional(),
+  logLevel: choice(LOG_LEVELS).optional(),
+}) satisfies z.ZodType<EngineProcessConfig>;
 
-function kindOf(v: unknown): string {
-  if (v === null) return 'null';
-  if (Array.isArray(v)) return 'array';
-  return typeof v;
-}
+/** The zod schema of a {@link ProxyProcessConfig}. */
+export const proxyProcessConfigSchema = strictObject({
+  prefill: texts().optional(),
+  decode: texts().optional(),
+  mode: choice(['sequential', 'concurrent'] as const).optional(),
+  host: text().optional(),
+  port: portNum().optional(),
+  timeoutMs: posInt().optional(),
+  connectTimeoutMs: natInt().optional(),
+  maxBodyBytes: posInt().optional(),
+  maxTokens: posInt().optional(),
+  logLevel: choice(LOG_LEVELS).optional(),
+}) satisfies z.ZodType<ProxyProcessConfig>;
 
-function checkConfig<T extends object>(raw: unknown, keys: Record<string, Kind>, where: string): T {
+function checkConfig<T extends object>(raw: unknown, schema: z.ZodType<T>, where: string): T {
   if (!isPlainObject(raw)) throw new UsageError(`${where}: expected a JSON object, got ${kindOf(raw)}`);
-  const problems: string[] = [];
-  for (const [k, v] of Object.entries(raw)) {
-    const kind = keys[k];
-    if (kind === undefined) {
-      problems.push(`${k}: unknown key (known: ${Object.keys(keys).join(', ')})`);
-      continue;
-    }
-    if (k === 'model') {
-      if (!(typeof v === 'string' || isPlainObject(v))) problems.push(`model: expected a preset name or a model config object, got ${kindOf(v)}`);
-      continue;
-    }
-    if (k === 'port') {
-      if (!(Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 65535)) problems.push(`port: expected an integer in [0, 65535], got ${JSON.stringify(v)}`);
-      continue;
-    }
-    if (kind === 'int' && !(Number.isSafeInteger(v) && (v as number) >= 1)) problems.push(`${k}: expected a positive integer, got ${JSON.stringify(v)}`);
-    else if (kind === 'nat' && !(Number.isSafeInteger(v) && (v as number) >= 0)) problems.push(`${k}: expected a non-negative integer, got ${JSON.stringify(v)}`);
-    else if (kind === 'string' && !(typeof v === 'string' && v.length > 0)) problems.push(`${k}: expected a non-empty string, got ${kindOf(v)}`);
-    else if (kind === 'bool' && typeof v !== 'boolean') problems.push(`${k}: expected a boolean, got ${kindOf(v)}`);
-    else if (kind === 'object' && !isPlainObject(v)) problems.push(`${k}: expected an object, got ${kindOf(v)}`);
-    else if (kind === 'strings' && !(Array.isArray(v) && v.every((x) => typeof x === 'string' && x.length > 0))) problems.push(`${k}: expected an array of non-empty strings`);
-    else if (Array.isArray(kind) && !kind.includes(v as string)) problems.push(`${k}: expected one of ${kind.join(', ')}, got ${JSON.stringify(v)}`);
-  }
-  const cl = raw.cacheLayout;
-  if (isPlainObject(cl) && keys === ENGINE_KEYS) {
-    for (const k of Object.keys(cl)) if (k !== 'layout' && k !== 'kvLayout') problems.push(`cacheLayout.${k}: unknown key (known: layout, kvLayout)`);
-    if (!['NHD', 'HND'].includes(cl.layout as string)) problems.push(`cacheLayout.layout: expected NHD or HND, got ${JSON.stringify(cl.layout)}`);
-    if (!['kv-first', 'block-kv', 'separate'].includes(cl.kvLayout as string)) problems.push(`cacheLayout.kvLayout: expected kv-first, block-kv or separate, got ${JSON.stringify(cl.kvLayout)}`);
-  }
-  if (problems.length > 0) throw new UsageError(`${where}: ${problems.join('; ')}`);
+  const r = schema.safeParse(raw);
+  if (!r.success) throw new UsageError(`${where}: ${zodProblems(r.error).map((p) => `${p.path}: ${p.message}`).join('; ')}`);
   return raw as T;
 }
 
@@ -186,215 +183,247 @@ function readConfigFile(path: string): unknown {
   return parseJson(text, `--config ${path}`);
 }
 
-function intFlag(v: string | undefined, name: string): number | undefined {
-  if (v === undefined) return undefined;
-  if (!/^\d+$/.test(v)) throw new UsageError(`--${name}: expected a non-negative integer, got ${JSON.stringify(v)}`);
+// ---- the flag tables ----
+
+/** How a flag's value becomes config: `int`/`nat` integers, a string, repeatable strings, JSON, or a fixed boolean. */
+type FlagKind = 'int' | 'nat' | 'string' | 'strings' | 'json' | 'true' | 'false';
+
+/**
+ * One command-line flag: `flags` in commander's syntax (vLLM's name where vLLM has the same
+ * setting, e.g. `--tensor-parallel-size <n>`), the older kvconnect spellings that still work
+ * (`aliases`, hidden from the help), and where its value goes: a config key (`key`, `kind`), or
+ * `apply` for flags that combine into one key. Adding a flag = adding a row.
+ */
+export interface FlagSpec<C> {
+  flags: string;
+  description: string;
+  aliases?: readonly string[];
+  key?: keyof C;
+  kind?: FlagKind;
+  /** Puts the flag's value (its parsed kind) into `cfg`; `base` is the config before the flags. */
+  apply?: (value: unknown, cfg: Record<string, unknown>, base: Record<string, unknown>) => void;
+}
+
+/** Flags every program has (the config sources, help, the launcher's hook); handled by {@link parseWithTable}. */
+const COMMON_FLAGS = [
+  { flags: '--config <file>', description: 'JSON config file' },
+  { flags: '--config-json <json>', description: 'JSON config (wins over --config; flags win over both)' },
+  { flags: '--exit-with-parent', description: 'exit when stdin closes (set by the launcher)' },
+  { flags: '-h, --help', description: 'this help' },
+] as const;
+
+const backendToExecutor = (v: unknown): string => {
+  if (v !== 'mp' && v !== 'uni') throw new UsageError(`--distributed-executor-backend: expected mp or uni, got ${JSON.stringify(v)}`);
+  return v === 'mp' ? 'processes' : 'inprocess';
+};
+
+/** The flags of `kvconnect-engine`, in help order. */
+export const ENGINE_FLAGS: readonly FlagSpec<EngineProcessConfig>[] = [
+  { flags: '--preset <name>', description: `model preset: ${Object.keys(PRESETS).join(' | ')}`, key: 'preset', kind: 'string' },
+  { flags: '--model <name>', description: 'a preset name (or, in the config, a model config object)', key: 'model', kind: 'string' },
+  { flags: '--served-model-name <name...>', description: 'names requests may give in "model" (repeatable; default the model\'s)', key: 'servedModelName', kind: 'strings' },
+  { flags: '--tensor-parallel-size <n>', aliases: ['--tp-size'], description: 'TP ranks per PP stage', key: 'tpSize', kind: 'int' },
+  { flags: '--pipeline-parallel-size <n>', aliases: ['--pp-size'], description: 'PP stages', key: 'ppSize', kind: 'int' },
+  { flags: '--block-size <n>', description: 'tokens per KV block (default 16)', key: 'blockSize', kind: 'int' },
+  { flags: '--num-blocks <n>', aliases: ['--num-gpu-blocks-override'], description: 'KV blocks in the pool (default 512)', key: 'numBlocks', kind: 'int' },
+  {
+    flags: '--cache-layout <layout>',
+    description: 'NHD | HND (default NHD)',
+    kind: 'string',
+    apply: (v, cfg, base) => (cfg.cacheLayout = { ...cacheLayoutOf(cfg, base), layout: v }),
+  },
+  {
+    flags: '--kv-layout <layout>',
+    description: 'kv-first | block-kv | separate (default kv-first)',
+    kind: 'string',
+    apply: (v, cfg, base) => (cfg.cacheLayout = { ...cacheLayoutOf(cfg, base), kvLayout: v }),
+  },
+  { flags: '--kv-dtype <dtype>', description: 'bfloat16 | float16 | float32 (default bfloat16)', key: 'kvDtype', kind: 'string' },
+  { flags: '--ssm-dtype <dtype>', description: 'Mamba state: bfloat16 | float16 | float32 (default float32)', key: 'ssmDtype', kind: 'string' },
+  { flags: '--max-num-batched-tokens <n>', description: 'token budget of one step (default 256)', key: 'maxNumBatchedTokens', kind: 'int' },
+  { flags: '--max-num-seqs <n>', description: 'most running requests (default 256)', key: 'maxNumSeqs', kind: 'int' },
+  {
+    flags: '--long-prefill-token-threshold <n>',
+    description: 'most prompt tokens of one request per step while others run (default max-num-batched-tokens / 4; 0 = no cap)',
+    key: 'longPrefillTokenThreshold',
+    kind: 'nat',
+  },
+  { flags: '--enable-prefix-caching', description: 'prefix caching (the default)', key: 'enablePrefixCaching', kind: 'true' },
+  { flags: '--no-enable-prefix-caching', aliases: ['--disable-prefix-caching'], description: 'no prefix caching', key: 'enablePrefixCaching', kind: 'false' },
+  { flags: '--engine-id <id>', description: 'the engine id connectors name this engine by (default kv_transfer_config.engine_id, else random)', key: 'engineId', kind: 'string' },
+  { flags: '--kv-transfer-config <json>', description: "vLLM's kv_transfer_config (JSON)", key: 'kvTransferConfig', kind: 'json' },
+  {
+    flags: '--kv-connector-module-path <module>',
+    description: 'sets kv_transfer_config.kv_connector_module_path',
+    kind: 'string',
+    apply: (v, cfg) => {
+      if (!isPlainObject(cfg.kvTransferConfig)) throw new UsageError('--kv-connector-module-path needs a kv_transfer_config (--kv-transfer-config or the config)');
+      cfg.kvTransferConfig = { ...cfg.kvTransferConfig, kv_connector_module_path: v };
+    },
+  },
+  { flags: '--import <module>', description: 'import a module first (repeatable; connector packages register themselves)', kind: 'strings', apply: (v, cfg) => (cfg.imports = [...((cfg.imports as string[] | undefined) ?? []), ...(v as string[])]) },
+  { flags: '--checksum-backend <name>', description: 'auto | ts | native | cuda | cuda-emulated (auto: cuda with --device cuda; cuda-emulated: tests)', key: 'checksumBackend', kind: 'string' },
+  {
+    flags: '--device <device>',
+    description: 'cpu | cuda | cuda-emulated: KV cache in host memory (default), GPU memory (addon built with CUDA), or emulated device memory (tests); the model computes on the host',
+    key: 'device',
+    kind: 'string',
+  },
+  { flags: '--workers <kind>', description: 'where the TP x PP workers run: inprocess (default) | processes (one worker process each)', key: 'executor', kind: 'string' },
+  { flags: '--distributed-executor-backend <backend>', description: "vLLM's spelling of --workers: uni (inprocess) | mp (processes)", kind: 'string', apply: (v, cfg) => (cfg.executor ??= backendToExecutor(v)) },
+  { flags: '--host <host>', description: 'interface to listen on (default 127.0.0.1)', key: 'host', kind: 'string' },
+  { flags: '--port <n>', description: 'port (default 0: any free port)', key: 'port', kind: 'nat' },
+  { flags: '--max-body-bytes <n>', description: 'largest request body', key: 'maxBodyBytes', kind: 'nat' },
+  { flags: '--request-timeout-ms <n>', description: 'deadline of one request (0 = none)', key: 'requestTimeoutMs', kind: 'nat' },
+  { flags: '--max-tokens <n>', description: 'largest max_tokens a request may ask for', key: 'maxTokens', kind: 'nat' },
+  { flags: '--max-model-len <n>', description: 'longest prompt + output, tokens', key: 'maxModelLen', kind: 'nat' },
+  { flags: '--log-level <level>', description: 'pino level of the logs on stderr: fatal | error | warn | info | debug | trace | silent (default warn)', key: 'logLevel', kind: 'string' },
+];
+
+function cacheLayoutOf(cfg: Record<string, unknown>, base: Record<string, unknown>): Record<string, unknown> {
+  const b = isPlainObject(cfg.cacheLayout) ? cfg.cacheLayout : isPlainObject(base.cacheLayout) ? base.cacheLayout : {};
+  return { layout: b.layout ?? 'NHD', kvLayout: b.kvLayout ?? 'kv-first' };
+}
+
+/** The flags of `kvconnect-proxy`, in help order. */
+export const PROXY_FLAGS: readonly FlagSpec<ProxyProcessConfig>[] = [
+  { flags: '--prefill <url>', description: 'a producer engine server (repeatable: round robin)', key: 'prefill', kind: 'strings' },
+  { flags: '--decode <url>', description: 'a consumer engine server (repeatable: round robin)', key: 'decode', kind: 'strings' },
+  { flags: '--mode <mode>', description: 'sequential (NIXL style, default) | concurrent (Mooncake style)', key: 'mode', kind: 'string' },
+  { flags: '--host <host>', description: 'interface to listen on (default 127.0.0.1)', key: 'host', kind: 'string' },
+  { flags: '--port <n>', description: 'port (default 0: any free port)', key: 'port', kind: 'nat' },
+  { flags: '--timeout-ms <n>', description: 'deadline of one engine request (default 120000)', key: 'timeoutMs', kind: 'nat' },
+  { flags: '--connect-timeout-ms <n>', description: 'how long to wait for the engines at start (default 10000)', key: 'connectTimeoutMs', kind: 'nat' },
+  { flags: '--max-body-bytes <n>', description: 'largest request body', key: 'maxBodyBytes', kind: 'nat' },
+  { flags: '--max-tokens <n>', description: 'largest max_tokens a request may ask for', key: 'maxTokens', kind: 'nat' },
+  { flags: '--log-level <level>', description: 'pino level of the logs (access log: info) on stderr (default info)', key: 'logLevel', kind: 'string' },
+];
+
+function natArg(v: string): number {
+  if (!/^\d+$/.test(v)) throw new InvalidArgumentError('expected a non-negative integer');
   return Number(v);
 }
 
-function parse(argv: readonly string[], options: NonNullable<Parameters<typeof parseArgs>[0]>['options']): Record<string, string | boolean | string[] | undefined> {
-  try {
-    return parseArgs({ args: [...argv], options, strict: true, allowPositionals: false }).values as Record<string, string | boolean | string[] | undefined>;
-  } catch (e) {
-    throw new UsageError(e instanceof Error ? e.message : String(e));
+function collect(v: string, prev: string[] | undefined): string[] {
+  return [...(prev ?? []), v];
+}
+
+function optionsOf<C>(spec: FlagSpec<C>, flags: string, hidden: boolean): Option {
+  const o = new Option(flags, spec.description);
+  if (hidden) o.hideHelp();
+  if (spec.kind === 'int' || spec.kind === 'nat') o.argParser(natArg);
+  else if (spec.kind === 'strings' && !flags.includes('...')) o.argParser(collect);
+  return o;
+}
+
+/** The commander program of a flag table (not parsed; throws instead of exiting). */
+function programOf<C>(name: string, summary: string, table: readonly FlagSpec<C>[]): { program: Command; attrs: Array<{ spec: FlagSpec<C>; attr: string; alias: boolean }> } {
+  const program = new Command(name).description(summary).allowExcessArguments(false).helpOption(false).exitOverride().configureOutput({ writeOut: () => {}, writeErr: () => {} });
+  for (const c of COMMON_FLAGS) program.addOption(new Option(c.flags, c.description));
+  const attrs: Array<{ spec: FlagSpec<C>; attr: string; alias: boolean }> = [];
+  for (const spec of table) {
+    for (const [i, flags] of [spec.flags, ...(spec.aliases ?? []).map((a) => `${a}${spec.flags.slice(spec.flags.indexOf(' ') < 0 ? spec.flags.length : spec.flags.indexOf(' '))}`)].entries()) {
+      const o = optionsOf(spec, flags, i > 0);
+      program.addOption(o);
+      attrs.push({ spec, attr: o.attributeName(), alias: i > 0 });
+    }
   }
+  return { program, attrs };
+}
+
+function valueOf<C>(spec: FlagSpec<C>, v: unknown, flagName: string): unknown {
+  if (spec.kind === 'json') return parseJson(v as string, flagName);
+  if (spec.kind === 'true') return true;
+  if (spec.kind === 'false') return false;
+  return v;
+}
+
+/**
+ * Parses `argv` with a flag table: `--config FILE`, then `--config-json`, then the flags (later
+ * wins; `imports` accumulate), checked against `schema`.
+ * @throws UsageError for unknown flags, bad values or config keys.
+ */
+function parseWithTable<C extends object>(argv: readonly string[], name: string, table: readonly FlagSpec<C>[], schema: z.ZodType<C>): Parsed<C> {
+  const { program, attrs } = programOf(name, '', table);
+  try {
+    program.parse([...argv], { from: 'user' });
+  } catch (e) {
+    const msg = e instanceof Error ? e.message.replace(/^error: /, '') : String(e);
+    throw new UsageError(msg);
+  }
+  const v = program.opts<Record<string, unknown>>();
+  if (v.help) return { help: true };
+  let cfg: Record<string, unknown> = {};
+  if (typeof v.config === 'string') cfg = { ...(checkConfig<C>(readConfigFile(v.config), schema, `--config ${v.config}`) as Record<string, unknown>) };
+  if (typeof v.configJson === 'string') {
+    const j = checkConfig<C>(parseJson(v.configJson, '--config-json'), schema, '--config-json') as Record<string, unknown>;
+    const imports = [...((cfg.imports as string[]) ?? []), ...((j.imports as string[] | undefined) ?? [])];
+    cfg = { ...cfg, ...j };
+    if (imports.length > 0) cfg.imports = imports;
+  }
+  const base = { ...cfg };
+  for (const { spec, attr, alias } of attrs) {
+    const x = v[attr];
+    // `--x` and `--no-x` share commander's attribute (true / false); a hidden alias has its own (true)
+    const given = spec.kind === 'true' ? x === true : spec.kind === 'false' ? x === (alias ? true : false) : x !== undefined;
+    if (!given) continue;
+    const value = valueOf(spec, x, spec.flags.split(' ')[0]);
+    if (spec.apply) spec.apply(value, cfg, base);
+    else if (spec.key !== undefined) cfg[spec.key as string] = value;
+  }
+  const config = checkConfig<C>(cfg, schema, `${name.replace('kvconnect-', '')} config`);
+  return { help: false, config, exitWithParent: v.exitWithParent === true };
+}
+
+function usageOf<C>(name: string, head: string, table: readonly FlagSpec<C>[]): string {
+  const { program } = programOf(name, head, table);
+  program.usage('[options]');
+  const aliases = table.filter((s) => s.aliases?.length).map((s) => `${s.aliases!.join(', ')} = ${s.flags.split(' ')[0]}`);
+  return aliases.length ? `${program.helpInformation()}\nOlder spellings that still work: ${aliases.join('; ')}\n` : program.helpInformation();
 }
 
 /** Usage of `kvconnect-engine`. */
-export const ENGINE_USAGE = `Usage: kvconnect-engine [options]
-
-Starts one kvconnect engine behind an OpenAI-compatible HTTP API (POST /v1/completions,
-POST /v1/chat/completions, GET /v1/models, GET /version, GET /health, GET /metrics, POST /shutdown) and prints {"event":"ready","url":...,"engineId":...} on stdout.
-
-Config (later wins): --config FILE < --config-json JSON < flags. Config keys are EngineOptions
-(camelCase: preset, tpSize, ppSize, blockSize, numBlocks, cacheLayout, kvDtype, kvTransferConfig,
-engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxTokens, maxModelLen, logLevel.
-
-  --config FILE                 JSON config file
-  --config-json JSON            JSON config
-  --preset NAME                 ${Object.keys(PRESETS).join(' | ')}
-  --tp-size N, --pp-size N      TP ranks per stage, PP stages
-  --block-size N                tokens per KV block
-  --num-blocks N                KV blocks in the pool
-  --cache-layout NHD|HND        --kv-layout kv-first|block-kv|separate
-  --kv-dtype bfloat16|float16|float32
-  --max-num-batched-tokens N    --max-num-seqs N
-  --long-prefill-token-threshold N  most prompt tokens of one request per step while others run (default max-num-batched-tokens / 4; 0 = no cap)
-  --disable-prefix-caching
-  --engine-id ID
-  --kv-transfer-config JSON     vLLM kv_transfer_config
-  --kv-connector-module-path M  sets kv_transfer_config.kv_connector_module_path
-  --checksum-backend auto|ts|native|cuda|cuda-emulated   (auto: cuda with --device cuda; cuda-emulated: tests)
-  --device cpu|cuda|cuda-emulated   KV cache in host memory (default), GPU memory (addon built with
-                                CUDA), or emulated device memory (tests); the model computes on the host
-  --import MODULE               import a module first (repeatable; connector packages register themselves)
-  --workers inprocess|processes where the TP x PP workers run (default inprocess; processes: one
-                                worker process each); also --distributed-executor-backend uni|mp
-  --host HOST                   default 127.0.0.1
-  --port N                      default 0 (any free port)
-  --max-body-bytes N            --request-timeout-ms N (0 = none)  --max-tokens N  --max-model-len N
-  --served-model-name NAME      a name requests may give in "model" (repeatable; default the model's)
-  --log-level LEVEL             pino level of KV checksum logs on stderr (default warn)
-  --exit-with-parent            exit when stdin closes (set by the launcher)
-  -h, --help
-`;
+export const ENGINE_USAGE = usageOf(
+  'kvconnect-engine',
+  [
+    'Starts one kvconnect engine behind an OpenAI-compatible HTTP API (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /version, GET /health, GET /metrics, POST /shutdown) and prints {"event":"ready","url":...,"engineId":...} on stdout. Flags take vLLM\'s names where vLLM has the same setting.',
+    'Config (later wins): --config FILE < --config-json JSON < flags. Config keys are EngineOptions (camelCase: preset, tpSize, ppSize, blockSize, numBlocks, cacheLayout, kvDtype, kvTransferConfig, engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxTokens, maxModelLen, servedModelName, logLevel.',
+  ].join('\n\n'),
+  ENGINE_FLAGS,
+);
 
 /** Usage of `kvconnect-proxy`. */
-export const PROXY_USAGE = `Usage: kvconnect-proxy --prefill URL --decode URL [options]
-
-Starts the P/D proxy over engine servers (POST /v1/completions, GET /health, POST /shutdown) and
-prints {"event":"ready","url":...} on stdout.
-
-  --config FILE, --config-json JSON   keys: prefill, decode, mode, host, port, timeoutMs, connectTimeoutMs, maxBodyBytes, maxTokens
-  --prefill URL                 a producer engine server (repeatable: round robin)
-  --decode URL                  a consumer engine server (repeatable: round robin)
-  --mode sequential|concurrent  NIXL style (default) or Mooncake style
-  --host HOST                   default 127.0.0.1
-  --port N                      default 0 (any free port)
-  --timeout-ms N                deadline of one engine request (default 120000)
-  --connect-timeout-ms N        how long to wait for the engines at start (default 10000)
-  --max-body-bytes N  --max-tokens N
-  --exit-with-parent            exit when stdin closes (set by the launcher)
-  -h, --help
-`;
+export const PROXY_USAGE = usageOf(
+  'kvconnect-proxy',
+  [
+    'Starts the P/D proxy over engine servers (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, POST /shutdown) and prints {"event":"ready","url":...} on stdout.',
+    'Config keys (--config, --config-json): prefill, decode, mode, host, port, timeoutMs, connectTimeoutMs, maxBodyBytes, maxTokens, logLevel.',
+  ].join('\n\n'),
+  PROXY_FLAGS,
+);
 
 /** The result of parsing a command line: a config, or a request for help. */
 export type Parsed<T> = { help: true } | { help: false; config: T; exitWithParent: boolean };
 
 /**
- * Parses `kvconnect-engine` flags into an {@link EngineProcessConfig} (config file, then JSON, then flags).
+ * Parses `kvconnect-engine` flags ({@link ENGINE_FLAGS}) into an {@link EngineProcessConfig}
+ * (config file, then JSON, then flags).
  * @throws UsageError for unknown flags, bad values or config keys.
  */
 export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessConfig> {
-  const v = parse(argv, {
-    config: { type: 'string' },
-    'config-json': { type: 'string' },
-    preset: { type: 'string' },
-    model: { type: 'string' },
-    'tp-size': { type: 'string' },
-    'pp-size': { type: 'string' },
-    'block-size': { type: 'string' },
-    'num-blocks': { type: 'string' },
-    'cache-layout': { type: 'string' },
-    'kv-layout': { type: 'string' },
-    'kv-dtype': { type: 'string' },
-    'ssm-dtype': { type: 'string' },
-    'max-num-batched-tokens': { type: 'string' },
-    'max-num-seqs': { type: 'string' },
-    'long-prefill-token-threshold': { type: 'string' },
-    'disable-prefix-caching': { type: 'boolean' },
-    'engine-id': { type: 'string' },
-    'kv-transfer-config': { type: 'string' },
-    'kv-connector-module-path': { type: 'string' },
-    'checksum-backend': { type: 'string' },
-    device: { type: 'string' },
-    import: { type: 'string', multiple: true },
-    workers: { type: 'string' },
-    'distributed-executor-backend': { type: 'string' },
-    host: { type: 'string' },
-    port: { type: 'string' },
-    'max-body-bytes': { type: 'string' },
-    'request-timeout-ms': { type: 'string' },
-    'max-tokens': { type: 'string' },
-    'max-model-len': { type: 'string' },
-    'served-model-name': { type: 'string', multiple: true },
-    'log-level': { type: 'string' },
-    'exit-with-parent': { type: 'boolean' },
-    help: { type: 'boolean', short: 'h' },
-  });
-  if (v.help) return { help: true };
-  let cfg: Record<string, unknown> = {};
-  if (typeof v.config === 'string') cfg = { ...checkConfig<EngineProcessConfig>(readConfigFile(v.config), ENGINE_KEYS, `--config ${v.config}`) };
-  if (typeof v['config-json'] === 'string') {
-    const j = checkConfig<EngineProcessConfig>(parseJson(v['config-json'], '--config-json'), ENGINE_KEYS, '--config-json');
-    cfg = { ...cfg, ...j, imports: [...((cfg.imports as string[]) ?? []), ...(j.imports ?? [])] };
-  }
-  const s = (k: string) => v[k] as string | undefined;
-  const flags: Record<string, unknown> = {
-    preset: s('preset'),
-    model: s('model'),
-    tpSize: intFlag(s('tp-size'), 'tp-size'),
-    ppSize: intFlag(s('pp-size'), 'pp-size'),
-    blockSize: intFlag(s('block-size'), 'block-size'),
-    numBlocks: intFlag(s('num-blocks'), 'num-blocks'),
-    kvDtype: s('kv-dtype'),
-    ssmDtype: s('ssm-dtype'),
-    maxNumBatchedTokens: intFlag(s('max-num-batched-tokens'), 'max-num-batched-tokens'),
-    maxNumSeqs: intFlag(s('max-num-seqs'), 'max-num-seqs'),
-    longPrefillTokenThreshold: intFlag(s('long-prefill-token-threshold'), 'long-prefill-token-threshold'),
-    enablePrefixCaching: v['disable-prefix-caching'] ? false : undefined,
-    engineId: s('engine-id'),
-    checksumBackend: s('checksum-backend'),
-    device: s('device'),
-    host: s('host'),
-    port: intFlag(s('port'), 'port'),
-    maxBodyBytes: intFlag(s('max-body-bytes'), 'max-body-bytes'),
-    requestTimeoutMs: intFlag(s('request-timeout-ms'), 'request-timeout-ms'),
-    maxTokens: intFlag(s('max-tokens'), 'max-tokens'),
-    maxModelLen: intFlag(s('max-model-len'), 'max-model-len'),
-    servedModelName: v['served-model-name'] as string[] | undefined,
-    logLevel: s('log-level'),
-  };
-  const backend = s('distributed-executor-backend');
-  if (backend !== undefined && backend !== 'mp' && backend !== 'uni') throw new UsageError(`--distributed-executor-backend: expected mp or uni, got ${JSON.stringify(backend)}`);
-  flags.executor = s('workers') ?? (backend === undefined ? undefined : backend === 'mp' ? 'processes' : 'inprocess');
-  if (s('kv-transfer-config') !== undefined) flags.kvTransferConfig = parseJson(s('kv-transfer-config')!, '--kv-transfer-config');
-  if (s('cache-layout') !== undefined || s('kv-layout') !== undefined) {
-    const base = isPlainObject(cfg.cacheLayout) ? cfg.cacheLayout : {};
-    flags.cacheLayout = { layout: s('cache-layout') ?? base.layout ?? 'NHD', kvLayout: s('kv-layout') ?? base.kvLayout ?? 'kv-first' };
-  }
-  for (const [k, x] of Object.entries(flags)) if (x !== undefined) cfg[k] = x;
-  const modulePath = s('kv-connector-module-path');
-  if (modulePath !== undefined) {
-    if (!isPlainObject(cfg.kvTransferConfig)) throw new UsageError('--kv-connector-module-path needs a kv_transfer_config (--kv-transfer-config or the config)');
-    cfg.kvTransferConfig = { ...cfg.kvTransferConfig, kv_connector_module_path: modulePath };
-  }
-  const imports = [...((cfg.imports as string[] | undefined) ?? []), ...((v.import as string[] | undefined) ?? [])];
-  if (imports.length > 0) cfg.imports = imports;
-  else delete cfg.imports;
-  const config = checkConfig<EngineProcessConfig>(cfg, ENGINE_KEYS, 'engine config');
-  if (config.model === undefined && config.preset === undefined) throw new UsageError('engine config: give a model (--preset NAME, or model/preset in the config)');
-  return { help: false, config, exitWithParent: v['exit-with-parent'] === true };
+  const parsed = parseWithTable(argv, 'kvconnect-engine', ENGINE_FLAGS, engineProcessConfigSchema as z.ZodType<EngineProcessConfig>);
+  if (!parsed.help && parsed.config.model === undefined && parsed.config.preset === undefined) throw new UsageError('engine config: give a model (--preset NAME, or model/preset in the config)');
+  return parsed;
 }
 
 /**
- * Parses `kvconnect-proxy` flags into a {@link ProxyProcessConfig}.
+ * Parses `kvconnect-proxy` flags ({@link PROXY_FLAGS}) into a {@link ProxyProcessConfig}.
  * @throws UsageError for unknown flags, bad values, or no prefill/decode URL.
  */
 export function parseProxyArgs(argv: readonly string[]): Parsed<ProxyProcessConfig> {
-  const v = parse(argv, {
-    config: { type: 'string' },
-    'config-json': { type: 'string' },
-    prefill: { type: 'string', multiple: true },
-    decode: { type: 'string', multiple: true },
-    mode: { type: 'string' },
-    host: { type: 'string' },
-    port: { type: 'string' },
-    'timeout-ms': { type: 'string' },
-    'connect-timeout-ms': { type: 'string' },
-    'max-body-bytes': { type: 'string' },
-    'max-tokens': { type: 'string' },
-    'exit-with-parent': { type: 'boolean' },
-    help: { type: 'boolean', short: 'h' },
-  });
-  if (v.help) return { help: true };
-  let cfg: Record<string, unknown> = {};
-  if (typeof v.config === 'string') cfg = { ...checkConfig<ProxyProcessConfig>(readConfigFile(v.config), PROXY_KEYS, `--config ${v.config}`) };
-  if (typeof v['config-json'] === 'string') cfg = { ...cfg, ...checkConfig<ProxyProcessConfig>(parseJson(v['config-json'], '--config-json'), PROXY_KEYS, '--config-json') };
-  const s = (k: string) => v[k] as string | undefined;
-  const flags: Record<string, unknown> = {
-    prefill: v.prefill,
-    decode: v.decode,
-    mode: s('mode'),
-    host: s('host'),
-    port: intFlag(s('port'), 'port'),
-    timeoutMs: intFlag(s('timeout-ms'), 'timeout-ms'),
-    connectTimeoutMs: intFlag(s('connect-timeout-ms'), 'connect-timeout-ms'),
-    maxBodyBytes: intFlag(s('max-body-bytes'), 'max-body-bytes'),
-    maxTokens: intFlag(s('max-tokens'), 'max-tokens'),
-  };
-  for (const [k, x] of Object.entries(flags)) if (x !== undefined) cfg[k] = x;
-  const config = checkConfig<ProxyProcessConfig>(cfg, PROXY_KEYS, 'proxy config');
+  const parsed = parseWithTable(argv, 'kvconnect-proxy', PROXY_FLAGS, proxyProcessConfigSchema as z.ZodType<ProxyProcessConfig>);
+  if (parsed.help) return parsed;
+  const { config } = parsed;
   for (const k of ['prefill', 'decode'] as const) {
     const urls = config[k] ?? [];
     if (urls.length === 0) throw new UsageError(`proxy config: at least one --${k} URL is needed`);
@@ -408,11 +437,26 @@ export function parseProxyArgs(argv: readonly string[]): Parsed<ProxyProcessConf
       if (!ok) throw new UsageError(`--${k}: not an http URL: ${JSON.stringify(u)}`);
     }
   }
-  return { help: false, config, exitWithParent: v['exit-with-parent'] === true };
+  return parsed;
 }
 
-/** Builds the {@link EngineOptions} of an {@link EngineProcessConfig} (logs to stderr). */
+/**
+ * The engine id of a config (`engineId`, else `kvTransferConfig.engine_id`, else a random one) and
+ * its role (`kv_role`, or `none` without a transfer config): the fields every log line carries.
+ */
+function identityOf(c: EngineProcessConfig): { engine: string; role: string } {
+  const t = c.kvTransferConfig;
+  const engine = c.engineId ?? (typeof t?.engine_id === 'string' && t.engine_id.length > 0 ? t.engine_id : `engine-${Math.random().toString(36).slice(2, 10)}`);
+  return { engine, role: typeof t?.kv_role === 'string' ? t.kv_role : 'none' };
+}
+
+/**
+ * Builds the {@link EngineOptions} of an {@link EngineProcessConfig}: logs go to stderr (pino,
+ * `logLevel`, default `warn`), every line naming the engine and its role.
+ */
 export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
+  const id = identityOf(c);
+  const logger = createLogger({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) }, bindings: id });
   const o: EngineOptions = {
     model: c.model,
     preset: c.preset,
@@ -428,15 +472,26 @@ export function engineOptionsOf(c: EngineProcessConfig): EngineOptions {
     longPrefillTokenThreshold: c.longPrefillTokenThreshold,
     kvTransferConfig: c.kvTransferConfig,
     enablePrefixCaching: c.enablePrefixCaching,
-    engineId: c.engineId,
+    engineId: id.engine,
+    servedModelName: c.servedModelName?.[0],
     checksumBackend: c.checksumBackend,
     device: c.device,
     executor: c.executor,
     workerImports: c.imports,
-    observability: new KVChecksumObservability({ level: c.logLevel ?? 'warn', destination: { write: (line: string) => process.stderr.write(line) } }),
+    observability: new KVChecksumObservability({ logger }),
   };
   for (const k of Object.keys(o) as (keyof EngineOptions)[]) if (o[k] === undefined) delete o[k];
   return o;
+}
+
+/**
+ * A setup error that is the operator's config, as a {@link UsageError} (one `error:` line, exit 2):
+ * a bad `kv_connector_extra_config` (the connector's `KVTransferConfigError`), an unknown connector
+ * (which names the package to import), a connector module that does not import. Else null.
+ */
+function configErrorOf(e: unknown): UsageError | null {
+  if (e instanceof KVTransferConfigError || e instanceof UnknownConnectorError || e instanceof ConnectorModuleError) return new UsageError(`engine options: ${e.message}`);
+  return null;
 }
 
 function emit(event: Record<string, unknown>): void {
@@ -504,10 +559,19 @@ export async function runEngineMain(argv: readonly string[]): Promise<void> {
   }
   const { config } = parsed;
   try {
-    for (const m of config.imports ?? []) await defaultRegistry.loadModule(m);
+    for (const m of config.imports ?? []) {
+      try {
+        await defaultRegistry.loadModule(m);
+      } catch (e) {
+        throw configErrorOf(e) ?? e;
+      }
+    }
     let engine: Engine;
+    const options = engineOptionsOf(config);
+    // worker processes log at the engine's level (worker-process.ts)
+    if (config.logLevel !== undefined) process.env.KVCONNECT_LOG_LEVEL = config.logLevel;
     try {
-      engine = new Engine(engineOptionsOf(config));
+      engine = new Engine(options);
     } catch (e) {
       throw new UsageError(`engine options: ${e instanceof Error ? e.message : String(e)}`);
     }
@@ -519,13 +583,18 @@ export async function runEngineMain(argv: readonly string[]): Promise<void> {
       maxTokens: config.maxTokens,
       maxModelLen: config.maxModelLen,
       servedModelNames: config.servedModelName,
+      logger: options.observability!.logger,
       onShutdown: () => stopHook?.('shutdown'),
     });
     onStop(async () => {
       await server.close();
       await engine.shutdown();
     }, parsed.exitWithParent);
-    await engine.ready;
+    try {
+      await engine.ready;
+    } catch (e) {
+      throw configErrorOf(e) ?? e;
+    }
     const cfg = engine.transferConfig;
     emit({
       event: 'ready',
@@ -570,6 +639,7 @@ export async function runProxyMain(argv: readonly string[]): Promise<void> {
       connectTimeoutMs: config.connectTimeoutMs,
       maxBodyBytes: config.maxBodyBytes,
       maxTokens: config.maxTokens,
+      logger: createLogger({ level: config.logLevel ?? 'info', destination: { write: (line: string) => process.stderr.write(line) }, bindings: { component: 'proxy' } }),
       onShutdown: () => stopHook?.('shutdown'),
     });
     onStop(() => server.close(), parsed.exitWithParent);

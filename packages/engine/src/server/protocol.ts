@@ -37,6 +37,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { FinishReason, KVTransferParams } from '../contracts.js';
+import { isPlainObject, kindOf, z, zodProblems } from '@kvconnect/core';
 
 /** An error with the HTTP status it answers with (`type` names its class in the JSON body). */
 export class HttpError extends Error {
@@ -120,18 +121,8 @@ const COMMON_KEYS = [
   'response_format',
 ] as const;
 
-function kindOf(v: unknown): string {
-  if (v === null) return 'null';
-  if (Array.isArray(v)) return 'array';
-  return typeof v;
-}
-
-/** True for `{...}` objects (not arrays, not class instances). */
-export function isPlainObject(v: unknown): v is Record<string, unknown> {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false;
-  const proto = Object.getPrototypeOf(v);
-  return proto === Object.prototype || proto === null;
-}
+/** True for `{...}` objects (not arrays, not class instances): `@kvconnect/core`'s, re-exported. */
+export { isPlainObject };
 
 /**
  * The chat template of kvconnect's byte-tokenizer models: each message as `<|role|>\n`, its
@@ -157,185 +148,197 @@ export function checkModel(model: string | undefined, served: readonly string[] 
   throw new HttpError(404, `The model \`${model}\` does not exist (served: ${served.join(', ')}).`, 'not_found_error');
 }
 
+type Check = (v: unknown, ctx: z.core.$RefinementCtx<unknown>) => void;
+const fail = (ctx: z.core.$RefinementCtx<unknown>, message: string, path?: PropertyKey[]) => ctx.addIssue({ code: 'custom', message, input: undefined, ...(path ? { path } : {}) });
+/** A field checked by `check`, also when absent (`undefined`; nulls are removed before). */
+const field = (check: Check) => z.unknown().superRefine(check);
+/** An optional field: absent is fine (zod skips it), present is `check`ed. */
+const optional = (check: Check): z.ZodType => field(check).optional();
+const intIn = (min: number, max: number): Check => (v, ctx) => {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v)) fail(ctx, `expected an integer, got ${typeof v === 'number' ? String(v) : kindOf(v)}`);
+  else if (v < min || v > max) fail(ctx, `must be in [${min}, ${max}], got ${v}`);
+};
+const boolean: Check = (v, ctx) => {
+  if (typeof v !== 'boolean') fail(ctx, `expected a boolean, got ${kindOf(v)}`);
+};
+/** A number honoured at its no-op values only (`ok`); anything else would change the answer. */
+const noop = (ok: (v: number) => boolean, what: string): Check => (v, ctx) => {
+  if (typeof v !== 'number' || !Number.isFinite(v)) fail(ctx, `expected a number, got ${kindOf(v)}`);
+  else if (!ok(v)) fail(ctx, `${v} is not supported (${what})`);
+};
+const only = (ok: (v: unknown) => boolean, what: string): Check => (v, ctx) => {
+  if (!ok(v)) fail(ctx, `not supported (${what})`);
+};
+const refused: Check = (_v, ctx) => fail(ctx, 'not accepted here');
+
+/** Text of one chat message's content, or the problem with it (`null` content: assistant only). */
+function messageContent(x: Record<string, unknown>): string | { problem: string } {
+  if (typeof x.content === 'string') return x.content;
+  if ((x.content === null || x.content === undefined) && x.role === 'assistant') return '';
+  if (Array.isArray(x.content)) {
+    const parts = x.content as unknown[];
+    if (parts.every((pt) => isPlainObject(pt) && pt.type === 'text' && typeof pt.text === 'string')) return parts.map((pt) => (pt as { text: string }).text).join('');
+    return { problem: "only text parts ({ type: 'text', text }) are supported" };
+  }
+  return { problem: 'expected a string or an array of text parts' };
+}
+
 /**
- * Validates a parsed `/v1/completions` (`kind` 'completion') or `/v1/chat/completions` ('chat') body.
- * @throws HttpError 400 listing every problem (`field: what is wrong`); 404 for a `model` not served.
+ * The zod schema of a completion (or chat completion) body under `limits`, field by field in the
+ * order problems are listed; `greedy` (temperature 0) widens the sampling fields it makes no-ops.
+ * Bodies reach it with null fields removed (null is absent, as in OpenAI's API).
  */
-export function parseCompletionRequest(body: unknown, limits: CompletionLimits = {}, kind: CompletionKind = 'completion'): CompletionRequest {
+function completionSchema(kind: CompletionKind, limits: CompletionLimits, greedy: boolean): z.ZodType {
   const vocab = limits.vocabSize ?? 259;
   const maxTokensLimit = limits.maxTokens ?? 4096;
   const maxPrompt = limits.maxPromptLength ?? 65536;
-  if (!isPlainObject(body)) throw new HttpError(400, `request body must be a JSON object, got ${kindOf(body)}`);
-  const problems: string[] = [];
-  const ignored: string[] = [];
-  const known = new Set<string>([...COMMON_KEYS, ...READ_KEYS[kind]]);
-  for (const k of Object.keys(body)) {
-    if (!known.has(k)) ignored.push(k);
-    else if (k === 'kv_transfer_params' && limits.allowKvTransferParams === false && body[k] !== null) problems.push(`${k}: not accepted here`);
-    else if (k === 'request_id' && limits.allowRequestId === false && body[k] !== null) problems.push(`${k}: not accepted here`);
-  }
-  const get = (k: string): unknown => (body[k] === null ? undefined : body[k]);
   const isTokenId = (x: unknown): x is number => Number.isInteger(x) && (x as number) >= 0 && (x as number) < vocab;
-
-  let prompt: string | number[] = '';
-  let messages: ChatMessage[] | undefined;
+  const tokenIds = `token ids must be integers in [0, ${vocab})`;
+  const shape: Record<string, z.ZodType> = {};
   if (kind === 'completion') {
-    const p = body.prompt;
-    if (p === undefined || p === null) problems.push('prompt: required');
-    else if (typeof p === 'string') {
-      if (p.length === 0) problems.push('prompt: must not be empty');
-      else if (p.length > maxPrompt) problems.push(`prompt: longer than ${maxPrompt} characters`);
-      else prompt = p;
-    } else if (Array.isArray(p)) {
-      if (p.length === 0) problems.push('prompt: must not be empty');
-      else if (p.some((x) => typeof x === 'string' || Array.isArray(x))) problems.push('prompt: batched prompts are not supported (one string or one token id array)');
-      else if (p.length > maxPrompt) problems.push(`prompt: more than ${maxPrompt} token ids`);
-      else if (!p.every(isTokenId)) problems.push(`prompt: token ids must be integers in [0, ${vocab})`);
-      else prompt = p.slice() as number[];
-    } else problems.push(`prompt: expected a string or an array of token ids, got ${kindOf(p)}`);
+    shape.prompt = field((p, ctx) => {
+      if (p === undefined) fail(ctx, 'required');
+      else if (typeof p === 'string') {
+        if (p.length === 0) fail(ctx, 'must not be empty');
+        else if (p.length > maxPrompt) fail(ctx, `longer than ${maxPrompt} characters`);
+      } else if (Array.isArray(p)) {
+        if (p.length === 0) fail(ctx, 'must not be empty');
+        else if (p.some((x) => typeof x === 'string' || Array.isArray(x))) fail(ctx, 'batched prompts are not supported (one string or one token id array)');
+        else if (p.length > maxPrompt) fail(ctx, `more than ${maxPrompt} token ids`);
+        else if (!p.every(isTokenId)) fail(ctx, tokenIds);
+      } else fail(ctx, `expected a string or an array of token ids, got ${kindOf(p)}`);
+    });
   } else {
-    const m = body.messages;
-    if (!Array.isArray(m) || m.length === 0) problems.push(`messages: expected a non-empty array of messages, got ${kindOf(m)}`);
-    else if (m.length > MAX_MESSAGES) problems.push(`messages: at most ${MAX_MESSAGES}`);
-    else {
+    shape.messages = field((m, ctx) => {
+      if (!Array.isArray(m) || m.length === 0) return fail(ctx, `expected a non-empty array of messages, got ${kindOf(m)}`);
+      if (m.length > MAX_MESSAGES) return fail(ctx, `at most ${MAX_MESSAGES}`);
       const out: ChatMessage[] = [];
       m.forEach((x: unknown, i) => {
-        if (!isPlainObject(x)) return problems.push(`messages[${i}]: expected an object, got ${kindOf(x)}`);
-        if (!(ROLES as readonly unknown[]).includes(x.role)) return problems.push(`messages[${i}].role: expected one of ${ROLES.join(', ')}`);
-        let content: string | null = null;
-        if (typeof x.content === 'string') content = x.content;
-        else if ((x.content === null || x.content === undefined) && x.role === 'assistant') content = '';
-        else if (Array.isArray(x.content)) {
-          const parts = x.content as unknown[];
-          if (parts.every((pt) => isPlainObject(pt) && pt.type === 'text' && typeof pt.text === 'string')) content = parts.map((pt) => (pt as { text: string }).text).join('');
-          else return problems.push(`messages[${i}].content: only text parts ({ type: 'text', text }) are supported`);
-        }
-        if (content === null) return problems.push(`messages[${i}].content: expected a string or an array of text parts`);
-        for (const k of Object.keys(x)) if (k !== 'role' && k !== 'content') ignored.push(`messages[${i}].${k}`);
+        if (!isPlainObject(x)) return fail(ctx, `expected an object, got ${kindOf(x)}`, [i]);
+        if (!(ROLES as readonly unknown[]).includes(x.role)) return fail(ctx, `expected one of ${ROLES.join(', ')}`, [i, 'role']);
+        const content = messageContent(x);
+        if (typeof content !== 'string') return fail(ctx, content.problem, [i, 'content']);
         out.push({ role: x.role as ChatMessage['role'], content });
       });
-      if (problems.length === 0) {
-        messages = out;
-        prompt = applyChatTemplate(out);
-        if (prompt.length > maxPrompt) problems.push(`messages: the rendered prompt is longer than ${maxPrompt} characters`);
-      }
-    }
+      if (out.length === m.length && applyChatTemplate(out).length > maxPrompt) fail(ctx, `the rendered prompt is longer than ${maxPrompt} characters`);
+    });
   }
-
-  const int = (k: string, def: number, min: number, max: number): number => {
-    const v = get(k);
-    if (v === undefined) return def;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v)) problems.push(`${k}: expected an integer, got ${typeof v === 'number' ? String(v) : kindOf(v)}`);
-    else if (v < min || v > max) problems.push(`${k}: must be in [${min}, ${max}], got ${v}`);
-    else return v;
-    return def;
-  };
-  const maxTokens = get('max_completion_tokens') !== undefined ? int('max_completion_tokens', 16, 1, maxTokensLimit) : int('max_tokens', 16, 1, maxTokensLimit);
-  const seed = int('seed', 0, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
-
-  let temperature = 0;
-  const t = get('temperature');
-  if (t !== undefined) {
-    if (typeof t !== 'number' || !Number.isFinite(t)) problems.push(`temperature: expected a number, got ${kindOf(t)}`);
-    else if (t < 0 || t > 2) problems.push(`temperature: must be in [0, 2], got ${t}`);
-    else temperature = t;
-  }
-
-  let stop: string[] = [];
-  const s = get('stop');
-  if (s !== undefined) {
-    const list = typeof s === 'string' ? [s] : s;
-    if (!Array.isArray(list) || !list.every((x) => typeof x === 'string')) problems.push(`stop: expected a string or an array of strings, got ${kindOf(s)}`);
-    else if (list.length > MAX_STOP) problems.push(`stop: at most ${MAX_STOP} sequences`);
-    else if (list.some((x) => x.length === 0 || x.length > MAX_STOP_LENGTH)) problems.push(`stop: sequences must have 1 to ${MAX_STOP_LENGTH} characters`);
-    else stop = list.slice();
-  }
-
-  let stopTokenIds: number[] = [];
-  const st = get('stop_token_ids');
-  if (st !== undefined) {
-    if (!Array.isArray(st)) problems.push(`stop_token_ids: expected an array, got ${kindOf(st)}`);
-    else if (st.length > MAX_STOP_TOKEN_IDS) problems.push(`stop_token_ids: at most ${MAX_STOP_TOKEN_IDS} ids`);
-    else if (!st.every(isTokenId)) problems.push(`stop_token_ids: token ids must be integers in [0, ${vocab})`);
-    else stopTokenIds = st.slice() as number[];
-  }
-
-  const bool = (k: string): boolean => {
-    const v = get(k);
-    if (v === undefined) return false;
-    if (typeof v !== 'boolean') problems.push(`${k}: expected a boolean, got ${kindOf(v)}`);
-    return v === true;
-  };
-  const ignoreEos = bool('ignore_eos');
-  const stream = bool('stream');
-
-  let includeUsage = false;
-  const so = get('stream_options');
-  if (so !== undefined) {
-    if (!isPlainObject(so)) problems.push(`stream_options: expected an object, got ${kindOf(so)}`);
-    else {
+  Object.assign(shape, {
+    max_completion_tokens: optional(intIn(1, maxTokensLimit)),
+    max_tokens: optional(intIn(1, maxTokensLimit)),
+    seed: optional(intIn(Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER)),
+    temperature: optional((t, ctx) => {
+      if (typeof t !== 'number' || !Number.isFinite(t)) fail(ctx, `expected a number, got ${kindOf(t)}`);
+      else if (t < 0 || t > 2) fail(ctx, `must be in [0, 2], got ${t}`);
+    }),
+    stop: optional((st, ctx) => {
+      const list = typeof st === 'string' ? [st] : st;
+      if (!Array.isArray(list) || !list.every((x) => typeof x === 'string')) fail(ctx, `expected a string or an array of strings, got ${kindOf(st)}`);
+      else if (list.length > MAX_STOP) fail(ctx, `at most ${MAX_STOP} sequences`);
+      else if (list.some((x) => x.length === 0 || x.length > MAX_STOP_LENGTH)) fail(ctx, `sequences must have 1 to ${MAX_STOP_LENGTH} characters`);
+    }),
+    stop_token_ids: optional((st, ctx) => {
+      if (!Array.isArray(st)) fail(ctx, `expected an array, got ${kindOf(st)}`);
+      else if (st.length > MAX_STOP_TOKEN_IDS) fail(ctx, `at most ${MAX_STOP_TOKEN_IDS} ids`);
+      else if (!st.every(isTokenId)) fail(ctx, tokenIds);
+    }),
+    ignore_eos: optional(boolean),
+    stream: optional(boolean),
+    stream_options: optional((so, ctx) => {
+      if (!isPlainObject(so)) return fail(ctx, `expected an object, got ${kindOf(so)}`);
       const iu = so.include_usage;
-      if (iu !== undefined && iu !== null && typeof iu !== 'boolean') problems.push(`stream_options.include_usage: expected a boolean, got ${kindOf(iu)}`);
-      includeUsage = iu === true;
-      for (const k of Object.keys(so)) if (k !== 'include_usage' && so[k] !== null && so[k] !== false) ignored.push(`stream_options.${k}`);
-    }
+      if (iu !== undefined && iu !== null && typeof iu !== 'boolean') fail(ctx, `expected a boolean, got ${kindOf(iu)}`, ['include_usage']);
+    }),
+    kv_transfer_params: optional(limits.allowKvTransferParams === false ? refused : (kv, ctx) => (isPlainObject(kv) ? undefined : fail(ctx, `expected an object, got ${kindOf(kv)}`))),
+    request_id: optional(limits.allowRequestId === false ? refused : (rid, ctx) => (typeof rid === 'string' && REQUEST_ID.test(rid) ? undefined : fail(ctx, 'expected 1 to 128 characters of [A-Za-z0-9._:-]'))),
+    model: optional((m, ctx) => (typeof m === 'string' ? undefined : fail(ctx, `expected a string, got ${kindOf(m)}`))),
+    n: optional(noop((v) => v === 1, 'only 1 choice per request')),
+    best_of: optional(noop((v) => v === 1, 'only 1')),
+    top_p: optional(noop((v) => greedy || v === 1, 'the engine samples from the whole softmax: only 1, or any value with temperature 0')),
+    top_k: optional(noop((v) => greedy || v === -1 || v === 0, 'the engine samples from the whole softmax: only -1 or 0, or any value with temperature 0')),
+    min_p: optional(noop((v) => greedy || v === 0, 'only 0, or any value with temperature 0')),
+    frequency_penalty: optional(noop((v) => v === 0, 'penalties are not implemented: only 0')),
+    presence_penalty: optional(noop((v) => v === 0, 'penalties are not implemented: only 0')),
+    repetition_penalty: optional(noop((v) => v === 1, 'penalties are not implemented: only 1')),
+    min_tokens: optional(noop((v) => v === 0, 'not implemented: only 0')),
+    min_completion_tokens: optional(noop((v) => v === 0, 'not implemented: only 0')),
+    top_logprobs: optional(noop((v) => v === 0, 'logprobs are not implemented')),
+    logprobs: optional(only((v) => v === false, 'logprobs are not implemented: only null or false')),
+    echo: optional(only((v) => v === false, 'only false')),
+    suffix: optional(only((v) => v === '', 'only an empty suffix')),
+    logit_bias: optional(only((v) => isPlainObject(v) && Object.keys(v).length === 0, 'only {}')),
+    response_format: optional(only((v) => isPlainObject(v) && v.type === 'text', "only { type: 'text' }")),
+    tools: optional(only((v) => Array.isArray(v) && v.length === 0, 'tool calls are not implemented: only []')),
+    tool_choice: optional(only((v) => v === 'none' || v === 'auto', "tool calls are not implemented: only 'none' or 'auto'")),
+  });
+  // only the fields of this kind (READ_KEYS): a chat body's `prompt` is ignored, not checked
+  const known = new Set<string>([...COMMON_KEYS, ...READ_KEYS[kind]]);
+  return z.object(Object.fromEntries(Object.entries(shape).filter(([k]) => known.has(k))));
+}
+
+const schemas = new Map<string, z.ZodType>();
+function cachedSchema(kind: CompletionKind, limits: CompletionLimits, greedy: boolean): z.ZodType {
+  const key = JSON.stringify([kind, greedy, limits.vocabSize, limits.maxTokens, limits.maxPromptLength, limits.allowKvTransferParams, limits.allowRequestId]);
+  let s = schemas.get(key);
+  if (!s) {
+    s = completionSchema(kind, limits, greedy);
+    if (schemas.size < 64) schemas.set(key, s);
   }
+  return s;
+}
 
-  let kvTransferParams: KVTransferParams | undefined;
-  const kv = get('kv_transfer_params');
-  if (kv !== undefined && limits.allowKvTransferParams !== false) {
-    if (!isPlainObject(kv)) problems.push(`kv_transfer_params: expected an object, got ${kindOf(kv)}`);
-    else kvTransferParams = kv;
+/**
+ * Validates a parsed `/v1/completions` (`kind` 'completion') or `/v1/chat/completions` ('chat')
+ * body with its zod schema ({@link completionSchema}; a `null` optional field is absent; with
+ * `max_completion_tokens`, `max_tokens` is not read).
+ * @throws HttpError 400 listing every problem (`field: what is wrong`); 404 for a `model` not served.
+ */
+export function parseCompletionRequest(body: unknown, limits: CompletionLimits = {}, kind: CompletionKind = 'completion'): CompletionRequest {
+  if (!isPlainObject(body)) throw new HttpError(400, `request body must be a JSON object, got ${kindOf(body)}`);
+  const b: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(body)) if (v !== null) b[k] = v;
+  if (b.max_completion_tokens !== undefined) delete b.max_tokens;
+  const greedy = b.temperature === undefined || b.temperature === 0;
+  const r = cachedSchema(kind, limits, greedy).safeParse(b);
+  if (!r.success) {
+    const problems = zodProblems(r.error).map((p) => `${p.path}: ${p.message}`);
+    throw new HttpError(400, `invalid ${kind === 'chat' ? 'chat ' : ''}completion request: ${problems.join('; ')}`);
   }
-
-  let requestId: string | undefined;
-  const rid = get('request_id');
-  if (rid !== undefined && limits.allowRequestId !== false) {
-    if (typeof rid !== 'string' || !REQUEST_ID.test(rid)) problems.push('request_id: expected 1 to 128 characters of [A-Za-z0-9._:-]');
-    else requestId = rid;
+  // valid: read the values (and list what is ignored)
+  const known = new Set<string>([...COMMON_KEYS, ...READ_KEYS[kind]]);
+  const ignored = Object.keys(body).filter((k) => !known.has(k));
+  let prompt: string | number[];
+  let messages: ChatMessage[] | undefined;
+  if (kind === 'completion') prompt = typeof b.prompt === 'string' ? b.prompt : (b.prompt as number[]).slice();
+  else {
+    messages = (b.messages as Record<string, unknown>[]).map((x) => ({ role: x.role as ChatMessage['role'], content: messageContent(x) as string }));
+    (b.messages as Record<string, unknown>[]).forEach((x, i) => {
+      for (const k of Object.keys(x)) if (k !== 'role' && k !== 'content') ignored.push(`messages[${i}].${k}`);
+    });
+    prompt = applyChatTemplate(messages);
   }
-
-  const model = get('model');
-  if (model !== undefined && typeof model !== 'string') problems.push(`model: expected a string, got ${kindOf(model)}`);
-
-  // Fields that are honoured at their no-op values only (anything else would change the answer).
-  const num = (k: string, ok: (v: number) => boolean, what: string) => {
-    const v = get(k);
-    if (v === undefined) return;
-    if (typeof v !== 'number' || !Number.isFinite(v)) problems.push(`${k}: expected a number, got ${kindOf(v)}`);
-    else if (!ok(v)) problems.push(`${k}: ${v} is not supported (${what})`);
+  const so = b.stream_options as Record<string, unknown> | undefined;
+  for (const k of Object.keys(so ?? {})) if (k !== 'include_usage' && so![k] !== null && so![k] !== false) ignored.push(`stream_options.${k}`);
+  const model = b.model as string | undefined;
+  checkModel(model, limits.servedModels);
+  const stop = b.stop === undefined ? [] : typeof b.stop === 'string' ? [b.stop] : (b.stop as string[]).slice();
+  const req: CompletionRequest = {
+    kind,
+    prompt,
+    maxTokens: ((b.max_completion_tokens ?? b.max_tokens) as number | undefined) ?? 16,
+    temperature: (b.temperature as number | undefined) ?? 0,
+    seed: (b.seed as number | undefined) ?? 0,
+    stop,
+    stopTokenIds: ((b.stop_token_ids as number[] | undefined) ?? []).slice(),
+    ignoreEos: b.ignore_eos === true,
+    stream: b.stream === true,
+    includeUsage: so?.include_usage === true,
+    ignored,
   };
-  const greedy = temperature === 0;
-  num('n', (v) => v === 1, 'only 1 choice per request');
-  num('best_of', (v) => v === 1, 'only 1');
-  num('top_p', (v) => greedy || v === 1, 'the engine samples from the whole softmax: only 1, or any value with temperature 0');
-  num('top_k', (v) => greedy || v === -1 || v === 0, 'the engine samples from the whole softmax: only -1 or 0, or any value with temperature 0');
-  num('min_p', (v) => greedy || v === 0, 'only 0, or any value with temperature 0');
-  num('frequency_penalty', (v) => v === 0, 'penalties are not implemented: only 0');
-  num('presence_penalty', (v) => v === 0, 'penalties are not implemented: only 0');
-  num('repetition_penalty', (v) => v === 1, 'penalties are not implemented: only 1');
-  num('min_tokens', (v) => v === 0, 'not implemented: only 0');
-  num('min_completion_tokens', (v) => v === 0, 'not implemented: only 0');
-  num('top_logprobs', (v) => v === 0, 'logprobs are not implemented');
-  const only = (k: string, ok: (v: unknown) => boolean, what: string) => {
-    const v = get(k);
-    if (v !== undefined && !ok(v)) problems.push(`${k}: not supported (${what})`);
-  };
-  only('logprobs', (v) => v === false, 'logprobs are not implemented: only null or false');
-  only('echo', (v) => v === false, 'only false');
-  only('suffix', (v) => v === '', 'only an empty suffix');
-  only('logit_bias', (v) => isPlainObject(v) && Object.keys(v).length === 0, 'only {}');
-  only('response_format', (v) => isPlainObject(v) && v.type === 'text', "only { type: 'text' }");
-  only('tools', (v) => Array.isArray(v) && v.length === 0, 'tool calls are not implemented: only []');
-  only('tool_choice', (v) => v === 'none' || v === 'auto', "tool calls are not implemented: only 'none' or 'auto'");
-
-  if (problems.length > 0) throw new HttpError(400, `invalid ${kind === 'chat' ? 'chat ' : ''}completion request: ${problems.join('; ')}`);
-  checkModel(model as string | undefined, limits.servedModels);
-  const req: CompletionRequest = { kind, prompt, maxTokens, temperature, seed, stop, stopTokenIds, ignoreEos, stream, includeUsage, ignored };
   if (messages) req.messages = messages;
-  if (kvTransferParams) req.kvTransferParams = kvTransferParams;
-  if (requestId) req.requestId = requestId;
-  if (typeof model === 'string') req.model = model;
+  if (limits.allowKvTransferParams !== false && b.kv_transfer_params !== undefined) req.kvTransferParams = b.kv_transfer_params as KVTransferParams;
+  if (limits.allowRequestId !== false && b.request_id !== undefined) req.requestId = b.request_id as string;
+  if (model !== undefined) req.model = model;
   return req;
 }
 

@@ -30,11 +30,16 @@
  *   skips down consumers while another is up.
  * - `GET /v1/models`: the consumers' served model names; `GET /version`: `{ version }`;
  * - `GET /health`: asks every engine's `/health` (200 when all answer, else 503).
+ * - `GET /metrics`: the proxy's own Prometheus metrics ({@link PROXY_METRIC_NAMES}: requests by
+ *   route and status, their latency, requests in flight, requests each engine failed).
  * - `POST /shutdown`: closes the proxy gracefully (the engines keep running).
+ * - Access log: one `info` line per HTTP request on `logger` (`requestId`, `method`, `path`,
+ *   `status`, `latencyMs`; `component: 'proxy'`).
  * @module
  */
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { KV_TRANSFER_PARAMS_ERROR } from '@kvconnect/core';
 import { PDProxy } from '../proxy.js';
 import { EngineClient, EngineClientError, type RemoteGenerateResult } from './engine-client.js';
@@ -92,7 +97,45 @@ export interface ProxyServerOptions {
   allowShutdown?: boolean;
   /** Called once after `POST /shutdown` closed the server. */
   onShutdown?: () => void | Promise<void>;
+  /** Where the access log and warnings go (a pino logger fits; default none). */
+  logger?: ProxyLogger;
+  /** The registry of the proxy's metrics (default a new one: never prom-client's global registry). */
+  metricsRegistry?: Registry;
 }
+
+/** What the proxy logs to (a pino logger fits). */
+export interface ProxyLogger {
+  info(fields: object, msg: string): void;
+  warn(fields: object, msg: string): void;
+}
+
+/** The proxy's metric names (`GET /metrics`). */
+export const PROXY_METRIC_NAMES = Object.freeze({
+  requests: 'kvconnect_proxy_requests_total',
+  requestSeconds: 'kvconnect_proxy_request_duration_seconds',
+  inFlight: 'kvconnect_proxy_requests_in_flight',
+  engineFailures: 'kvconnect_proxy_engine_failures_total',
+});
+
+/** The proxy's metrics on `registry`. */
+function proxyMetrics(registry: Registry) {
+  const registers = [registry];
+  const N = PROXY_METRIC_NAMES;
+  return {
+    requests: new Counter({ name: N.requests, help: 'HTTP requests the proxy answered, by route and status code', labelNames: ['route', 'status'], registers }),
+    requestSeconds: new Histogram({
+      name: N.requestSeconds,
+      help: 'Time from a request reaching the proxy to its response ending, seconds',
+      labelNames: ['route'],
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+      registers,
+    }),
+    inFlight: new Gauge({ name: N.inFlight, help: 'Completions the proxy is routing now', registers }),
+    engineFailures: new Counter({ name: N.engineFailures, help: 'Completions an engine failed (unreachable, timed out, error answer), by side and HTTP status answered', labelNames: ['side', 'status'], registers }),
+  };
+}
+
+const ROUTES = new Set(['/v1/completions', '/v1/chat/completions', '/v1/models', '/version', '/health', '/metrics', '/shutdown']);
 
 /** A running proxy server. */
 export interface ProxyServer {
@@ -222,6 +265,9 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
   const startedAt = Date.now();
   let seq = 0;
   let closing = false;
+  const registry = options.metricsRegistry ?? new Registry();
+  const metrics = proxyMetrics(registry);
+  const log = options.logger;
 
   function pick(): { p: EngineClient; d: EngineClient; proxy: PDProxy; reach: Reachability } {
     const pi = nextP++ % prefill.length;
@@ -270,15 +316,20 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
           first = false;
         }
       : undefined;
+    res.setHeader('x-request-id', requestId);
     const work = proxy.generate(c.prompt, sampling, { signal: gone.signal, onDelta, requestId });
     const tracked = work.catch(() => {});
     running.add(tracked);
+    metrics.inFlight.inc();
     let r;
     try {
       r = await work;
     } catch (e) {
       if (gone.signal.aborted) return; // nobody to answer
       const he = httpErrorOf(e, d, dReach);
+      const side = e instanceof EngineClientError ? (e.url === d.url ? 'decode' : 'prefill') : 'proxy';
+      metrics.engineFailures.inc({ side, status: String(he.status) });
+      log?.warn({ requestId, side, url: e instanceof EngineClientError ? e.url : undefined, status: he.status, err: he.message }, 'engine request failed');
       if (res.headersSent) {
         // Mid-stream: the status is sent; the error goes as an event.
         sseSend(res, { error: { message: he.message, type: he.type, code: he.status } });
@@ -288,6 +339,7 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
       throw he;
     } finally {
       running.delete(tracked);
+      metrics.inFlight.dec();
       res.off('close', onClose);
     }
     if (gone.signal.aborted) return;
@@ -381,6 +433,11 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
       case '/health':
         if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
         return health(res);
+      case '/metrics':
+        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
+        res.writeHead(200, { 'content-type': registry.contentType });
+        res.end(await registry.metrics());
+        return;
       case '/shutdown':
         if (options.allowShutdown === false) throw new HttpError(404, `no route ${path}`, 'not_found_error');
         if (method !== 'POST') throw methodNotAllowed('POST');
@@ -391,7 +448,23 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     }
   }
 
-  const server: Server = createJsonHttpServer(handle);
+  /** {@link handle} with the access log line and the request metrics, once the response ended (or the client left). */
+  async function handleLogged(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const t0 = performance.now();
+    const path = (req.url ?? '/').split('?')[0];
+    const route = ROUTES.has(path) ? path : 'other';
+    res.once('close', () => {
+      const seconds = (performance.now() - t0) / 1000;
+      const status = res.headersSent ? res.statusCode : 499; // 499: the client left before an answer
+      metrics.requests.inc({ route, status: String(status) });
+      metrics.requestSeconds.observe({ route }, seconds);
+      const header = res.getHeader('x-request-id') ?? req.headers['x-request-id'];
+      log?.info({ requestId: typeof header === 'string' ? header : null, method: req.method, path, status, latencyMs: Math.round(seconds * 1e4) / 10 }, 'request');
+    });
+    return handle(req, res);
+  }
+
+  const server: Server = createJsonHttpServer(handleLogged);
 
   let closedResolve!: () => void;
   const closed = new Promise<void>((r) => (closedResolve = r));
