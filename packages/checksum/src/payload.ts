@@ -42,7 +42,7 @@ export const PAYLOAD_VERSIONS: readonly PayloadVersion[] = Object.freeze([1, 2] 
  * from the SPEC's versions (a SPEC decoder rejects it as an unknown version, as SPEC vectors ask
  * of version 3). The decoder accepts it besides {@link PAYLOAD_VERSIONS}.
  */
-export const PAYLOAD_VERSION_EXTENSIONS = 16;
+export const PAYLOAD_VERSION_EXTENSIONS = 16 as const;
 
 /** Largest accepted payload, in bytes of raw MessagePack (SPEC 6): 16 MiB. */
 export const MAX_PAYLOAD_BYTES = 16 * 1024 * 1024;

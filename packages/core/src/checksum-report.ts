@@ -18,6 +18,8 @@ export interface StepGroupEntry {
   start: number;
   /** Physical block ids (state groups: exactly one). */
   blockIds: number[];
+  /** Sampled checking: the indices into `blockIds` to sum, ascending (absent: every block). */
+  sample?: number[];
 }
 
 /** One request to sum in a step. */

@@ -36,6 +36,9 @@
  * @module
  */
 import {
+  BlockSampler,
+  SAMPLE_THRESHOLD_ALL,
+  sampleThreshold,
   decodePayload,
   decodePayloadBase64,
   encodePayload,
@@ -44,6 +47,7 @@ import {
   verdictSummary,
   verifyLoad,
   PayloadError,
+  PAYLOAD_VERSION_EXTENSIONS,
   type ChecksumPayload,
   type ConsumerGroup,
   type ConsumerLoad,
@@ -52,6 +56,7 @@ import {
   type Verdict,
   type WorkerRecord,
 } from '@kvconnect/checksum';
+import { resolveClusterSecret } from '@kvconnect/transfer';
 import type { KVChecksumSchedulerHooks, LoadDecision } from './checksum-hooks.js';
 import type {
   BlockIdsPerGroup,
@@ -79,6 +84,14 @@ export class KVChecksumCarrierError extends Error {
   constructor(readonly connectorName: string) {
     super(`KV connector ${JSON.stringify(connectorName)} does not carry KV checksums, so no load could be verified (kv_checksum_fail_closed is set)`);
     this.name = 'KVChecksumCarrierError';
+  }
+}
+
+/** Raised at start when `kv_checksum_sample_rate` < 1 and no cluster secret is configured (the sample would be predictable). */
+export class KVChecksumSampleError extends Error {
+  constructor() {
+    super('kv_checksum_sample_rate below 1 needs the cluster secret (kv_connector_extra_config.cluster_secret or KVCONNECT_CLUSTER_SECRET): without it a peer could predict the unchecked blocks');
+    this.name = 'KVChecksumSampleError';
   }
 }
 
@@ -117,6 +130,8 @@ interface SendPending {
   reports: Map<string, ReportEntry>;
   /** Workers whose sums are in flight on a device: worker key -> deadline (ms since the epoch). */
   inFlight?: Map<string, number>;
+  /** Sampled checking: the threshold the entry was sampled at (absent: every block). */
+  sampleThreshold?: number;
 }
 
 /** A consumer load waiting for its workers' sums. */
@@ -128,6 +143,8 @@ interface RecvPending {
   reports: Map<string, ReportEntry>;
   /** As {@link SendPending.inFlight}. */
   inFlight?: Map<string, number>;
+  /** Sampled checking: the sampler the entry was sampled with (absent: every block). */
+  sampler?: BlockSampler;
 }
 
 const PROBES: ConnectorRequest[] = [
@@ -164,6 +181,9 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
   private nextRecv = new Map<string, StepEntry>();
   private nextDrop = new Set<string>();
   private readonly inFlightTimeoutMs: number;
+  /** Sampled checking: the configured threshold (sampling.ts), and the cluster secret when it is below 2^32. */
+  private readonly sampleThreshold: number;
+  private readonly sampleSecret: Uint8Array | null = null;
 
   constructor(options: KVChecksumSchedulerOptions);
   constructor(
@@ -204,6 +224,22 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
       this.observability.logger.warn({ connector: o.config.kv_connector }, reason);
       this.observability.events.emit('checksums-disabled', { reason });
       this._enabled = false;
+    }
+    this.sampleThreshold = sampleThreshold(o.config.kv_checksum_sample_rate ?? 1);
+    if (this._enabled && this.sampleThreshold < SAMPLE_THRESHOLD_ALL) {
+      this.sampleSecret = resolveClusterSecret(o.config.kv_connector_extra_config.cluster_secret);
+      if (this.sampleSecret === null) throw new KVChecksumSampleError();
+    }
+  }
+
+  /** Sampled checking: the request's sampler (its key: the digest of the whole prompt), or undefined when every block is summed. */
+  private samplerOf(request: ConnectorRequest): BlockSampler | undefined {
+    if (this.sampleSecret === null) return undefined;
+    try {
+      return new BlockSampler(this.sampleSecret, tokenDigest(request.promptTokenIds), this.sampleThreshold);
+    } catch (e) {
+      this.observability.logger.warn({ requestId: request.requestId, err: e }, 'no KV checksum sample for this request (prompt not digestible): every block summed');
+      return undefined;
     }
   }
 
@@ -255,10 +291,16 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     return { groupId: g.groupId, start, blockIds };
   }
 
-  private entryOf(request: ConnectorRequest, blocks: BlockIdsPerGroup, firstToken: number, numTokens: number): StepEntry {
+  private entryOf(request: ConnectorRequest, blocks: BlockIdsPerGroup, firstToken: number, numTokens: number, sampler?: BlockSampler): StepEntry {
     const groups: StepGroupEntry[] = [];
-    this.groupConfigs.forEach((_, k) => {
+    this.groupConfigs.forEach((cfg, k) => {
       const e = this.groupEntry(k, blocks[k], firstToken, numTokens);
+      if (e && sampler) {
+        // Sampled checking: only blocks overlapping a sampled span (sampling.ts; state groups: span 0).
+        const bs = isStateKind(cfg.kind) ? 0 : cfg.blockSize;
+        const sample = e.blockIds.map((_, i) => i).filter((i) => sampler.blockSampled(e.groupId, bs, e.start + i));
+        if (sample.length < e.blockIds.length) e.sample = sample;
+      }
       if (e) groups.push(e);
       else this.observability.logger.debug({ requestId: request.requestId, groupId: this.groupConfigs[k].groupId }, 'group not checksummed for this request (no blocks, or a null block among them)');
     });
@@ -271,9 +313,10 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     if (this.role === 'kv_both' && !request.kvTransferParams?.do_remote_decode) return;
     const carrier = this.carrierOf(request);
     if (carrier === null) return;
-    const entry = this.entryOf(request, blocks, 0, numTokens);
+    const sampler = this.samplerOf(request);
+    const entry = this.entryOf(request, blocks, 0, numTokens, sampler);
     // A new prefill (after preemption) replaces an earlier entry and its sums.
-    this.sends.set(request.requestId, { request, entry, carrier, reports: new Map() });
+    this.sends.set(request.requestId, { request, entry, carrier, reports: new Map(), ...(sampler ? { sampleThreshold: sampler.threshold } : {}) });
     this.nextSend.set(request.requestId, entry);
   }
 
@@ -282,13 +325,14 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     if (!this._enabled || this.role === 'kv_producer') return;
     const carrier = this.carrierOf(request);
     if (carrier === null) return;
-    const entry = this.entryOf(request, blocks, numLocalTokens, numLocalTokens + numExternalTokens);
+    const sampler = this.samplerOf(request);
+    const entry = this.entryOf(request, blocks, numLocalTokens, numLocalTokens + numExternalTokens, sampler);
     let payload: RecvPending['payload'];
     if (carrier === 'kv_transfer_params') {
       const text = request.kvTransferParams?.[KV_CHECKSUMS_PARAM];
       if (text !== undefined) payload = this.decode(request.requestId, () => decodePayloadBase64(text as string)); // a non-string is rejected (PayloadError)
     }
-    this.recvs.set(request.requestId, { entry, carrier, payload, reports: new Map() });
+    this.recvs.set(request.requestId, { entry, carrier, payload, reports: new Map(), ...(sampler ? { sampler } : {}) });
     this.nextRecv.set(request.requestId, entry);
     this.nextDrop.delete(request.requestId);
   }
@@ -437,7 +481,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
         skipped: kind === null || recs.some((x) => x.r?.skipped === true),
       };
     });
-    return { numTokens: p.entry.numTokens, tokenIds: request.promptTokenIds, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers };
+    return { numTokens: p.entry.numTokens, tokenIds: request.promptTokenIds, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers, ...(p.sampler ? { sample: p.sampler } : {}) };
   }
 
   private report(requestId: string, verdict: Verdict, action: LoadDecision['action'], numTokens: number): void {
@@ -576,6 +620,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     } catch (e) {
       return { notSent: 'encode-error', detail: `no token digest of ${numTokens} tokens: ${e instanceof Error ? e.message : String(e)}` };
     }
-    return { payload: { version: 2, numTokens, producerTpSize: this.tpSize, tokenDigest: digest, groups } };
+    const ext = p.sampleThreshold !== undefined ? { version: PAYLOAD_VERSION_EXTENSIONS, sampleThreshold: p.sampleThreshold } : { version: 2 as const };
+    return { payload: { ...ext, numTokens, producerTpSize: this.tpSize, tokenDigest: digest, groups } };
   }
 }

@@ -281,7 +281,7 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
         e.groups.map((g) => {
           const idx = this.groupIndex.get(g.groupId);
           if (idx === undefined) return 'unknown';
-          runs.push({ group: idx, blockIds: g.blockIds, start: g.start, numTokens: e.numTokens });
+          runs.push({ group: idx, blockIds: g.blockIds, start: g.start, numTokens: e.numTokens, ...(g.sample ? { mask: sampleMask(g.sample, g.blockIds.length) } : {}) });
           return runs.length - 1;
         }),
       );
@@ -292,8 +292,8 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
       const plan = side.summer.plans[run.group];
       if (plan.skipReason !== null) continue;
       if (plan.kind === 'attention') {
-        for (let i = 0; i < run.blockIds.length; i++) bytes += pb.perToken * validTokens(run, i, plan.blockSize);
-      } else bytes += pb.perBlock * run.blockIds.length;
+        for (let i = 0; i < run.blockIds.length; i++) if (run.mask?.[i] !== 0) bytes += pb.perToken * validTokens(run, i, plan.blockSize);
+      } else if (run.mask?.[0] !== 0) bytes += pb.perBlock * run.blockIds.length;
     }
     return { entries, runs, slots, bytes };
   }
@@ -324,6 +324,13 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
       }),
     };
   }
+}
+
+/** A run's mask (1 = sum) from a step entry's sampled indices (`StepGroupEntry.sample`). */
+function sampleMask(sample: readonly number[], n: number): Uint8Array {
+  const mask = new Uint8Array(n);
+  for (const i of sample) if (i >= 0 && i < n) mask[i] = 1;
+  return mask;
 }
 
 /** Valid tokens of block `i` of a run (SPEC 2): `min(B, max(0, numTokens - position * B))`. */

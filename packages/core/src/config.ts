@@ -29,6 +29,7 @@ const KEYS = [
   'kv_role',
   'enable_kv_checksum',
   'kv_checksum_fail_closed',
+  'kv_checksum_sample_rate',
   'kv_load_failure_policy',
   'kv_connector_extra_config',
   'kv_connector_module_path',
@@ -55,6 +56,8 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
  * - `enable_kv_checksum` (boolean, default false): checksum KV loads (set on both sides);
  * - `kv_checksum_fail_closed` (boolean, default false): mismatched or unverified loads go to
  *   the load failure policy instead of being logged and used (SPEC 8);
+ * - `kv_checksum_sample_rate` (number in (0, 1], default 1): check only a keyed sample of each
+ *   request's blocks (docs/checksum-extensions.md section 2; below 1 it needs the cluster secret);
  * - `kv_load_failure_policy` (`fail` | `recompute`, default `recompute`);
  * - `kv_connector_extra_config` (plain object, default `{}`): connector options, not validated here;
  * - `kv_connector_module_path` (optional non-empty string): a module to import that registers
@@ -96,6 +99,9 @@ export function parseKVTransferConfig(raw: unknown, pathPrefix = ''): KVTransfer
   const enable = bool('enable_kv_checksum');
   const failClosed = bool('kv_checksum_fail_closed');
 
+  const rate = raw.kv_checksum_sample_rate;
+  if (rate !== undefined && !(typeof rate === 'number' && rate > 0 && rate <= 1)) problems.push({ path: p('kv_checksum_sample_rate'), message: `expected a number in (0, 1], got ${typeof rate === 'number' ? rate : kindOf(rate)}` });
+
   const policy = raw.kv_load_failure_policy === undefined ? 'recompute' : raw.kv_load_failure_policy;
   if (typeof policy !== 'string') problems.push({ path: p('kv_load_failure_policy'), message: `expected a string, got ${kindOf(policy)}` });
   else if (!(POLICIES as readonly string[]).includes(policy)) {
@@ -121,5 +127,6 @@ export function parseKVTransferConfig(raw: unknown, pathPrefix = ''): KVTransfer
     kv_connector_extra_config: { ...(extra as Record<string, unknown>) },
   };
   if (modulePath !== undefined) config.kv_connector_module_path = modulePath as string;
+  if (rate !== undefined) config.kv_checksum_sample_rate = rate as number;
   return config;
 }
