@@ -340,13 +340,15 @@ export function runProducer(o: {
   prepare?: (workers: FakeWorker[]) => void;
   /** The request's prompt (default `0 .. tokens-1`). */
   promptTokenIds?: number[];
+  /** Config fields over the defaults (e.g. `kv_checksum_sample_rate`). */
+  configOver?: Partial<KVTransferConfig>;
 }): ProducerRun {
   const seed = o.seed ?? 1;
   const id = o.requestId ?? 'req-1';
   const logs: Array<Record<string, unknown>> = [];
   const obs = new KVChecksumObservability({ logger: captureLogger(logs) });
   const connector = new FakeConnector(o.carrier);
-  const scheduler = new KVChecksumScheduler({ config: config({ kv_role: 'kv_producer' }), connector: o.connector ?? connector, tpSize: o.shape.tp, ppSize: o.shape.pp, groupConfigs: groupConfigs(o.shape.blockSize), observability: obs });
+  const scheduler = new KVChecksumScheduler({ config: config({ kv_role: 'kv_producer', ...o.configOver }), connector: o.connector ?? connector, tpSize: o.shape.tp, ppSize: o.shape.pp, groupConfigs: groupConfigs(o.shape.blockSize), observability: obs });
   const workers = buildWorkers(o.shape, seed);
   if (o.prepare) replan(workers, o.shape, o.prepare);
   const blocks = blockTables(seed + 100, o.kv.tokens, o.shape.blockSize);
@@ -405,6 +407,8 @@ export function runConsumer(o: {
   promptTokenIds?: number[];
   /** The load failed in transit with this cause (passed to `onLoadFinished`). */
   loadError?: LoadError;
+  /** Config fields over the defaults (e.g. `kv_checksum_sample_rate`). */
+  configOver?: Partial<KVTransferConfig>;
 }): ConsumerRun {
   const seed = o.seed ?? 2;
   const id = o.requestId ?? 'req-1';
@@ -412,7 +416,7 @@ export function runConsumer(o: {
   const logs: Array<Record<string, unknown>> = [];
   const obs = o.obs ?? new KVChecksumObservability({ logger: captureLogger(logs) });
   const connector = o.connector ?? new FakeConnector(o.carrier);
-  const cfg = config({ kv_role: 'kv_consumer', kv_checksum_fail_closed: o.failClosed ?? false, kv_load_failure_policy: o.policy ?? 'recompute' });
+  const cfg = config({ kv_role: 'kv_consumer', kv_checksum_fail_closed: o.failClosed ?? false, kv_load_failure_policy: o.policy ?? 'recompute', ...o.configOver });
   const scheduler = new KVChecksumScheduler(cfg, connector, 'kv_consumer', o.shape.tp, o.shape.pp, groupConfigs(o.shape.blockSize), obs);
   const workers = buildWorkers(o.shape, seed);
   if (o.prepare) replan(workers, o.shape, o.prepare);
