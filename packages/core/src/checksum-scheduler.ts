@@ -53,6 +53,7 @@ import {
   type ConsumerLoad,
   type GroupKind,
   type PayloadGroup,
+  type SubBlockValues,
   type Verdict,
   type WorkerRecord,
 } from '@kvconnect/checksum';
@@ -86,6 +87,14 @@ export class KVChecksumCarrierError extends Error {
     this.name = 'KVChecksumCarrierError';
   }
 }
+
+/**
+ * The `kv_transfer_params` key that tells a producer the consumer's block sizes (docs/checksum-extensions.md
+ * section 1): an object group id (decimal text) -> the consumer's block size in tokens. For each
+ * attention group whose producer block size is a larger multiple of it, the producer also sends
+ * sub-block values at that size, so a consumer prefix hit inside a producer block is verified.
+ */
+export const KV_CHECKSUM_BLOCK_SIZES_PARAM = 'kv_checksum_block_sizes';
 
 /** Raised at start when `kv_checksum_sample_rate` < 1 and no cluster secret is configured (the sample would be predictable). */
 export class KVChecksumSampleError extends Error {
@@ -315,9 +324,26 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     if (carrier === null) return;
     const sampler = this.samplerOf(request);
     const entry = this.entryOf(request, blocks, 0, numTokens, sampler);
+    this.askSubBlocks(request, entry);
     // A new prefill (after preemption) replaces an earlier entry and its sums.
     this.sends.set(request.requestId, { request, entry, carrier, reports: new Map(), ...(sampler ? { sampleThreshold: sampler.threshold } : {}) });
     this.nextSend.set(request.requestId, entry);
+  }
+
+  /**
+   * Producer: names `subBlockSize` on the entry's attention groups whose block size is a larger
+   * multiple of the consumer's, as the request's {@link KV_CHECKSUM_BLOCK_SIZES_PARAM} says; a value
+   * that is not a positive integer, or does not divide the producer's, is ignored.
+   */
+  private askSubBlocks(request: ConnectorRequest, entry: StepEntry): void {
+    const sizes = request.kvTransferParams?.[KV_CHECKSUM_BLOCK_SIZES_PARAM];
+    if (typeof sizes !== 'object' || sizes === null || Array.isArray(sizes)) return;
+    for (const g of entry.groups) {
+      const cfg = this.groupConfigs.find((c) => c.groupId === g.groupId);
+      const bd = (sizes as Record<string, unknown>)[String(g.groupId)];
+      if (!cfg || isStateKind(cfg.kind) || typeof bd !== 'number' || !Number.isSafeInteger(bd) || bd <= 0) continue;
+      if (bd < cfg.blockSize && cfg.blockSize % bd === 0) g.subBlockSize = bd;
+    }
   }
 
   /** Consumer: records a receive entry of the loaded blocks only, and takes a params-carried payload. */
@@ -583,6 +609,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     }
     const fpRank = Math.min(...workers.map((w) => w.tp));
     const groups: PayloadGroup[] = [];
+    const subBlocks: SubBlockValues[] = [];
     for (const g of p.entry.groups) {
       const cfg = this.groupConfigs.find((c) => c.groupId === g.groupId)!;
       const state = isStateKind(cfg.kind);
@@ -612,6 +639,10 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
       }
       if (skip || !anyKind) continue;
       groups.push({ groupId: g.groupId, fingerprint, blockSize: cfg.blockSize, start, values });
+      if (g.subBlockSize !== undefined) {
+        const sub = subBlockPayload(g.groupId, workers.map((w) => w.e.groups.find((x) => x.groupId === g.groupId)?.sub));
+        if (sub) subBlocks.push(sub);
+      }
     }
     const { numTokens } = p.entry;
     let digest: bigint;
@@ -620,7 +651,35 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     } catch (e) {
       return { notSent: 'encode-error', detail: `no token digest of ${numTokens} tokens: ${e instanceof Error ? e.message : String(e)}` };
     }
-    const ext = p.sampleThreshold !== undefined ? { version: PAYLOAD_VERSION_EXTENSIONS, sampleThreshold: p.sampleThreshold } : { version: 2 as const };
+    const ext =
+      p.sampleThreshold !== undefined || subBlocks.length > 0
+        ? { version: PAYLOAD_VERSION_EXTENSIONS, ...(p.sampleThreshold !== undefined ? { sampleThreshold: p.sampleThreshold } : {}), ...(subBlocks.length > 0 ? { subBlocks } : {}) }
+        : { version: 2 as const };
     return { payload: { ...ext, numTokens, producerTpSize: this.tpSize, tokenDigest: digest, groups } };
   }
+}
+
+/**
+ * A group's sub-block values from its workers' `sub` records: every worker must have one, of one
+ * block size and the same rows; the values are the sum over workers of the replica-0 partials
+ * (as the block values, SPEC 2). Undefined when a worker has none or they disagree.
+ */
+function subBlockPayload(groupId: number, subs: ReadonlyArray<ReportGroup['sub']>): SubBlockValues | undefined {
+  const first = subs[0];
+  if (!first || subs.some((s) => !s || s.blockSize !== first.blockSize || s.start !== first.start || s.nBlocks !== first.nBlocks)) return undefined;
+  const values = new BigUint64Array(first.nBlocks);
+  for (const s of subs) {
+    for (const [k, v] of s!.partials) {
+      let replica: number;
+      try {
+        replica = parseReplicaKey(k).replica;
+      } catch {
+        return undefined;
+      }
+      if (replica !== 0) continue;
+      if (v.length !== first.nBlocks) return undefined;
+      for (let b = 0; b < v.length; b++) values[b] = u64(values[b] + v[b]);
+    }
+  }
+  return { groupId, blockSize: first.blockSize, start: first.start, values };
 }

@@ -27,6 +27,7 @@ import {
 } from '@kvconnect/checksum';
 import type { KVChecksumWorkerHooks } from './checksum-hooks.js';
 import type { KVTransferConfig, TransferResults, WorkerKVCaches } from './connector.js';
+import { SubBlockSums } from './checksum-sub-blocks.js';
 import { emptyReport, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry } from './checksum-report.js';
 
 export { encodeReport, decodeReport, ReportFormatError, REPORT_JSON_FORMAT, type EncodedReport, type KVChecksumReport, type ReportEntry, type ReportGroup } from './checksum-report.js';
@@ -91,6 +92,8 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
   private readonly onError: (error: unknown, requestIds: string[]) => void;
   private caches: WorkerKVCaches | null = null;
   private producer: Side | null = null;
+  /** Producer sub-block sums (host KV only), docs/checksum-extensions.md section 1. */
+  private subBlocks: SubBlockSums | null = null;
   private consumer: Side | null = null;
   /** group id -> index in the caches' groups (the checksummer's group index). */
   private readonly groupIndex = new Map<number, number>();
@@ -121,6 +124,7 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     };
     this.producer = side('producer');
     this.consumer = side('consumer');
+    this.subBlocks = this.producer.summer.isDevice ? null : new SubBlockSums(caches, this.producer.summer.backend as ChecksumBackend);
   }
 
   /** Takes the step's metadata ({@link ChecksumStepMeta}; null or undefined: nothing this step). */
@@ -269,7 +273,9 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     const prep = this.prepare(side, entries);
     const records = side.summer.compute(prep.runs);
     report.bytes[which] += prep.bytes;
-    return this.entriesOf(side, prep, records);
+    const out = this.entriesOf(side, prep, records);
+    if (which === 'send') this.subBlocks?.attach(entries, out);
+    return out;
   }
 
   /** The runs of `entries` (one per known group), their slots and the KV bytes they read. */

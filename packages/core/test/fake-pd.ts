@@ -342,6 +342,8 @@ export function runProducer(o: {
   promptTokenIds?: number[];
   /** Config fields over the defaults (e.g. `kv_checksum_sample_rate`). */
   configOver?: Partial<KVTransferConfig>;
+  /** More `kv_transfer_params` of the producer's request (e.g. `kv_checksum_block_sizes`). */
+  params?: Record<string, unknown>;
 }): ProducerRun {
   const seed = o.seed ?? 1;
   const id = o.requestId ?? 'req-1';
@@ -353,7 +355,7 @@ export function runProducer(o: {
   if (o.prepare) replan(workers, o.shape, o.prepare);
   const blocks = blockTables(seed + 100, o.kv.tokens, o.shape.blockSize);
   for (const w of workers) layKV(w, o.shape, o.kv, blocks);
-  const req: ConnectorRequest = { requestId: id, promptTokenIds: o.promptTokenIds ?? [...Array(o.kv.tokens).keys()], numComputedTokens: 0, numTokens: o.kv.tokens, kvTransferParams: { do_remote_decode: true } };
+  const req: ConnectorRequest = { requestId: id, promptTokenIds: o.promptTokenIds ?? [...Array(o.kv.tokens).keys()], numComputedTokens: 0, numTokens: o.kv.tokens, kvTransferParams: { do_remote_decode: true, ...o.params } };
   scheduler.onPromptComplete(req, blocks, o.kv.tokens);
   const meta = scheduler.buildStepMeta();
   const outputs = workers.map((w, i) => {
