@@ -19,8 +19,7 @@ import {
   sampleThreshold,
   tokenDigest,
   subBlockGroupSpecs,
-  subBlockRuns,
-  subBlockValues,
+  sumSubBlocks,
 } from '@kvconnect/checksum';
 import { result } from './lib/results.mjs';
 
@@ -36,8 +35,8 @@ const B = 16;
 const LAYERS = 2;
 const HEADS = 4;
 const HEAD = 128;
-const REQS = QUICK ? 4 : 8;
-const TOKENS = 2048; // per request: 128 blocks, 8 spans
+const REQS = QUICK ? 16 : 32;
+const TOKENS = 1024; // per request: 64 blocks, 4 spans
 const NB = REQS * (TOKENS / B);
 const shape = { dtype: 'bfloat16', numBlocks: NB, blockSize: B, numHeads: HEADS, headSize: HEAD, kvLayout: 'kv-first' };
 const bytesPerLayer = pagedAttentionBytes(shape);
@@ -92,4 +91,47 @@ for (const side of ['producer', 'consumer']) {
     console.log(`| ${side} | ${rate} | ${ms.toFixed(3)} | ${(ms / base).toFixed(3)} | ${summed} of ${NB} |`);
     result('checksum-extensions', { name: `sampled checking, ${side}, rate ${rate}`, figure: `${ms.toFixed(3)} ms/step`, baseline: `${base.toFixed(3)} ms/step (rate 1)`, ratio: (ms / base).toFixed(3) });
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Sub-block values: payload bytes and the producer's extra compute
+// ---------------------------------------------------------------------------------------------
+
+console.log('\nsub-block values: payload of one request (2 attention groups) and producer compute per step');
+console.log('| consumer/producer block | tokens | payload without | with sub-blocks | growth | producer ms (blocks) | + sub-blocks ms | ratio |');
+console.log('| --- | --- | --- | --- | --- | --- | --- | --- |');
+for (const [bd, bp] of [[16, 32], [16, 64], [32, 128]]) {
+  const tokens = QUICK ? 4096 : 16384;
+  const nb = tokens / bp;
+  const sh = { dtype: 'bfloat16', numBlocks: nb, blockSize: bp, numHeads: HEADS, headSize: HEAD, kvLayout: 'kv-first' };
+  const per = pagedAttentionBytes(sh);
+  const m = new Uint8Array(LAYERS * per);
+  for (let i = 0; i < m.length; i += 4096) m[i] = i & 0xff;
+  const cs = Array.from({ length: LAYERS }, (_, l) => pagedAttentionCache({ name: `model.layers.${l}.self_attn.attn`, ...sh, layout: 'HND', at: { region: 0, offset: l * per } }));
+  const group = { groupId: 0, caches: cs };
+  const coarse = new BlockChecksummer([group], { tpRank: 0, tpSize: 1, role: 'producer' }, [m]);
+  const k = bp / bd;
+  const sub = new BlockChecksummer(subBlockGroupSpecs(group, bd), { tpRank: 0, tpSize: 1, role: 'producer' }, [m]);
+  const run = { group: 0, blockIds: Array.from({ length: nb }, (_, i) => i), start: 0, numTokens: tokens };
+  const tc = [];
+  const ts = [];
+  let values;
+  let subValues;
+  for (let i = 0; i < REPS; i++) {
+    let a = process.hrtime.bigint();
+    values = coarse.compute([run])[0].partials.get('1:0');
+    tc.push(Number(process.hrtime.bigint() - a) / 1e6);
+    a = process.hrtime.bigint();
+    subValues = sumSubBlocks(sub, run, k).partials.get('1:0');
+    ts.push(Number(process.hrtime.bigint() - a) / 1e6);
+  }
+  const groups = [0, 1].map((g) => ({ groupId: g, fingerprint: coarse.plans[0].fingerprint, blockSize: bp, start: 0, values }));
+  const base = { numTokens: tokens, producerTpSize: 1, tokenDigest: 12345678901234567n, groups };
+  const without = encodePayload(base).byteLength;
+  const withSub = encodePayload({ ...base, subBlocks: [0, 1].map((g) => ({ groupId: g, blockSize: bd, start: 0, values: subValues })) }).byteLength;
+  const c = median(tc);
+  const s = median(ts);
+  console.log(`| ${bd}/${bp} | ${tokens} | ${without} B | ${withSub} B | x${(withSub / without).toFixed(2)} (+${withSub - without} B) | ${c.toFixed(3)} | ${s.toFixed(3)} | ${(s / c).toFixed(2)} |`);
+  result('checksum-extensions', { name: `sub-block payload ${bd}/${bp}, ${tokens} tokens`, figure: `${withSub} B`, baseline: `${without} B`, ratio: (withSub / without).toFixed(2) });
+  result('checksum-extensions', { name: `sub-block producer compute ${bd}/${bp}, ${tokens} tokens`, figure: `${s.toFixed(3)} ms`, baseline: `${c.toFixed(3)} ms (block values)`, ratio: (s / c).toFixed(2) });
 }

@@ -10,9 +10,10 @@
  * each producer block is read once per sub-block it holds, i.e. the KV is read once more in all.
  * @module
  */
-import type { BlockRun } from './compute.js';
+import { ROW_WORDS, type ChecksumBackend } from './backend.js';
+import type { BlockChecksummer, BlockRun } from './compute.js';
 import type { GroupSpec } from './plan.js';
-import type { WorkerGroupRecord } from './types.js';
+import { replicaKeyString, type WorkerGroupRecord } from './types.js';
 import type { AttentionCacheView, CacheView } from './views.js';
 
 /**
@@ -68,40 +69,46 @@ export function subBlockGroupSpecs(group: GroupSpec, S: number): GroupSpec[] | n
 }
 
 /**
- * The runs that sum the sub-blocks of a producer run (`blockIds` at positions `start ..`, block
- * size `k * S`) with a checksummer over {@link subBlockGroupSpecs}: one run per (block, sub-block),
- * group index `s`, block position `p*k + s` at size `S` (so its first token is `p*Bp + s*S`).
- * A `mask` (sampled checking) carries over to every sub-block of a masked block.
+ * Sums the sub-blocks of one producer run with a checksummer over {@link subBlockGroupSpecs}
+ * (host backends): one `kvc_row` per (block, sub-block `s`) of group index `s`, first token
+ * `position * k * S + s * S`, `min(S, numTokens - first)` valid tokens, all in one backend call
+ * (rows without a valid token, and the blocks a `mask` leaves out, get none: their values are 0).
+ *
+ * @param summer - a host checksummer over the `k` specs of {@link subBlockGroupSpecs}, in order.
+ * @param run - the producer's run: block ids at positions `start ..`, its `numTokens`, optional mask.
+ * @param k - sub-blocks per block (`Bp / S`).
+ * @returns one record at block size `S`: positions `start * k ..`, `nBlocks * k` values per replica key.
+ * @throws Error on a device checksummer; RangeError as the backend for ids outside the caches.
  */
-export function subBlockRuns(run: Pick<BlockRun, 'blockIds' | 'start' | 'numTokens' | 'mask'>, k: number): BlockRun[] {
-  const runs: BlockRun[] = [];
-  for (let i = 0; i < run.blockIds.length; i++) {
-    if (run.mask !== undefined && run.mask[i] === 0) continue;
-    for (let s = 0; s < k; s++) runs.push({ group: s, blockIds: [run.blockIds[i]], start: (run.start + i) * k + s, numTokens: run.numTokens });
-  }
-  return runs;
-}
-
-/**
- * Gathers the records of {@link subBlockRuns} into one record at block size `S`: `start * k ..`,
- * `nBlocks * k` positions, partials per replica key (masked blocks' sub-blocks stay 0).
- */
-export function subBlockValues(run: Pick<BlockRun, 'blockIds' | 'start' | 'mask'>, k: number, records: readonly WorkerGroupRecord[]): WorkerGroupRecord {
+export function sumSubBlocks(summer: BlockChecksummer, run: Pick<BlockRun, 'blockIds' | 'start' | 'numTokens' | 'mask'>, k: number): WorkerGroupRecord {
+  if (summer.isDevice) throw new Error('sub-block values are summed on host backends only');
+  const plans = summer.plans;
   const n = run.blockIds.length * k;
-  const partials = new Map<string, BigUint64Array>();
-  let r = 0;
-  let skipped = false;
+  const skip = plans.find((p) => p.skipReason !== null);
+  if (plans.length !== k || skip) return { start: run.start * k, nBlocks: n, skipped: true, skipReason: skip?.skipReason ?? 'invalid-view', partials: new Map() };
+  const S = plans[0].blockSize;
+  const cols = plans[0].columns.length;
+  const rows = new Uint32Array(n * ROW_WORDS);
+  let w = 0;
   for (let i = 0; i < run.blockIds.length; i++) {
     if (run.mask !== undefined && run.mask[i] === 0) continue;
-    for (let s = 0; s < k; s++, r++) {
-      const rec = records[r];
-      if (rec.skipped) skipped = true;
-      for (const [key, v] of rec.partials) {
-        let out = partials.get(key);
-        if (!out) partials.set(key, (out = new BigUint64Array(n)));
-        out[i * k + s] = v[0];
-      }
+    const id = run.blockIds[i];
+    if (id >>> 0 !== id) throw new RangeError(`block id ${id} is not a uint32`);
+    for (let s = 0; s < k; s++) {
+      const first = ((run.start + i) * k + s) * S;
+      const valid = Math.min(S, run.numTokens - first);
+      if (valid <= 0) break;
+      rows.set([s, id, first, valid, (i * k + s) * cols, 0], w);
+      w += ROW_WORDS;
     }
   }
-  return { start: run.start * k, nBlocks: n, skipped, partials };
+  const out = new BigUint64Array(n * cols);
+  if (w > 0) (summer.backend as ChecksumBackend).sumRows(summer.tables, summer.regions as readonly Uint8Array[], rows.subarray(0, w), out);
+  const partials = new Map<string, BigUint64Array>();
+  plans[0].columns.forEach((key, c) => {
+    const v = new BigUint64Array(n);
+    for (let q = 0; q < n; q++) v[q] = out[q * cols + c];
+    partials.set(replicaKeyString(key), v);
+  });
+  return { start: run.start * k, nBlocks: n, skipped: false, partials };
 }

@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { BlockChecksummer } from '../src/compute.js';
-import { subBlockGroupSpecs, subBlockRuns, subBlockValues, subBlockView } from '../src/sub-blocks.js';
+import { subBlockGroupSpecs, subBlockView, sumSubBlocks } from '../src/sub-blocks.js';
 import { pagedAttentionBytes, pagedAttentionCache, type PagedAttentionOptions } from '../src/views.js';
 
 const BP = 64;
@@ -38,7 +38,7 @@ describe.each(layouts)('%s', (_name, lay) => {
       const summer = new BlockChecksummer(specs!, { tpRank: 0, tpSize: 1, role: 'consumer' }, [mem], 'ts');
       expect(summer.plans.every((p) => p.fingerprint === plain.plans[0].fingerprint)).toBe(true);
       const run = { blockIds, start: 0, numTokens };
-      const rec = subBlockValues(run, k, summer.compute(subBlockRuns(run, k)));
+      const rec = sumSubBlocks(summer, run, k);
       expect(rec).toMatchObject({ start: 0, nBlocks: blockIds.length * k, skipped: false });
       const got = rec.partials.get('1:0')!;
       for (let i = 0; i < blockIds.length; i++) {
@@ -51,7 +51,7 @@ describe.each(layouts)('%s', (_name, lay) => {
     const specs = subBlockGroupSpecs({ groupId: 3, caches: [view] }, 16)!;
     const summer = new BlockChecksummer(specs, { tpRank: 0, tpSize: 1, role: 'consumer' }, [mem], 'ts');
     const run = { blockIds, start: 0, numTokens, mask: [1, 0, 1, 0] };
-    const got = subBlockValues(run, 4, summer.compute(subBlockRuns(run, 4))).partials.get('1:0')!;
+    const got = sumSubBlocks(summer, run, 4).partials.get('1:0')!;
     expect(Array.from(got.subarray(4, 8))).toEqual([0n, 0n, 0n, 0n]);
     expect(got[0]).toBe(prefix(0, 16));
   });

@@ -12,8 +12,7 @@
 import {
   BlockChecksummer,
   subBlockGroupSpecs,
-  subBlockRuns,
-  subBlockValues,
+  sumSubBlocks,
   type BlockChecksummerBackend,
   type WorkerGroupRecord,
 } from '@kvconnect/checksum';
@@ -78,7 +77,7 @@ export class SubBlockSums {
         if (summer === null) return;
         const mask = g.sample ? Uint8Array.from(g.blockIds, (_, b) => (g.sample!.includes(b) ? 1 : 0)) : undefined;
         const run = { blockIds: g.blockIds, start: g.start, numTokens: e.numTokens, ...(mask ? { mask } : {}) };
-        const rec: WorkerGroupRecord = subBlockValues(run, k, summer.compute(subBlockRuns(run, k)));
+        const rec: WorkerGroupRecord = sumSubBlocks(summer, run, k);
         if (!rec.skipped) rep.sub = { blockSize: S, ...rec };
       });
     });
