@@ -87,6 +87,40 @@ describe('the extension payload carries the sample threshold', () => {
     // Header bytes: fixarray 2, version 16, fixarray 6 (docs/checksum-extensions.md).
     expect(Array.from(encodePayload(p).subarray(0, 3))).toEqual([0x92, 0x10, 0x96]);
   });
+  it('encodes the example of docs/checksum-extensions.md byte for byte', () => {
+    const hex = [
+      '92 10 96 30 01 07', // [16, [48, 1, 7,
+      '91 95 00 05 20 00 c4 10 0300000000000000 0100000000000000', // [[0, 5, 32, 0, bin(3, 1)]],
+      'ce 40000000', // 2^30,
+      '91 94 00 10 00 c4 20 0100000000000000 0200000000000000 0100000000000000 0000000000000000', // [[0, 16, 0, bin(1, 2, 1, 0)]]]]
+    ].join('').replace(/\s+/g, '');
+    const p: ChecksumPayload = {
+      numTokens: 48,
+      producerTpSize: 1,
+      tokenDigest: 7n,
+      groups: [{ groupId: 0, fingerprint: 5n, blockSize: 32, start: 0, values: BigUint64Array.of(3n, 1n) }],
+      sampleThreshold: 2 ** 30,
+      subBlocks: [{ groupId: 0, blockSize: 16, start: 0, values: BigUint64Array.of(1n, 2n, 1n, 0n) }],
+    };
+    expect(Buffer.from(encodePayload(p)).toString('hex')).toBe(hex);
+    expect(decodePayload(Buffer.from(hex, 'hex'))).toMatchObject({ version: 16, sampleThreshold: 2 ** 30, subBlocks: [{ groupId: 0, blockSize: 16, start: 0 }] });
+  });
+
+  it('rejects sub-block entries of unknown or repeated groups, and bodies of another arity', () => {
+    const base = { numTokens: 48, producerTpSize: 1, tokenDigest: 7n, groups };
+    const one = (groupId: number) => ({ groupId, blockSize: 8, start: 0, values: BigUint64Array.of(1n) });
+    expect(() => encodePayload({ ...base, subBlocks: [one(3)] })).toThrow(RangeError);
+    const ok = encodePayload({ ...base, subBlocks: [one(0)] });
+    const unknown = Uint8Array.from(ok);
+    unknown[unknown.length - 13] = 3; // the sub-block entry's groupId (94 <id> 08 00 c4 08 <8 bytes>)
+    expect(() => decodePayload(unknown)).toThrow(/sub-block-group/);
+    const twice = Uint8Array.from([...ok.subarray(0, ok.length - 15), 0x92, ...ok.subarray(ok.length - 14), ...ok.subarray(ok.length - 14)]);
+    expect(() => decodePayload(twice)).toThrow(/sub-block-group/);
+    const v2body = Uint8Array.from(ok);
+    v2body[2] = 0x94; // a version-16 body of 4 elements
+    expect(() => decodePayload(v2body)).toThrow(/arity/);
+  });
+
   it('rejects a threshold of 0 or above 2^32', () => {
     const bytes = encodePayload({ numTokens: 32, producerTpSize: 1, tokenDigest: 9n, groups, sampleThreshold: 1 });
     // The threshold 1 is the positive fixint right before the sub-block array header (0x90).
