@@ -82,9 +82,16 @@ export function summaryLines(s: RunSummary): string[] {
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
     `transfer time: ${fmt(s.transferMs)} ms over ${bytes(s.loadBytes)} loaded; checksum time: producer ${fmt(s.checksumMs.send, 2)} ms over ${bytes(s.checksumBytes.send)}, consumer ${fmt(s.checksumMs.recv, 2)} ms over ${bytes(s.checksumBytes.recv)}`,
+    ...extensionLines(s),
+    `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
+  ];
+}
+
+/** The lines of the checksum extensions in use (docs/checksum-extensions.md): sampled checking, sub-block values; none when neither was. */
+export function extensionLines(s: RunSummary): string[] {
+  return [
     ...(s.sampled.loads ? [`sampled checking: ${s.sampled.loads} loads at rate ${s.sampled.rates.join(', ')}: ${s.sampled.checked} loaded blocks checked, ${s.sampled.skipped} left out by the sample`] : []),
     ...(s.subBlockLoads ? [`unaligned prefix hits verified with sub-block values: ${s.subBlockLoads}`] : []),
-    `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
   ];
 }
 

@@ -119,6 +119,8 @@ export interface PDProcessOptions {
    * `docs/security.md`).
    */
   clusterSecret?: string;
+  /** `kv_checksum_sample_rate` of both engines (docs/checksum-extensions.md; default absent: every block). */
+  sampleRate?: number;
 }
 
 /** Running producer, consumer and proxy processes. */
@@ -187,7 +189,8 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     Object.assign(extra, { bootstrap_port: port, abort_timeout_ms: 20_000, transfer_timeout_ms: 30_000 });
     consumerExtra = { ...extra, remote_bootstrap_addr: `127.0.0.1:${port}` };
   }
-  const producerTransfer: Record<string, unknown> = { kv_connector: spec.name, kv_role: 'kv_producer', enable_kv_checksum: checksums, kv_connector_extra_config: extra };
+  const sampling = o.sampleRate !== undefined ? { kv_checksum_sample_rate: o.sampleRate } : {};
+  const producerTransfer: Record<string, unknown> = { kv_connector: spec.name, kv_role: 'kv_producer', enable_kv_checksum: checksums, ...sampling, kv_connector_extra_config: extra };
   const consumerTransfer: Record<string, unknown> = {
     kv_connector: FAULT_INJECTING_CONNECTOR,
     kv_connector_module_path: FAULT_CONNECTOR_DIST,
@@ -195,6 +198,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     enable_kv_checksum: checksums,
     kv_checksum_fail_closed: o.failClosed ?? true,
     kv_load_failure_policy: o.policy ?? 'recompute',
+    ...sampling,
     kv_connector_extra_config: { inner: { kv_connector: spec.name, kv_connector_extra_config: consumerExtra }, faults: o.faults ?? [] },
   };
   const launch = { echoStderr: o.echoStderr, readyTimeoutMs: o.readyTimeoutMs };
