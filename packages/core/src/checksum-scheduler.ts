@@ -524,7 +524,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     }
     if (verdict.wrongRequest) log.error({ requestId, action, identity }, 'KV load belongs to another request: the payload token digest differs from the prompt (SPEC 8.0)');
     if (verdict.verdict === 'verified') {
-      log.debug({ requestId, action, identity }, 'KV load verified');
+      log.debug({ requestId, action, identity, ...(verdict.sampled ? { sampled: verdict.sampled } : {}), ...(verdict.subBlockGroups ? { subBlockGroups: verdict.subBlockGroups } : {}) }, 'KV load verified');
       obs.events.emit('load-verified', ev);
     } else {
       for (const m of verdict.mismatches) log.error({ requestId, groupId: m.groupId, positions: m.positions, action, wrongRequest: verdict.wrongRequest }, 'KV checksum mismatch');

@@ -95,7 +95,7 @@ describe('sampled loads', () => {
     expect(v.sampled!.skipped).toBeGreaterThanOrEqual(8);
     expect(await metricValue(cons.obs, METRIC_NAMES.sampledBlocks, { outcome: 'checked' })).toBe(v.sampled!.checked);
     expect(await metricValue(cons.obs, METRIC_NAMES.sampledBlocks, { outcome: 'skipped' })).toBe(v.sampled!.skipped);
-    expect(cons.logs.some((l) => String(l.msg).includes('verified'))).toBe(true);
+    expect(cons.logs.find((l) => l.msg === 'KV load verified')?.sampled).toEqual(v.sampled);
   });
 
   it('sums fewer bytes than rate 1 on both sides', async () => {
@@ -115,6 +115,7 @@ describe('sampled loads', () => {
     expect(bad.cons.decision.verdict?.mismatches).toEqual([{ groupId: 0, positions: [3] }]);
     const missed = transfer(0.5, prompt, corruptBlock(12));
     expect(missed.cons.decision.verdict).toMatchObject({ verdict: 'verified', sampled: { rate: 0.5 } });
+    expect(bad.cons.logs.find((l) => l.msg === 'KV load mismatch: recompute' || String(l.msg).startsWith('KV load mismatch'))?.summary).toMatch(/sampled at rate 0\.5 \(\d+ blocks checked, \d+ left out\)/);
     // Rate 1 catches both.
     expect(transfer(1, prompt, corruptBlock(12)).cons.decision.verdict?.mismatches).toEqual([{ groupId: 0, positions: [12] }]);
   });

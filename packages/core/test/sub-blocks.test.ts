@@ -66,6 +66,14 @@ describe.each(PAIRS)('consumer/producer block sizes $name', (pair) => {
     }
   });
 
+  it('sub-block records survive the JSON report form (worker processes)', () => {
+    const h = boundaries.find((x) => (x * bd) % bp !== 0)!;
+    const kv = logicalKV(11, pair.tokens);
+    const prod = runProducer({ shape: pair.p, kv, carrier: 'kv_transfer_params', jsonReports: true, params: { [KV_CHECKSUM_BLOCK_SIZES_PARAM]: { 0: bd, 1: bd } } });
+    const cons = runConsumer({ shape: pair.d, kv, carrier: 'kv_transfer_params', params: prod.params, numLocal: h * bd, jsonReports: true });
+    expect(cons.decision.verdict).toMatchObject({ verdict: 'verified', subBlockGroups: [0, 1] });
+  });
+
   it('a fault inside the unaligned part is caught at its consumer block', () => {
     for (const h of boundaries) {
       if ((h * bd) % bp === 0) continue;
