@@ -80,6 +80,13 @@ interface LoadContext {
  * one value at block position 0, attention groups in chunks of `max(Bp, Bd)` tokens, per replica
  * check. A group with a reason reports no mismatch.
  *
+ * Extensions (docs/checksum-extensions.md): with `load.sample` (sampled checking), a payload sampled
+ * below the consumer's threshold (or any sampled payload when the consumer does not sample) is
+ * `sample-rate` (load level, after `workers-missing`), only chunks whose every block is in the
+ * consumer's sample are compared, and `sampled` reports the rate and block counts; an attention
+ * group whose start is unaligned is compared through the payload's sub-block values when they
+ * divide both block sizes, and listed in `subBlockGroups`.
+ *
  * Stricter than the upstream design in one place (SPEC 8, last paragraph): a loaded block holding
  * valid consumer tokens that no compared chunk covers makes its group `uncovered-tokens` instead of
  * being left unchecked while the load verifies.
