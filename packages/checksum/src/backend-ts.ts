@@ -68,7 +68,7 @@ export function validateStep(tables: PackedTables, regions: readonly { readonly 
 }
 
 /** Memory of one region with a u64 view when it is 8-aligned. */
-interface Mem {
+export interface Mem {
   bytes: Uint8Array;
   dv: DataView;
   /** 32-bit LE words of the region when it starts 8-aligned (little-endian host). */
@@ -77,7 +77,8 @@ interface Mem {
 
 const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
-function memOf(region: Uint8Array | ArrayBufferView | ArrayBuffer): Mem {
+/** The {@link Mem} of a region (any byte view, read as bytes). */
+export function memOf(region: Uint8Array | ArrayBufferView | ArrayBuffer): Mem {
   // Any byte view (or a bare ArrayBuffer) is read as bytes, as the native backend does.
   const r = region instanceof Uint8Array ? region : ArrayBuffer.isView(region) ? new Uint8Array(region.buffer, region.byteOffset, region.byteLength) : new Uint8Array(region);
   return {
@@ -130,7 +131,7 @@ const CHUNK = 256;
  * `2 * (jBase + q) + 1`. Bytes of a piece outside the range count as zero, so the parts of a cell
  * add up to the whole cell (the sum is linear in the bytes).
  */
-function weightedPieces(mem: Mem, addr: number, from: number, count: number, jBase: number): bigint {
+export function weightedPieces(mem: Mem, addr: number, from: number, count: number, jBase: number): bigint {
   let acc = 0n;
   const end = from + count;
   if (from % 8 === 0 && count % 8 === 0 && mem.u32 && addr % 8 === 0) {

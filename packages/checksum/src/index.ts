@@ -45,3 +45,22 @@ export * from './verify.js';
 export { runVectors, type CaseResult } from './conformance.js';
 export { BlockSampler, SAMPLE_SPAN_TOKENS, SAMPLE_THRESHOLD_ALL, sampleThreshold, sampleRateOf } from './sampling.js';
 export { subBlockView, subBlockGroupSpecs, sumSubBlocks } from './sub-blocks.js';
+export {
+  fineSums,
+  mergeFineSums,
+  compareFineSums,
+  summarizeDifferences,
+  regionText,
+  describeRegions,
+  encodeFineSums,
+  decodeFineSums,
+  finePartCode,
+  finePartOfCode,
+  LocalizeError,
+  MAX_FINE_SUMS,
+  type FineSum,
+  type FinePart,
+  type FineRun,
+  type FineDifference,
+  type LocalizedRegion,
+} from './localize.js';

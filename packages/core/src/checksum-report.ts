@@ -9,7 +9,8 @@
  * report to and from a form `JSON.stringify` accepts (bigints as decimal strings, bytes as base64).
  * @module
  */
-import type { GroupKind, WorkerGroupRecord } from '@kvconnect/checksum';
+import { decodeFineSums, encodeFineSums, type GroupKind, type WorkerGroupRecord } from '@kvconnect/checksum';
+import type { LocalizedEntry, LocalizeStepEntry } from './checksum-localize.js';
 
 /** The blocks of one request in one group to sum (attention: consecutive positions from `start`; state: the running-state block, `start` 0). */
 export interface StepGroupEntry {
@@ -40,6 +41,8 @@ export interface ChecksumStepMeta {
   recv: StepEntry[];
   /** Requests the workers should forget (finished, aborted or verified loads). */
   drop: string[];
+  /** Consumer: fine sums to compute now, before this step's forward pass (mismatched loads, checksum-localize.ts). Absent: none. */
+  localize?: LocalizeStepEntry[];
 }
 
 /** One group of one request in a worker report: the worker's record plus what its plan says about the group. */
@@ -79,6 +82,8 @@ export interface KVChecksumReport {
    * later step's `sends` / `recvs` (the scheduler waits for them, up to its deadline). Absent: none.
    */
   inFlight?: { sends: string[]; recvs: string[] };
+  /** Consumer: fine sums of this step's `localize` orders (checksum-localize.ts). Absent: none. */
+  localized?: LocalizedEntry[];
 }
 
 /** The JSON-safe form of a {@link KVChecksumReport} (see {@link encodeReport}). */
@@ -92,6 +97,8 @@ export interface EncodedReport {
   seconds: { send: number; recv: number };
   bytes: { send: number; recv: number };
   inFlight?: { sends: string[]; recvs: string[] };
+  /** Fine sums in their wire form (`encodeFineSums`), values base64. */
+  localized?: Array<{ requestId: string; groups: Array<{ groupId: number; keys: number[][]; values: string; error?: string }> }>;
 }
 
 /** A {@link ReportEntry} in JSON-safe form. */
@@ -156,6 +163,15 @@ export function encodeReport(r: KVChecksumReport): EncodedReport {
     bytes: { ...r.bytes },
   };
   if (r.inFlight) out.inFlight = { sends: [...r.inFlight.sends], recvs: [...r.inFlight.recvs] };
+  if (r.localized) {
+    out.localized = r.localized.map((l) => ({
+      requestId: l.requestId,
+      groups: l.groups.map((g) => {
+        const w = encodeFineSums(g.sums);
+        return { groupId: g.groupId, keys: w.keys, values: Buffer.from(w.values).toString('base64'), ...(g.error !== undefined ? { error: g.error } : {}) };
+      }),
+    }));
+  }
   return out;
 }
 
@@ -241,6 +257,25 @@ export function decodeReport(x: unknown): KVChecksumReport {
     bytes: pair(x.bytes, 'bytes'),
   };
   if (inFlight) report.inFlight = inFlight;
+  if (x.localized !== undefined) {
+    if (!Array.isArray(x.localized)) throw new ReportFormatError('localized: expected an array');
+    report.localized = x.localized.map((l: unknown, i) => {
+      if (!isObj(l) || typeof l.requestId !== 'string' || !Array.isArray(l.groups)) throw new ReportFormatError(`localized[${i}]: bad entry`);
+      return {
+        requestId: l.requestId,
+        groups: l.groups.map((g: unknown, j) => {
+          if (!isObj(g) || !isCount(g.groupId) || typeof g.values !== 'string' || (g.error !== undefined && typeof g.error !== 'string')) throw new ReportFormatError(`localized[${i}].groups[${j}]: bad group`);
+          let sums;
+          try {
+            sums = decodeFineSums(g.keys, new Uint8Array(Buffer.from(g.values, 'base64')));
+          } catch (e) {
+            throw new ReportFormatError(`localized[${i}].groups[${j}]: ${e instanceof Error ? e.message : String(e)}`);
+          }
+          return g.error === undefined ? { groupId: g.groupId, sums } : { groupId: g.groupId, sums, error: g.error as string };
+        }),
+      };
+    });
+  }
   return report;
 }
 

@@ -75,6 +75,7 @@ import type {
   RequestFinishedResult,
 } from './connector.js';
 import { decodeReport, isReport, REPORT_JSON_FORMAT, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry, type StepGroupEntry } from './checksum-report.js';
+import { ChecksumLocalizer, type LocalizeOptions } from './checksum-localize.js';
 import { KVChecksumObservability, type LoadEvent, type NotSentReason } from './observability.js';
 
 /** The `kv_transfer_params` key of the NIXL pull carrier (SPEC 7): standard base64 of the payload. */
@@ -129,6 +130,8 @@ export interface KVChecksumSchedulerOptions {
    * Default 10000.
    */
   inFlightTimeoutMs?: number;
+  /** Consumer: drill-downs of mismatched loads (checksum-localize.ts); default on, 16-token ranges, 5 s. */
+  localize?: LocalizeOptions;
 }
 
 /** A producer request waiting for its workers' sums and its finish. */
@@ -193,6 +196,8 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
   /** Sampled checking: the configured threshold (sampling.ts), and the cluster secret when it is below 2^32. */
   private readonly sampleThreshold: number;
   private readonly sampleSecret: Uint8Array | null = null;
+  /** Consumer: drill-downs of mismatched loads (checksum-localize.ts); null on a producer. */
+  readonly localizer: ChecksumLocalizer | null;
 
   constructor(options: KVChecksumSchedulerOptions);
   constructor(
@@ -227,6 +232,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     this.observability = o.observability ?? new KVChecksumObservability();
     this.inFlightTimeoutMs = o.inFlightTimeoutMs ?? 10_000;
     this._enabled = o.config.enable_kv_checksum;
+    this.localizer = this.role === 'kv_producer' ? null : new ChecksumLocalizer({ config: o.config, connector: o.connector, tpSize: o.tpSize, ppSize: o.ppSize, groupConfigs: o.groupConfigs, observability: this.observability, ...o.localize });
     if (this._enabled && !this.connectorHasCarrier(o.carriers)) {
       if (o.config.kv_checksum_fail_closed) throw new KVChecksumCarrierError(o.config.kv_connector);
       const reason = `KV connector ${o.config.kv_connector} does not carry KV checksums; KV checksums are disabled`;
@@ -375,8 +381,10 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
 
   /** The step's {@link ChecksumStepMeta}, or null when there is nothing for the workers. */
   buildStepMeta(): ChecksumStepMeta | null {
-    if (this.nextSend.size === 0 && this.nextRecv.size === 0 && this.nextDrop.size === 0) return null;
+    const localize = this.localizer?.takeStepEntries() ?? [];
+    if (this.nextSend.size === 0 && this.nextRecv.size === 0 && this.nextDrop.size === 0 && localize.length === 0) return null;
     const meta: ChecksumStepMeta = { send: [...this.nextSend.values()], recv: [...this.nextRecv.values()], drop: [...this.nextDrop] };
+    if (localize.length > 0) meta.localize = localize;
     this.nextSend = new Map();
     this.nextRecv = new Map();
     this.nextDrop = new Set();
@@ -409,6 +417,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
         for (const e of report.sends) this.sends.get(e.requestId)?.reports.set(key, e);
         for (const e of report.recvs) this.recvs.get(e.requestId)?.reports.set(key, e);
         for (const r of report.received) this.takeReceived(r.requestId, r.payload);
+        for (const l of report.localized ?? []) this.localizer?.onWorker(key, l);
         this.trackInFlight(key, report);
       }
       for (const [id, bytes] of out.kvChecksums ?? []) this.takeReceived(id, bytes);
@@ -469,6 +478,8 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     const verdict = verifyLoad(p.payload ?? null, load);
     const action: LoadDecision['action'] = verdict.verdict === 'verified' || !this.config.kv_checksum_fail_closed ? 'use' : this.config.kv_load_failure_policy;
     this.report(request.requestId, verdict, action, load.numTokens);
+    // After the decision: the drill-down never delays the load failure policy.
+    if (verdict.verdict === 'mismatch') this.localizer?.start(request, p.entry, verdict);
     return { action, verdict };
   }
 

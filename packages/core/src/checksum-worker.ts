@@ -28,6 +28,7 @@ import {
 import type { KVChecksumWorkerHooks } from './checksum-hooks.js';
 import type { KVTransferConfig, TransferResults, WorkerKVCaches } from './connector.js';
 import { SubBlockSums } from './checksum-sub-blocks.js';
+import { localizeOnRank } from './checksum-localize.js';
 import { emptyReport, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry } from './checksum-report.js';
 
 export { encodeReport, decodeReport, ReportFormatError, REPORT_JSON_FORMAT, type EncodedReport, type KVChecksumReport, type ReportEntry, type ReportGroup } from './checksum-report.js';
@@ -138,6 +139,12 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     }
     this.sends = m.send ?? [];
     for (const e of m.recv ?? []) this.recvs.set(e.requestId, e);
+    // Mismatched loads (checksum-localize.ts): fine sums now, before this step's forward pass.
+    if (m.localize?.length && this.consumer && this.caches) {
+      const plans = this.consumer.summer.plans;
+      const r = this.ensureReport();
+      for (const o of m.localize) (r.localized ??= []).push(localizeOnRank(plans, (g) => this.groupIndex.get(g), this.caches.regions, o));
+    }
   }
 
   /** Sums this step's send entries (replica 0), in one backend call. */

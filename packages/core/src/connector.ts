@@ -36,6 +36,7 @@
  * reports the request in `finishedSending` (the consumer read them, or the lease expired).
  * @module
  */
+import type { LocalizeAnswer, LocalizeQuery } from './checksum-localize.js';
 import { isDeviceRegion, type GroupSpec, type KVMemoryRegion, type RankContext } from '@kvconnect/checksum';
 import type { Registry } from 'prom-client';
 
@@ -268,6 +269,13 @@ export interface KVConnectorScheduler<S = KVConnectorMetadata, W = unknown, H = 
    * about to be sent. Called after `requestFinished`. The connector moves the bytes with the KV.
    */
   sendKvChecksums?(request: ConnectorRequest, payload: Uint8Array): void;
+  /**
+   * Consumer: asks the producer of `request`'s load for fine sums of its blocks (issue #13
+   * localization, `docs/localize.md`; checksum-localize.ts) while it still holds them. Resolves with
+   * the producer's answer, `gone` when it no longer holds them; rejects when it refused or could not
+   * be reached within `timeoutMs`. Never called on a verified load. Absent: the connector cannot.
+   */
+  localizeKvChecksums?(request: ConnectorRequest, query: LocalizeQuery, timeoutMs: number): Promise<LocalizeAnswer>;
   /** Releases resources (sockets, timers). */
   shutdown?(): Promise<void> | void;
 }

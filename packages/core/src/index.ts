@@ -16,3 +16,4 @@ export * from './checksum-report.js';
 export { KVChecksumWorker, type KVChecksumWorkerOptions } from './checksum-worker.js';
 export * from './checksum-scheduler.js';
 export * from './unusable-params.js';
+export * from './checksum-localize.js';

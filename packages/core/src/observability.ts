@@ -12,6 +12,7 @@ import { EventEmitter } from 'eventemitter3';
 import { pino, type DestinationStream, type Logger, type LevelWithSilent } from 'pino';
 import { Counter, Histogram, Registry } from 'prom-client';
 import type { UnverifiedReason, Verdict } from '@kvconnect/checksum';
+import type { Localization } from './checksum-localize.js';
 import type { LoadError } from './connector.js';
 
 /** Metric names (all counters end in `_total`; the histogram is in seconds). */
@@ -29,6 +30,7 @@ export const METRIC_NAMES = Object.freeze({
   payloadsNotSent: 'kvconnect_kv_checksum_payloads_not_sent_total',
   sampledBlocks: 'kvconnect_kv_checksum_sampled_blocks_total',
   subBlockGroups: 'kvconnect_kv_checksum_sub_block_groups_total',
+  localizations: 'kvconnect_kv_checksum_localizations_total',
 });
 
 /** Which side's sums a timing or byte count belongs to: producer sends or consumer loads. */
@@ -118,6 +120,8 @@ export interface KVChecksumEvents {
   'checksum-payload-received': [{ requestId: string; bytes: number }];
   /** Checksums were turned off at start (fail-open, connector without a carrier). */
   'checksums-disabled': [{ reason: string }];
+  /** A mismatched load's drill-down ended (checksum-localize.ts): where the sides differ, or why that is not known. */
+  'load-localized': [Localization];
 }
 
 /** Options of {@link KVChecksumObservability}. */
@@ -173,6 +177,8 @@ export interface KVChecksumMetrics {
   sampledBlocks: Counter<'outcome'>;
   /** `kvconnect_kv_checksum_sub_block_groups_total`: groups whose unaligned prefix hit was verified with sub-block values. */
   subBlockGroups: Counter<string>;
+  /** `kvconnect_kv_checksum_localizations_total{result}`: drill-downs of mismatched loads by `Localization.status`. */
+  localizations: Counter<'result'>;
 }
 
 /**
@@ -217,6 +223,7 @@ export class KVChecksumObservability {
       payloadsNotSent: new Counter({ name: METRIC_NAMES.payloadsNotSent, help: 'Finished checksummed requests whose payload was not sent', labelNames: ['reason'], registers }),
       sampledBlocks: new Counter({ name: METRIC_NAMES.sampledBlocks, help: 'Sampled checking: loaded KV blocks checked or skipped by the sample', labelNames: ['outcome'], registers }),
       subBlockGroups: new Counter({ name: METRIC_NAMES.subBlockGroups, help: 'KV cache groups whose unaligned prefix hit was verified with sub-block values', registers }),
+      localizations: new Counter({ name: METRIC_NAMES.localizations, help: 'Drill-downs of mismatched KV loads (finer sums from the producer), by result', labelNames: ['result'], registers }),
     };
   }
 

@@ -36,6 +36,7 @@ import type {
   TransferResults,
 } from '../src/connector.js';
 import type { LoadDecision } from '../src/checksum-hooks.js';
+import type { LocalizeOptions } from '../src/checksum-localize.js';
 import { KVChecksumScheduler } from '../src/checksum-scheduler.js';
 import { KVChecksumWorker } from '../src/checksum-worker.js';
 import { encodeReport } from '../src/checksum-report.js';
@@ -193,7 +194,8 @@ export function cellAddress(view: AttentionCacheView, block: number, h: number, 
   return p.offset + block * p.blockStride + Math.floor(t / kbt) * (p.kernelBlockStride ?? 0) + (t % kbt) * p.tokenStride + h * p.headStride;
 }
 
-function writeCell(view: AttentionCacheView, region: Uint8Array, block: number, h: number, t: number, cell: Uint8Array): void {
+/** Writes one logical cell (K then V bytes) at (block, local head h, token t) of a view. */
+export function writeCell(view: AttentionCacheView, region: Uint8Array, block: number, h: number, t: number, cell: Uint8Array): void {
   let at = 0;
   for (const p of view.parts) {
     const kbt = p.kernelBlockTokens ?? view.blockSize;
@@ -411,6 +413,8 @@ export function runConsumer(o: {
   loadError?: LoadError;
   /** Config fields over the defaults (e.g. `kv_checksum_sample_rate`). */
   configOver?: Partial<KVTransferConfig>;
+  /** The checksum scheduler's `localize` option. */
+  localize?: LocalizeOptions;
 }): ConsumerRun {
   const seed = o.seed ?? 2;
   const id = o.requestId ?? 'req-1';
@@ -419,7 +423,7 @@ export function runConsumer(o: {
   const obs = o.obs ?? new KVChecksumObservability({ logger: captureLogger(logs) });
   const connector = o.connector ?? new FakeConnector(o.carrier);
   const cfg = config({ kv_role: 'kv_consumer', kv_checksum_fail_closed: o.failClosed ?? false, kv_load_failure_policy: o.policy ?? 'recompute', ...o.configOver });
-  const scheduler = new KVChecksumScheduler(cfg, connector, 'kv_consumer', o.shape.tp, o.shape.pp, groupConfigs(o.shape.blockSize), obs);
+  const scheduler = new KVChecksumScheduler({ config: cfg, connector, role: 'kv_consumer', tpSize: o.shape.tp, ppSize: o.shape.pp, groupConfigs: groupConfigs(o.shape.blockSize), observability: obs, localize: o.localize });
   const workers = buildWorkers(o.shape, seed);
   if (o.prepare) replan(workers, o.shape, o.prepare);
   const blocks = blockTables(seed + 100, o.kv.tokens, o.shape.blockSize);

@@ -18,11 +18,11 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import type { Verdict } from '@kvconnect/checksum';
-import type { KVTransferParams } from '@kvconnect/core';
+import type { KVTransferParams, Localization } from '@kvconnect/core';
 import { Engine, type LoadInfo, type ModelConfig } from '@kvconnect/engine';
 import cliProgress from 'cli-progress';
 import type { FaultSpec } from './faults.js';
-import { applyGroundTruth, faultReportOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
+import { applyGroundTruth, faultReportOf, requestIndexOf, type InjectionRecord, type LoadRecord } from './faults/index.js';
 import { prng } from './locate.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts } from './prompts.js';
@@ -248,6 +248,39 @@ function reportDir(c: DemoContext): string {
   const outDir = resolve(c.o.out ?? `kvconnect-demo-report-${new Date().toISOString().replace(/[:.]/g, '-')}`);
   mkdirSync(outDir, { recursive: true });
   return outDir;
+}
+
+/**
+ * Fills `localization` of the mismatched outcomes from the consumer's log lines of its drill-downs
+ * (core/src/checksum-localize.ts logs `requestId`, `status`, `detail`, `groups[].where`), waiting up
+ * to 6 s (a drill-down's deadline is 5 s) for the lines of every mismatch.
+ */
+async function readLocalizations(path: string, outcomes: RequestOutcome[]): Promise<void> {
+  const want = () => outcomes.filter((o) => o && o.kind === 'mismatch' && !o.verdict?.wrongRequest && !o.localization);
+  for (const until = performance.now() + 6000; ; ) {
+    let text = '';
+    try {
+      text = readFileSync(path, 'utf8');
+    } catch {
+      return;
+    }
+    for (const line of text.split('\n')) {
+      if (!line.includes('"status"') || !line.includes('KV checksum mismatch')) continue;
+      let x: { requestId?: unknown; status?: unknown; detail?: unknown; groups?: unknown; ms?: unknown };
+      try {
+        x = JSON.parse(line);
+      } catch {
+        continue;
+      }
+      const i = typeof x.requestId === 'string' ? requestIndexOf(x.requestId) : undefined;
+      const o = i === undefined ? undefined : outcomes[i];
+      if (!o || typeof x.status !== 'string') continue;
+      const groups = Array.isArray(x.groups) ? (x.groups as Array<{ groupId: number; where: string[] }>).map((g) => ({ groupId: g.groupId, regions: [], text: g.where })) : [];
+      o.localization = { requestId: x.requestId as string, status: x.status as Localization['status'], detail: String(x.detail ?? ''), groups, ms: typeof x.ms === 'number' ? x.ms : 0 };
+    }
+    if (want().length === 0 || performance.now() > until) return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 function writeReport(c: DemoContext, result: ScenarioResult, summary: RunSummary, markdown: string, extra: Record<string, unknown> = {}, outDir = reportDir(c)) {
@@ -483,6 +516,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
           kind: load ? load.verdict : 'none',
           action: load ? load.action : null,
           invalidBlocks: false,
+          localization: null,
           reference: references[i],
           equalsReference: tokenIds.length === references[i].length && tokenIds.every((t, k) => t === references[i][k]),
           injected: new Map(),
@@ -503,6 +537,8 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
     bar.stop();
     bar = null;
     const wallMs = performance.now() - tRun;
+    // Mismatch drill-downs end after their loads' decisions, in the consumer process: read them from its log.
+    await readLocalizations(join(outDir, 'consumer.log'), outcomes);
     const metrics = await pd.metrics();
     const run: RunOutcome = {
       label: '',

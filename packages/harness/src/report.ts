@@ -4,7 +4,7 @@
  * time and bytes, with Mermaid `xychart-beta` plots.
  * @module
  */
-import type { RunOutcome, ScenarioResult } from './runner.js';
+import type { RequestOutcome, RunOutcome, ScenarioResult } from './runner.js';
 
 /** The numbers of one run. */
 export interface RunSummary {
@@ -70,6 +70,21 @@ export function summarize(run: RunOutcome): RunSummary {
 
 const fmt = (x: number, d = 1) => x.toFixed(d);
 const bytes = (n: number) => (n >= 1 << 20 ? `${fmt(n / (1 << 20), 2)} MiB` : n >= 1024 ? `${fmt(n / 1024, 1)} KiB` : `${n} B`);
+
+/**
+ * The "Where the mismatches are" section (docs/localize.md): one line per mismatched load's
+ * drill-down, e.g. `r3: group 0: layer 1, head 2, K, tokens 16-31`; empty when no load has one.
+ */
+export function localizationLines(requests: readonly RequestOutcome[]): string[] {
+  const with_ = requests.filter((q) => q.localization);
+  if (with_.length === 0) return [];
+  const lines = with_.map((q) => {
+    const l = q.localization!;
+    const where = l.status === 'localized' ? l.groups.map((g) => `group ${g.groupId}: ${g.text.join('; ')}`).join(' | ') : `${l.status}: ${l.detail}`;
+    return `- r${q.index}${q.faultKinds.length ? ` (${q.faultKinds.join(', ')})` : ''}: ${esc(where)}`;
+  });
+  return ['## Where the mismatches are', '', 'Fine sums asked of the producer after each mismatch (docs/localize.md): layer, KV head, K or V, token range (state: rows).', '', ...lines, ''];
+}
 
 /** The summary as plain text lines (the demo prints them). */
 export function summaryLines(s: RunSummary): string[] {
@@ -173,6 +188,7 @@ export function markdownReport(r: ScenarioResult, o: { title?: string; setup?: s
       out.push(`| ${q.index} | ${esc(prompt.length > 40 ? `${prompt.slice(0, 40)}...` : prompt)} | ${q.faultKinds.join(', ') || '-'} | ${changed || '-'} | ${esc(verdict)} | ${q.action ?? '-'} | ${q.tokenIds.length} | ${q.equalsReference ? 'yes' : 'no'} | ${q.transferMs === null ? '-' : fmt(q.transferMs, 2)} |`);
     }
     out.push('');
+    out.push(...localizationLines(run.requests));
   }
   if (r.expectations.length) out.push('## Checks', '', ...r.expectations.map((x) => `- ${x.ok ? 'PASS' : '**FAIL**'} ${esc(x.line.replace(/^(PASS|FAIL) /, ''))}`), '');
   return out.join('\n');

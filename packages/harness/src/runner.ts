@@ -7,7 +7,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import type { Verdict } from '@kvconnect/checksum';
-import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig, type LoadError, type LoadOutcomeEvent } from '@kvconnect/core';
+import { KVChecksumObservability, KVConnectorRegistry, defaultRegistry, type KVConnectorFactory, type KVTransferConfig, type LoadError, type LoadOutcomeEvent, type Localization } from '@kvconnect/core';
 import { ByteTokenizer, Engine, PDProxy, type GenerateResult, type ModelConfig, type PDProxyOptions, type PDResult, type SamplingParams } from '@kvconnect/engine';
 
 /** What the P/D proxy needs of an engine (its `generate` and id). */
@@ -225,6 +225,8 @@ export interface RequestOutcome {
   invalidBlocks: boolean;
   /** Why the load failed in transit (kind `transfer-failed`), when it did. */
   loadError?: LoadError;
+  /** A mismatched load's drill-down (`load-localized`, docs/localize.md): where the sides differ; null when none arrived. */
+  localization: Localization | null;
   reference: number[];
   equalsReference: boolean;
   /** Consumer block positions whose loaded bytes the injector really changed, per group id. */
@@ -337,7 +339,13 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   const outcomes = new Map<number, LoadOutcomeEvent>();
   // Loads whose transfer failed, with the cause the connector gave (`load-transfer-failed`).
   const transferFailures = new Map<number, LoadError>();
+  // Drill-downs of mismatched loads (`load-localized`), by request index.
+  const localizations = new Map<number, Localization>();
   for (const obs of topo.consumerObservability) {
+    obs.events.on('load-localized', (e) => {
+      const i = requestIndexOf(e.requestId);
+      if (i !== undefined) localizations.set(i, e);
+    });
     obs.events.on('load-outcome', (e) => {
       const i = requestIndexOf(e.requestId);
       if (i !== undefined) outcomes.set(i, e);
@@ -392,6 +400,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       verdict: v?.verdict ?? null,
       kind: v?.verdict ? v.verdict.verdict : transferFailures.has(i) ? 'transfer-failed' : 'none',
       loadError: transferFailures.get(i),
+      localization: localizations.get(i) ?? null,
       action: v?.action ?? null,
       invalidBlocks: v?.reason === 'invalid-blocks',
       reference: references[i],
@@ -405,6 +414,10 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   };
   await Promise.all(Array.from({ length: Math.min(s.concurrency, reqs.length) }, worker));
   const wallMs = performance.now() - t0;
+  // A drill-down ends after its load's decision (it never delays the request): wait for those of
+  // mismatched loads, at most their deadline (checksum-localize.ts, 5 s by default) and a margin.
+  const drilling = () => [...outcomes].filter(([i, e]) => e.verdict?.verdict === 'mismatch' && !e.verdict.wrongRequest && !localizations.has(i)).length;
+  for (const until = performance.now() + 6000; drilling() > 0 && performance.now() < until; ) await new Promise((r) => setTimeout(r, 10));
   const checksumSeconds = { send: await metricSum(topo.producerObservability, 'seconds', 'send'), recv: await metricSum(topo.consumerObservability, 'seconds', 'recv') };
   const checksumBytes = { send: await metricSum(topo.producerObservability, 'bytesSummed', 'send'), recv: await metricSum(topo.consumerObservability, 'bytesSummed', 'recv') };
   await topo.shutdown();

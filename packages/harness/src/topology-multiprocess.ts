@@ -188,6 +188,10 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     const port = await freePort();
     Object.assign(extra, { bootstrap_port: port, abort_timeout_ms: 20_000, transfer_timeout_ms: 30_000 });
     consumerExtra = { ...extra, remote_bootstrap_addr: `127.0.0.1:${port}` };
+  } else {
+    // NIXL: the producer keeps a request's blocks 5 s after the consumer read them, so that a
+    // mismatching consumer can localize the difference (docs/localize.md).
+    extra.localize_hold_ms = 5000;
   }
   const sampling = o.sampleRate !== undefined ? { kv_checksum_sample_rate: o.sampleRate } : {};
   const producerTransfer: Record<string, unknown> = { kv_connector: spec.name, kv_role: 'kv_producer', enable_kv_checksum: checksums, ...sampling, kv_connector_extra_config: extra };

@@ -32,6 +32,13 @@ export interface NixlConfig {
   leaseMs: number;
   /** Consumer heartbeat period, ms (default 5 000; 0 = none). */
   heartbeatMs: number;
+  /**
+   * Producer: how long a request's blocks stay held after the consumer is done with them (pull: every
+   * consumer rank read them; push: every producer rank wrote them), so that a consumer whose load
+   * mismatched can still ask for fine sums (`LOCALIZE`, docs/localize.md), ms (default 0: freed at once,
+   * a later `LOCALIZE` is answered `gone`). A consumer's `RELEASE` ends the hold early.
+   */
+  localizeHoldMs: number;
   /** Deadline of one transfer, ms (default 30 000); also how long a consumer pins the lease before a READ. */
   transferTimeoutMs: number;
   /** Consumer (push): how long to wait for the producer's completion notifs, ms (default 60 000). */
@@ -58,6 +65,7 @@ const KEYS = [
   'cluster_secret',
   'lease_ms',
   'heartbeat_ms',
+  'localize_hold_ms',
   'transfer_timeout_ms',
   'push_timeout_ms',
   'handshake_timeout_ms',
@@ -120,6 +128,7 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
     clusterSecret,
     leaseMs: int('lease_ms', 30_000, 1, 24 * 3600 * 1000),
     heartbeatMs: int('heartbeat_ms', 5_000, 0, 3600 * 1000),
+    localizeHoldMs: int('localize_hold_ms', 0, 0, 3600 * 1000),
     transferTimeoutMs: int('transfer_timeout_ms', 30_000, 1, 3600 * 1000),
     pushTimeoutMs: int('push_timeout_ms', 60_000, 1, 24 * 3600 * 1000),
     handshakeTimeoutMs: int('handshake_timeout_ms', 5_000, 1, 600 * 1000),

@@ -20,3 +20,4 @@ export * from './peers.js';
 export * from './producer.js';
 export * from './scheduler.js';
 export * from './worker.js';
+export * from './localize.js';

@@ -23,6 +23,12 @@ interface Lease {
   /** Producer workers done with their part (push). */
   workersDone: Set<string>;
   reported: Set<string>;
+  /** When the consumer side was done (pull: last reader; push: last producer worker), ms; null = not yet. */
+  doneAt: number | null;
+  /** A RELEASE ended the hold after done (`holdAfterDoneMs`). */
+  holdEnded: boolean;
+  /** `LOCALIZE` requests being answered (the blocks must stay). */
+  localizing: number;
 }
 
 /** Options of a {@link LeaseTable}. */
@@ -35,6 +41,8 @@ export interface LeaseTableOptions {
   now?: () => number;
   /** Called once per lease that expires (metrics, logs). */
   onExpired?: (requestId: string) => void;
+  /** Blocks stay held this long after the consumer side is done (`localize_hold_ms`), ms; default 0. */
+  holdAfterDoneMs?: number;
 }
 
 /** The leases of one producer engine. */
@@ -51,7 +59,7 @@ export class LeaseTable {
   /** Holds `requestId`'s blocks. @returns the expiry (ms since epoch). */
   add(requestId: string): number {
     const expiry = this.now() + this.o.leaseMs;
-    this.leases.set(requestId, { expiry, pinnedUntil: 0, inflight: 0, state: 'held', readers: new Set(), workersDone: new Set(), reported: new Set() });
+    this.leases.set(requestId, { expiry, pinnedUntil: 0, inflight: 0, state: 'held', readers: new Set(), workersDone: new Set(), reported: new Set(), doneAt: null, holdEnded: false, localizing: 0 });
     return expiry;
   }
 
@@ -110,18 +118,41 @@ export class LeaseTable {
     const l = this.leases.get(requestId);
     if (!l) return false;
     l.readers.add(reader);
-    if (l.state === 'held' && l.readers.size >= world) l.state = 'done';
+    if (l.state === 'held' && l.readers.size >= world) {
+      l.state = 'done';
+      l.doneAt = this.now();
+    }
     return true;
   }
 
   /** Push: producer worker `worker` finished its part. */
   workerDone(requestId: string, worker: string): void {
-    this.leases.get(requestId)?.workersDone.add(worker);
+    const l = this.leases.get(requestId);
+    if (!l) return;
+    l.workersDone.add(worker);
+    if (l.doneAt === null && l.workersDone.size >= this.o.workers) l.doneAt = this.now();
+  }
+
+  /**
+   * Whether `requestId`'s blocks are still held whole (no worker was told to report it in
+   * `finishedSending`) and not released or expired: a `LOCALIZE` can read them.
+   */
+  blocksHeld(requestId: string): boolean {
+    this.sweep();
+    const l = this.leases.get(requestId);
+    return !!l && l.reported.size === 0 && (l.state === 'held' || l.state === 'done');
+  }
+
+  /** A `LOCALIZE` of `requestId` started (+1) or ended (-1); while one runs, no worker reports the request. */
+  localizing(requestId: string, delta: 1 | -1): void {
+    const l = this.leases.get(requestId);
+    if (l) l.localizing = Math.max(0, l.localizing + delta);
   }
 
   /** The consumer will not use the blocks. */
   release(requestId: string): void {
     const l = this.leases.get(requestId);
+    if (l) l.holdEnded = true;
     if (l && l.state === 'held') l.state = 'released';
   }
 
@@ -135,6 +166,10 @@ export class LeaseTable {
     for (const [id, l] of this.leases) {
       if (l.reported.has(worker)) continue;
       if (l.state === 'held' && !l.workersDone.has(worker)) continue;
+      if (l.localizing > 0) continue;
+      // localize_hold_ms: done leases stay held a while (a RELEASE or an expiry ends it).
+      const hold = this.o.holdAfterDoneMs ?? 0;
+      if (hold > 0 && !l.holdEnded && (l.state === 'done' || l.state === 'held') && (l.doneAt === null || this.now() < l.doneAt + hold)) continue;
       if (l.inflight > 0 && l.state !== 'held') continue;
       l.reported.add(worker);
       out.push(id);

@@ -9,7 +9,8 @@
  */
 import type { NixlConfig } from './config.js';
 import type { NixlMetrics } from './metrics.js';
-import { NIXL_PROTOCOL_VERSION, decodeEmptyBody, decodeEngineInfo, decodeLeaseBody, type EngineInfo, type PushRegistration, type TransferMode } from './protocol.js';
+import type { LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
+import { NIXL_PROTOCOL_VERSION, decodeEmptyBody, decodeEngineInfo, decodeLeaseBody, decodeLocalizeBody, type EngineInfo, type PushRegistration, type TransferMode } from './protocol.js';
 import { SideChannelClient, SideChannelError } from './side-channel.js';
 
 /** A consumer's handshake failed: the producer refused (incompatible, not ready) or could not be reached. */
@@ -143,6 +144,11 @@ export class NixlPeers {
    */
   pushRegister(host: string, port: number, reg: PushRegistration, timeoutMs?: number): Promise<void> {
     return this.client(host, port).request({ type: 'push-reg', reg }, decodeEmptyBody, timeoutMs);
+  }
+
+  /** LOCALIZE to a producer (docs/localize.md). @throws SideChannelError with the refusal code, or `timeout` / `transport`. */
+  localize(host: string, port: number, requestId: string, query: LocalizeQuery, timeoutMs?: number): Promise<LocalizeAnswer> {
+    return this.client(host, port).request({ type: 'localize', requestId, query }, decodeLocalizeBody, timeoutMs);
   }
 
   /** Closes every client (pending requests fail). */

@@ -7,7 +7,10 @@
  *   {@link RankInfo}, collected through `getHandshakeMetadata` -> `setXferHandshakeMetadata`);
  * - `LEASE` / `RELEASE` on the producer's {@link LeaseTable}, which this object owns;
  * - `PUSH_REG` (push mode): checks the lease and queues the registration; the scheduler half
- *   passes it to the producer workers in the next step's metadata (the workers WRITE).
+ *   passes it to the producer workers in the next step's metadata (the workers WRITE);
+ * - `LOCALIZE` (docs/localize.md): while the request's blocks are still held, queues an order for
+ *   the producer workers (next step's metadata), keeps the blocks until every worker sent its fine
+ *   sums (workers' metadata), and answers with their merge; `gone` when the blocks are not held.
  *
  * What the workers learn (read-done notifs, finished push writes) reaches the lease table in the
  * workers' per-step metadata, and the leases that ended reach the workers in the scheduler's
@@ -15,12 +18,13 @@
  * or halves through process-global state.
  * @module
  */
-import type { KVCacheGroupConfig } from '@kvconnect/core';
+import { mergeFineSums, type FineSum } from '@kvconnect/checksum';
+import type { KVCacheGroupConfig, LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
 import { checkBindHost } from '@kvconnect/transfer';
 import type { NixlConfig } from './config.js';
 import { LeaseTable } from './lease.js';
 import type { NixlMetrics } from './metrics.js';
-import { NIXL_PROTOCOL_VERSION, compatHash, encodeEngineInfo, encodeLeaseBody, type EngineInfo, type PushRegistration, type RankInfo, type SideRequest, type TransferMode } from './protocol.js';
+import { NIXL_PROTOCOL_VERSION, compatHash, encodeEngineInfo, encodeLeaseBody, encodeLocalizeBody, type EngineInfo, type PushRegistration, type RankInfo, type SideRequest, type TransferMode } from './protocol.js';
 import { SideChannelServer, type HandlerResult, type SideChannelServerStats } from './side-channel.js';
 
 /**
@@ -59,13 +63,33 @@ export function engineInfoOf(o: { engineId: string; mode: TransferMode; tpSize: 
 /** Push registrations queued between two engine steps, at most (more are refused `busy`). */
 export const MAX_QUEUED_PUSH_REGS = 16_384;
 
+/** `LOCALIZE` requests waiting for the workers, at most (more are refused `busy`). */
+export const MAX_PENDING_LOCALIZE = 256;
+
+/** A `LOCALIZE` order for the producer workers (in {@link NixlMeta}`.localize`; plain data). */
+export interface LocalizeOrder {
+  /** Matches the workers' answers to the request. */
+  ticket: number;
+  requestId: string;
+  /** The request's blocks per group (as `kv_transfer_params.remote_block_ids`) and its tokens. */
+  blocks: number[][];
+  numTokens: number;
+  query: LocalizeQuery;
+}
+
+/** A producer worker's fine sums of one order (in `NixlWorkerMeta.localized`; plain data). */
+export interface LocalizeResult {
+  ticket: number;
+  groups: Array<{ groupId: number; sums: FineSum[]; error?: string }>;
+}
+
 /** Options of {@link NixlProducerChannel}. */
 export interface NixlProducerChannelOptions {
   engineId: string;
   mode: TransferMode;
   /** Producer workers (`tpSize * ppSize`): each reports every request once. */
   workers: number;
-  config: Pick<NixlConfig, 'leaseMs' | 'sideChannelHost' | 'sideChannelPort' | 'clusterSecret'>;
+  config: Pick<NixlConfig, 'leaseMs' | 'sideChannelHost' | 'sideChannelPort' | 'clusterSecret' | 'localizeHoldMs' | 'transferTimeoutMs'>;
   metrics: NixlMetrics;
 }
 
@@ -78,9 +102,16 @@ export class NixlProducerChannel {
   private listening: Promise<{ host: string; port: number }> | null = null;
   /** Push registrations accepted since the last {@link takePushRegs}. */
   private pushRegs: PushRegistration[] = [];
+  /** Finished requests' blocks and tokens, for `LOCALIZE` (forgotten with their lease). */
+  private readonly finished = new Map<string, { blocks: number[][]; numTokens: number }>();
+  private localizeOrders: LocalizeOrder[] = [];
+  private readonly localizing = new Map<number, { order: LocalizeOrder; results: Map<string, LocalizeResult>; resolve: (a: LocalizeAnswer | Error) => void; timer: NodeJS.Timeout }>();
+  private nextTicket = 1;
+  /** Requests served, by type (diagnostics; a verified load never makes a `localize`). */
+  readonly served: Record<SideRequest['type'], number> = { info: 0, lease: 0, release: 0, 'push-reg': 0, localize: 0 };
 
   constructor(private readonly o: NixlProducerChannelOptions) {
-    this.leases = new LeaseTable({ leaseMs: o.config.leaseMs, workers: o.workers, onExpired: () => o.metrics.expiredLeases.inc({ mode: o.mode }) });
+    this.leases = new LeaseTable({ leaseMs: o.config.leaseMs, workers: o.workers, holdAfterDoneMs: o.config.localizeHoldMs, onExpired: () => o.metrics.expiredLeases.inc({ mode: o.mode }) });
   }
 
   /**
@@ -117,9 +148,67 @@ export class NixlProducerChannel {
     return r;
   }
 
+  /** A finished request whose blocks are held under a lease: what a later `LOCALIZE` sums. */
+  heldBlocks(requestId: string, blocks: number[][], numTokens: number): void {
+    this.finished.set(requestId, { blocks, numTokens });
+  }
+
+  /** The `LOCALIZE` orders accepted since the previous call (for the next step's metadata). */
+  takeLocalizeOrders(): LocalizeOrder[] {
+    for (const id of this.finished.keys()) if (this.leases.stateOf(id) === undefined) this.finished.delete(id);
+    const r = this.localizeOrders;
+    this.localizeOrders = [];
+    return r;
+  }
+
+  /** A worker's fine sums of an order (`worker`: its `workerKey`); the answer goes out once every worker sent its own. */
+  onLocalized(worker: string, r: LocalizeResult): void {
+    const p = this.localizing.get(r.ticket);
+    if (!p) return;
+    p.results.set(worker, r);
+    if (p.results.size < this.o.workers) return;
+    const groups = p.order.query.groups.map((g) => {
+      const parts = [...p.results.values()].map((x) => x.groups.find((y) => y.groupId === g.groupId));
+      const errors = parts.filter((x) => x?.error).map((x) => x!.error!);
+      const sums = mergeFineSums(parts.map((x) => x?.sums ?? []));
+      return errors.length > 0 ? { groupId: g.groupId, sums, error: errors.join('; ') } : { groupId: g.groupId, sums };
+    });
+    p.resolve({ status: 'held', groups });
+  }
+
+  /** Serves `LOCALIZE`: see the module comment. */
+  private async localize(requestId: string, query: LocalizeQuery): Promise<HandlerResult> {
+    const held = this.finished.get(requestId);
+    if (!held || !this.leases.blocksHeld(requestId)) {
+      const state = this.leases.stateOf(requestId);
+      const ended = this.leases.endedAs(requestId);
+      const why = state === 'held' || state === 'done' ? 'blocks being freed' : state !== undefined ? `lease ${state}` : ended !== undefined ? `blocks freed (lease ${ended})` : 'unknown request';
+      return { ok: encodeLocalizeBody({ status: 'gone', detail: `request ${requestId}: ${why}` }) };
+    }
+    if (this.localizing.size >= MAX_PENDING_LOCALIZE) return { refuse: 'busy', message: `engine ${this.o.engineId}: ${MAX_PENDING_LOCALIZE} LOCALIZE requests wait for the workers` };
+    const order: LocalizeOrder = { ticket: this.nextTicket++, requestId, blocks: held.blocks, numTokens: held.numTokens, query };
+    this.leases.localizing(requestId, 1);
+    try {
+      const a = await new Promise<LocalizeAnswer | Error>((resolve) => {
+        const timer = setTimeout(() => resolve(new Error(`the workers sent no fine sums in ${this.o.config.transferTimeoutMs} ms`)), this.o.config.transferTimeoutMs);
+        timer.unref();
+        this.localizing.set(order.ticket, { order, results: new Map(), resolve, timer });
+        this.localizeOrders.push(order);
+      });
+      if (a instanceof Error) return { refuse: 'internal', message: a.message };
+      return { ok: encodeLocalizeBody(a) };
+    } finally {
+      const p = this.localizing.get(order.ticket);
+      if (p) clearTimeout(p.timer);
+      this.localizing.delete(order.ticket);
+      this.leases.localizing(requestId, -1);
+    }
+  }
+
   /** Serves one side-channel request. */
-  handle(req: SideRequest): HandlerResult {
+  handle(req: SideRequest): HandlerResult | Promise<HandlerResult> {
     const { engineId, mode, metrics } = this.o;
+    this.served[req.type]++;
     switch (req.type) {
       case 'info': {
         const info = this.info;
@@ -149,11 +238,14 @@ export class NixlProducerChannel {
         this.pushRegs.push(req.reg);
         return { ok: [] };
       }
+      case 'localize':
+        return this.localize(req.requestId, req.query);
     }
   }
 
   /** Closes the server. */
   async close(): Promise<void> {
+    for (const p of this.localizing.values()) p.resolve(new Error('producer shutting down'));
     await this.server?.close();
   }
 }

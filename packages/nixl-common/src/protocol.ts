@@ -13,6 +13,7 @@
  * | `RELEASE` (3) | `[seq, 3, [requestId...]]`: the consumer will not read these | `[]` |
  * | `PUSH_REG` (4) | `[seq, 4, PushRegistration]`: push mode, a consumer rank registers its blocks | `[]` |
  * | `AUTH` (5) | `[0, 5, version, clientNonce]`: first frame with a cluster secret (below) | `[serverNonce, serverProof]`, seq 0 |
+ * | `LOCALIZE` (6) | `[seq, 6, requestId, rangeTokens, [[groupId, tokenStart, tokenEnd]...]]`: fine sums of a mismatched load (`docs/localize.md`) | `[0, [[groupId, keys, values, error or nil]...]]` (held) or `[1, detail]` (gone) |
  *
  * An {@link EngineInfo} is what a peer needs to move KV: engine id, TP and PP sizes, block size
  * per group, and per worker rank its agent's metadata blob, registered regions and the block
@@ -42,16 +43,19 @@
  *   from the workers' handshake metadata, producer.ts) and consumer workers got their own
  *   side-channel clients (peers.ts); `PUSH_REG` may now also be refused `busy` (too many
  *   registrations queued for the next engine step).
+ * - 17: `LOCALIZE` (issue #13: fine sums of a mismatched load's blocks while the producer holds
+ *   them; `docs/localize.md`). Nothing else changed on the wire; a load that verifies sends no
+ *   `LOCALIZE`. A 17 peer and a 16 peer refuse each other at `INFO` (version and compatibility hash).
  * @module
  */
 import { createHash } from 'node:crypto';
-import { DTYPE_BYTES, contiguousStrides, replicaCount, type AttentionCacheView, type Dtype, type StateCacheView } from '@kvconnect/checksum';
-import type { KVCacheGroupConfig, WorkerKVCaches } from '@kvconnect/core';
+import { DTYPE_BYTES, LocalizeError, contiguousStrides, decodeFineSums, encodeFineSums, replicaCount, type AttentionCacheView, type Dtype, type StateCacheView } from '@kvconnect/checksum';
+import type { KVCacheGroupConfig, LocalizeAnswer, LocalizeQuery, WorkerKVCaches } from '@kvconnect/core';
 import type { RegisteredRegion } from '@kvconnect/transfer';
 import { arr, bin, fail, nat, oneOf, packr, pos, str, unpackStrict } from './codec.js';
 
-/** Connector protocol version (15: vLLM `NIXL_CONNECTOR_VERSION` after the KV checksum series; 16: authentication; history in the module comment). */
-export const NIXL_PROTOCOL_VERSION = 16;
+/** Connector protocol version (15: vLLM `NIXL_CONNECTOR_VERSION` after the KV checksum series; 16: authentication; 17: `LOCALIZE`; history in the module comment). */
+export const NIXL_PROTOCOL_VERSION = 17;
 
 /** Who initiates transfers: the consumer READs (`pull`, NixlConnector) or the producer WRITEs (`push`, NixlPushConnector). */
 export type TransferMode = 'pull' | 'push';
@@ -92,10 +96,12 @@ export const LIMITS = Object.freeze({
   requestIds: 65536,
   /** Longest error message. */
   message: 4096,
+  /** Most token ranges of one group in one `LOCALIZE` (`ceil((tokenEnd - tokenStart) / rangeTokens)`). */
+  localizeRanges: 1024,
 });
 
 /** Message types of the side channel. */
-export const MSG = Object.freeze({ INFO: 1, LEASE: 2, RELEASE: 3, PUSH_REG: 4, AUTH: 5 } as const);
+export const MSG = Object.freeze({ INFO: 1, LEASE: 2, RELEASE: 3, PUSH_REG: 4, AUTH: 5, LOCALIZE: 6 } as const);
 
 /**
  * Error codes of refused requests. `unauthenticated`: no or a wrong proof of the cluster secret,
@@ -216,7 +222,8 @@ export type SideRequest =
   | { readonly type: 'info'; readonly version: number; readonly mode: TransferMode; readonly compatHash: string }
   | { readonly type: 'lease'; readonly requestIds: readonly string[]; readonly pinMs: number }
   | { readonly type: 'release'; readonly requestIds: readonly string[] }
-  | { readonly type: 'push-reg'; readonly reg: PushRegistration };
+  | { readonly type: 'push-reg'; readonly reg: PushRegistration }
+  | { readonly type: 'localize'; readonly requestId: string; readonly query: LocalizeQuery };
 
 /** A decoded response: ok with an (undecoded) body, or refused. */
 export type SideResponse = { readonly seq: number; readonly ok: true; readonly body: unknown } | { readonly seq: number; readonly ok: false; readonly code: SideErrorCode; readonly message: string };
@@ -346,6 +353,8 @@ export function encodeRequest(seq: number, req: SideRequest): Uint8Array {
       return packr.pack([seq, MSG.RELEASE, [...req.requestIds]]);
     case 'push-reg':
       return packr.pack([seq, MSG.PUSH_REG, encodePushRegistration(req.reg)]);
+    case 'localize':
+      return packr.pack([seq, MSG.LOCALIZE, req.requestId, req.query.rangeTokens, req.query.groups.map((g) => [g.groupId, g.tokenStart, g.tokenEnd])]);
   }
 }
 
@@ -552,6 +561,25 @@ export function decodeRequest(bytes: Uint8Array): { seq: number; req: SideReques
     case MSG.PUSH_REG:
       if (a.length !== 3) fail('PUSH_REG: expected [seq, 4, registration]');
       return { seq, req: { type: 'push-reg', reg: decodePushRegistration(a[2]) } };
+    case MSG.LOCALIZE: {
+      if (a.length !== 5) fail('LOCALIZE: expected [seq, 6, requestId, rangeTokens, groups]');
+      const seen = new Set<number>();
+      const groups = arr(a[4], 'LOCALIZE.groups', LIMITS.groups).map((g, i) => {
+        const t = arr(g, `LOCALIZE.groups[${i}]`, 3, 3);
+        const groupId = nat(t[0], `LOCALIZE.groups[${i}].groupId`, LIMITS.groups - 1);
+        if (seen.has(groupId)) fail(`LOCALIZE.groups[${i}]: group ${groupId} repeated`);
+        seen.add(groupId);
+        const tokenStart = nat(t[1], `LOCALIZE.groups[${i}].tokenStart`, 0xffffffff);
+        const tokenEnd = nat(t[2], `LOCALIZE.groups[${i}].tokenEnd`, 0xffffffff);
+        if (tokenEnd < tokenStart) fail(`LOCALIZE.groups[${i}]: tokenEnd before tokenStart`);
+        return { groupId, tokenStart, tokenEnd };
+      });
+      const rangeTokens = pos(a[3], 'LOCALIZE.rangeTokens', 1 << 20);
+      for (const [i, g] of groups.entries()) {
+        if (Math.ceil((g.tokenEnd - g.tokenStart) / rangeTokens) > LIMITS.localizeRanges) fail(`LOCALIZE.groups[${i}]: more than ${LIMITS.localizeRanges} token ranges`);
+      }
+      return { seq, req: { type: 'localize', requestId: str(a[2], 'LOCALIZE.requestId', LIMITS.idLength), query: { rangeTokens, groups } } };
+    }
     default:
       return fail(`request: unknown type ${type}`);
   }
@@ -589,6 +617,47 @@ export function decodeLeaseBody(x: unknown): Map<string, number> {
 /** Encodes a LEASE ok body. */
 export function encodeLeaseBody(m: ReadonlyMap<string, number>): unknown[] {
   return [...m].map(([id, t]) => [id, t]);
+}
+
+/**
+ * Encodes a `LOCALIZE` ok body: `[0, [[groupId, keys, values, error or nil]...]]` (held; `keys` and
+ * `values` as @kvconnect/checksum `encodeFineSums`) or `[1, detail]` (gone). See `docs/localize.md`.
+ */
+export function encodeLocalizeBody(a: LocalizeAnswer): unknown[] {
+  if (a.status === 'gone') return [1, a.detail.slice(0, LIMITS.message)];
+  return [
+    0,
+    a.groups.map((g) => {
+      const w = encodeFineSums(g.sums);
+      return [g.groupId, w.keys, w.values, g.error === undefined ? null : g.error.slice(0, LIMITS.message)];
+    }),
+  ];
+}
+
+/**
+ * Decodes a `LOCALIZE` ok body ({@link encodeLocalizeBody}), strictly.
+ * @throws NixlDecodeError
+ */
+export function decodeLocalizeBody(x: unknown): LocalizeAnswer {
+  const a = arr(x, 'LOCALIZE answer', 2, 2);
+  const status = nat(a[0], 'LOCALIZE.status', 1);
+  if (status === 1) return { status: 'gone', detail: str(a[1], 'LOCALIZE.detail', LIMITS.message, 0) };
+  const seen = new Set<number>();
+  const groups = arr(a[1], 'LOCALIZE.groups', LIMITS.groups).map((g, i) => {
+    const t = arr(g, `LOCALIZE.groups[${i}]`, 4, 4);
+    const groupId = nat(t[0], `LOCALIZE.groups[${i}].groupId`, LIMITS.groups - 1);
+    if (seen.has(groupId)) fail(`LOCALIZE.groups[${i}]: group ${groupId} repeated`);
+    seen.add(groupId);
+    let sums;
+    try {
+      sums = decodeFineSums(t[1], t[2]);
+    } catch (e) {
+      return fail(`LOCALIZE.groups[${i}]: ${e instanceof LocalizeError ? e.message : String(e)}`);
+    }
+    const error = t[3] === null ? undefined : str(t[3], `LOCALIZE.groups[${i}].error`, LIMITS.message, 0);
+    return error === undefined ? { groupId, sums } : { groupId, sums, error };
+  });
+  return { status: 'held', groups };
 }
 
 /** Decodes an empty ok body (`[]`). @throws NixlDecodeError */

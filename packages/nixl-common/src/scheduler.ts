@@ -43,6 +43,8 @@ import type {
   KVConnectorOutput,
   KVConnectorScheduler,
   KVTransferConfig,
+  LocalizeAnswer,
+  LocalizeQuery,
   MatchedTokens,
   RequestFinishedResult,
   SchedulerContext,
@@ -51,7 +53,7 @@ import { UnusableParams, hasRemoteKeys, workerKey } from '@kvconnect/core';
 import { parseNixlConfig, type NixlConfig } from './config.js';
 import { nixlMetrics, type NixlMetrics } from './metrics.js';
 import { NixlPeers } from './peers.js';
-import { NixlProducerChannel, engineInfoOf, type NixlHandshakeMetadata } from './producer.js';
+import { NixlProducerChannel, engineInfoOf, type LocalizeOrder, type LocalizeResult, type NixlHandshakeMetadata } from './producer.js';
 import { LIMITS, type EngineInfo, type PushRegistration, type TransferMode } from './protocol.js';
 
 /** The producer's params as the consumer reads them. */
@@ -102,6 +104,8 @@ export interface NixlMeta {
   finished?: Record<string, string[]>;
   /** Producer: leases still held (the workers poll notifs fast while some are). */
   leasesHeld?: number;
+  /** Producer: `LOCALIZE` orders (fine sums of held blocks, docs/localize.md) accepted since the previous step. */
+  localize?: LocalizeOrder[];
 }
 
 /** Worker-to-scheduler metadata of a step ({@link TransferResults.workerMeta}, plain data). */
@@ -110,6 +114,8 @@ export interface NixlWorkerMeta {
   readDone?: Array<[string, string, number]>;
   /** Push producer: requests this worker finished writing to every registered consumer rank. */
   pushDone?: string[];
+  /** Producer: this worker's fine sums of the step's `LOCALIZE` orders. */
+  localized?: LocalizeResult[];
 }
 
 const isStr = (x: unknown): x is string => typeof x === 'string' && x.length > 0 && x.length <= LIMITS.idLength;
@@ -260,6 +266,8 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
       }
       meta.finished = finished;
       meta.leasesHeld = ch.leases.size;
+      const localize = ch.takeLocalizeOrders();
+      if (localize.length > 0) meta.localize = localize;
       if (this.mode === 'push') {
         meta.pushRegs = ch.takePushRegs();
         if (!this.sentProducerInfo && ch.info) {
@@ -278,6 +286,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
       if (wm && this.channel) {
         for (const [id, reader, size] of wm.readDone ?? []) if (!this.channel.leases.readerDone(id, reader, size)) this.metrics.failedNotifs.inc({ mode: this.mode });
         for (const id of wm.pushDone ?? []) this.channel.leases.workerDone(id, workerKey(out.ppRank, out.tpRank));
+        for (const r of wm.localized ?? []) this.channel.onLocalized(workerKey(out.ppRank, out.tpRank), r);
       }
       for (const id of out.finishedRecving) {
         const l = this.loading.get(id);
@@ -304,6 +313,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     if (!addr) return { delayFree: false };
     const leaseExpiry = this.channel!.leases.add(id);
     const copy = blocks.map((b) => b.slice());
+    this.channel!.heldBlocks(id, copy, request.numComputedTokens);
     if (this.mode === 'push') this.pendingPushes.set(id, { requestId: id, blocks: copy, numTokens: request.numComputedTokens, checksums: null });
     return {
       delayFree: true,
@@ -335,6 +345,22 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
   sendKvChecksums(request: ConnectorRequest, payload: Uint8Array): void {
     const e = this.pendingPushes.get(request.requestId);
     if (e) e.checksums = payload.slice();
+  }
+
+  /**
+   * Consumer: `LOCALIZE` to the producer of `request`'s load (docs/localize.md), then `RELEASE` of
+   * its blocks (the consumer is done with them either way).
+   * @throws Error when the request's params name no producer; SideChannelError when the producer
+   *   refused or did not answer within `timeoutMs`.
+   */
+  async localizeKvChecksums(request: ConnectorRequest, query: LocalizeQuery, timeoutMs: number): Promise<LocalizeAnswer> {
+    const remote = checkRemoteParams(request.kvTransferParams);
+    if (typeof remote === 'string') throw new Error(`no producer to ask: ${remote}`);
+    try {
+      return await this.peers.localize(remote.remoteHost, remote.remotePort, remote.remoteRequestId, query, timeoutMs);
+    } finally {
+      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId]);
+    }
   }
 
   private armHeartbeats(): void {

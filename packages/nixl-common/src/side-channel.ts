@@ -227,6 +227,9 @@ export interface SideChannelServerStats {
   pending: number;
   /** Peers disconnected for breaking the protocol, failing authentication or exceeding a limit. */
   droppedPeers: number;
+  /** Frames received (every connection, since listen), and their bytes with the 4-byte length prefixes. */
+  framesIn: number;
+  bytesIn: number;
 }
 
 interface ServerConn {
@@ -256,6 +259,8 @@ export class SideChannelServer {
   private readonly secret: Uint8Array | null;
   private pending = 0;
   private dropped = 0;
+  private framesIn = 0;
+  private bytesIn = 0;
   /** Where it listens (after {@link listen}). */
   address: { host: string; port: number } | null = null;
 
@@ -269,7 +274,7 @@ export class SideChannelServer {
 
   /** Current counters. */
   stats(): SideChannelServerStats {
-    return { connections: this.conns.size, bufferedBytes: this.budget.used, pending: this.pending, droppedPeers: this.dropped };
+    return { connections: this.conns.size, bufferedBytes: this.budget.used, pending: this.pending, droppedPeers: this.dropped, framesIn: this.framesIn, bytesIn: this.bytesIn };
   }
 
   /** Listens on `host:port` (port 0: any free port). @returns the bound address. */
@@ -379,6 +384,8 @@ export class SideChannelServer {
   }
 
   private onFrame(c: ServerConn, f: Buffer): void {
+    this.framesIn++;
+    this.bytesIn += 4 + f.byteLength;
     if (c.closing) return;
     const secret = this.secret;
     if (secret && !c.session) return this.answerAuth(c, secret, f);

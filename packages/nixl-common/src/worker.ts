@@ -21,6 +21,9 @@ import { type Pair } from './mapping.js';
 import { nixlMetrics, type NixlMetrics } from './metrics.js';
 import { NixlPeers } from './peers.js';
 import type { NixlHandshakeMetadata } from './producer.js';
+import type { GroupPlan } from '@kvconnect/checksum';
+import { localizeOrderOnRank } from './localize.js';
+import type { LocalizeResult } from './producer.js';
 import { buildRankInfo, type RankInfo, type TransferMode } from './protocol.js';
 import { metricsRegistryOf, type LoadSpec, type NixlMeta, type NixlWorkerMeta } from './scheduler.js';
 
@@ -80,6 +83,9 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
   /** This step's worker metadata so far. */
   protected readonly readDone: Array<[string, string, number]> = [];
   protected readonly pushDone: string[] = [];
+  /** Producer: fine sums of `LOCALIZE` orders computed this step, and this rank's producer plans for them. */
+  protected readonly localized: LocalizeResult[] = [];
+  private readonly localizePlans = new Map<number, GroupPlan>();
   protected closed = false;
   private polling: Promise<void> | null = null;
 
@@ -137,6 +143,8 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
     if (!this.meta) return;
     if (this.meta.leasesHeld !== undefined) this.leasesHeld = this.meta.leasesHeld;
     for (const id of this.meta.finished?.[this.key] ?? []) this.toReport.add(id);
+    // LOCALIZE (docs/localize.md): the held blocks' fine sums, before this step's forward pass.
+    for (const o of this.meta.localize ?? []) if (this.caches) this.localized.push(localizeOrderOnRank(this.caches, this.localizePlans, o));
     this.onMeta(this.meta);
   }
 
@@ -163,8 +171,9 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
       kvChecksums: new Map(this.recvChecksums),
       loadErrors: new Map(this.loadErrors),
     };
-    if (this.readDone.length > 0 || this.pushDone.length > 0) {
+    if (this.readDone.length > 0 || this.pushDone.length > 0 || this.localized.length > 0) {
       res.workerMeta = { readDone: this.readDone.splice(0), pushDone: this.pushDone.splice(0) };
+      if (this.localized.length > 0) res.workerMeta.localized = this.localized.splice(0);
     }
     for (const id of this.recvDone) this.active.delete(id);
     this.recvDone.clear();

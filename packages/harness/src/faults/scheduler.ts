@@ -35,6 +35,8 @@ interface StaleCandidate {
 /** The scheduler half of a FaultInjectingConnector. */
 export class FaultScheduler implements KVConnectorScheduler<FaultMeta, FaultWorkerMeta, unknown> {
   sendKvChecksums?: (request: ConnectorRequest, payload: Uint8Array) => void;
+  /** The inner connector's (when it has one): localizing a mismatch is not a fault's business. */
+  localizeKvChecksums?: KVConnectorScheduler['localizeKvChecksums'];
   private readonly asked = new Map<string, number>();
   private pending: LoadMeta[] = [];
   private readonly staleCandidates = new Map<string, StaleCandidate>();
@@ -55,6 +57,7 @@ export class FaultScheduler implements KVConnectorScheduler<FaultMeta, FaultWork
     this.consumer = config.kv_role !== 'kv_producer';
     this.producer = config.kv_role !== 'kv_consumer';
     this.checksums = config.enable_kv_checksum;
+    if (inner.localizeKvChecksums) this.localizeKvChecksums = (request, query, timeoutMs) => inner.localizeKvChecksums!(request, query, timeoutMs);
     if (inner.sendKvChecksums) {
       this.sendKvChecksums = (request, payload) => inner.sendKvChecksums!(request, this.producerPayload(request, payload));
     }
