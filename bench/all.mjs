@@ -23,6 +23,7 @@ const opt = (f, d) => {
 /** Every benchmark: script, node flags, what it needs. The order runs the quick ones first. */
 const BENCHES = [
   { name: 'checksum', script: 'checksum.mjs' },
+  { name: 'checksum-extensions', script: 'checksum-extensions.mjs' },
   { name: 'transfer', script: 'transfer.mjs' },
   { name: 'executor', script: 'executor.mjs' },
   { name: 'openai-stream', script: 'openai-stream.mjs' },

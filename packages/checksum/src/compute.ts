@@ -34,6 +34,11 @@ export interface BlockRun {
   start: number;
   /** The request's tokens whose KV the blocks hold (SPEC 2 numTokens). */
   numTokens: number;
+  /**
+   * Sampled checking (sampling.ts): `mask[i] === 0` leaves block `blockIds[i]` unsummed (its
+   * values are 0, no KV is read). Absent: every block.
+   */
+  mask?: ArrayLike<number>;
 }
 
 /** Where a run's values are in the step output. */
@@ -89,8 +94,9 @@ export class StepRows {
       const b = this.buf;
       const ids = run.blockIds;
       let k = this.n;
+      const { mask } = run;
       if (isState) {
-        k = this.write(k, run.group, ids[0], 0, 0, slot.outOffset);
+        if (mask === undefined || mask[0] !== 0) k = this.write(k, run.group, ids[0], 0, 0, slot.outOffset);
       } else {
         const B = plan.blockSize;
         // Only blocks holding a valid token: positions start .. ceil(numTokens / B) - 1.
@@ -102,6 +108,7 @@ export class StepRows {
         for (let i = 0; i < end; i++, first += B, out += columns) {
           const id = ids[i];
           if (id >>> 0 !== id) throw new RangeError(`block id ${id} at position ${run.start + i} is not a uint32`);
+          if (mask !== undefined && mask[i] === 0) continue;
           const left = numTokens - first;
           b[k] = group;
           b[k + 1] = id;

@@ -43,6 +43,8 @@ export { BlockChecksummer, StepRows, selectBackend, type BlockRun, type BlockChe
 export * from './payload.js';
 export * from './verify.js';
 export { runVectors, type CaseResult } from './conformance.js';
+export { BlockSampler, SAMPLE_SPAN_TOKENS, SAMPLE_THRESHOLD_ALL, sampleThreshold, sampleRateOf } from './sampling.js';
+export { subBlockView, subBlockGroupSpecs, sumSubBlocks } from './sub-blocks.js';
 export {
   fineSums,
   mergeFineSums,

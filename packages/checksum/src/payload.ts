@@ -27,13 +27,22 @@
  */
 
 import { createHash } from 'node:crypto';
-import type { ChecksumPayload, PayloadGroup, PayloadVersion } from './types.js';
+import type { ChecksumPayload, PayloadGroup, PayloadVersion, SubBlockValues } from './types.js';
+import { SAMPLE_THRESHOLD_ALL } from './sampling.js';
 
 /** Payload version producers write (SPEC 6.1): 2, which binds the checksums to the request's tokens. */
 export const PAYLOAD_VERSION = 2;
 
-/** Payload versions the decoder accepts (SPEC 6.1: "Decoders accept versions 1 and 2"). */
+/** Payload versions of the SPEC the decoder accepts (SPEC 6.1: "Decoders accept versions 1 and 2"). */
 export const PAYLOAD_VERSIONS: readonly PayloadVersion[] = Object.freeze([1, 2] as const);
+
+/**
+ * The extension payload's version (docs/checksum-extensions.md): version 2 plus a sample threshold
+ * and sub-block values, sent only when sampling or sub-block values are in use. Numbered apart
+ * from the SPEC's versions (a SPEC decoder rejects it as an unknown version, as SPEC vectors ask
+ * of version 3). The decoder accepts it besides {@link PAYLOAD_VERSIONS}.
+ */
+export const PAYLOAD_VERSION_EXTENSIONS = 16 as const;
 
 /** Largest accepted payload, in bytes of raw MessagePack (SPEC 6): 16 MiB. */
 export const MAX_PAYLOAD_BYTES = 16 * 1024 * 1024;
@@ -60,7 +69,10 @@ export const MAX_PAYLOAD_GROUPS = 4096;
  *   such a payload's);
  * - `truncated`: the bytes end inside the payload;
  * - `trailing-bytes`: bytes after the payload;
- * - `base64`: the base64 carrier text is not canonical standard base64 with padding.
+ * - `base64`: the base64 carrier text is not canonical standard base64 with padding;
+ * - `sample-threshold`: an extension payload's `sampleThreshold` outside `[1, 2^32]`;
+ * - `sub-block-group`: an extension payload's sub-block entry whose `groupId` is not among the payload's
+ *   groups, or repeats another entry's.
  */
 export type PayloadErrorReason =
   | 'version'
@@ -76,7 +88,9 @@ export type PayloadErrorReason =
   | 'too-large'
   | 'truncated'
   | 'trailing-bytes'
-  | 'base64';
+  | 'base64'
+  | 'sample-threshold'
+  | 'sub-block-group';
 
 /**
  * The one error type of payload decoding (SPEC 6): a rejected payload makes the load
@@ -145,8 +159,10 @@ export function tokenDigest(tokenIds: ArrayLike<number>, numTokens: number = tok
  * The wire version a payload object stands for: `p.version`, else 2 when it has a `tokenDigest`,
  * else 1 (SPEC 6.1). Not validated (see `encodePayload`).
  */
-export function payloadVersionOf(p: Pick<ChecksumPayload, 'version' | 'tokenDigest'>): number {
-  return p.version ?? (p.tokenDigest !== undefined ? 2 : 1);
+export function payloadVersionOf(p: Pick<ChecksumPayload, 'version' | 'tokenDigest' | 'sampleThreshold' | 'subBlocks'>): number {
+  if (p.version !== undefined) return p.version;
+  if (p.sampleThreshold !== undefined || p.subBlocks !== undefined) return PAYLOAD_VERSION_EXTENSIONS;
+  return p.tokenDigest !== undefined ? 2 : 1;
 }
 
 /**
@@ -156,9 +172,12 @@ export function payloadVersionOf(p: Pick<ChecksumPayload, 'version' | 'tokenDige
  */
 function versionOf(p: ChecksumPayload): PayloadVersion {
   const version = payloadVersionOf(p);
-  if (version !== 1 && version !== 2) throw new TypeError(`payload version ${String(version)} is not 1 or 2`);
-  if (version === 2 && typeof p.tokenDigest !== 'bigint') throw new TypeError('a version-2 payload needs a bigint tokenDigest');
+  if (version !== 1 && version !== 2 && version !== PAYLOAD_VERSION_EXTENSIONS) throw new TypeError(`payload version ${String(version)} is not 1, 2 or ${PAYLOAD_VERSION_EXTENSIONS}`);
+  if (version >= 2 && typeof p.tokenDigest !== 'bigint') throw new TypeError(`a version-${version} payload needs a bigint tokenDigest`);
   if (version === 1 && p.tokenDigest !== undefined) throw new TypeError('a version-1 payload has no tokenDigest (SPEC 6)');
+  if (version !== PAYLOAD_VERSION_EXTENSIONS && (p.sampleThreshold !== undefined || p.subBlocks !== undefined)) {
+    throw new TypeError('sampleThreshold and subBlocks need payload version 16 (docs/checksum-extensions.md)');
+  }
   return version;
 }
 
@@ -185,7 +204,7 @@ export function encodePayload(p: ChecksumPayload): Uint8Array {
   const version = versionOf(p);
   checkCount('numTokens', p.numTokens, 0);
   checkCount('producerTpSize', p.producerTpSize, 1);
-  if (version === 2) checkUint64('tokenDigest', p.tokenDigest!);
+  if (version >= 2) checkUint64('tokenDigest', p.tokenDigest!);
   if (!Array.isArray(p.groups)) throw new TypeError('groups must be an array');
   if (p.groups.length > MAX_PAYLOAD_GROUPS) {
     throw new RangeError(`${p.groups.length} groups: at most ${MAX_PAYLOAD_GROUPS} allowed`);
@@ -193,7 +212,7 @@ export function encodePayload(p: ChecksumPayload): Uint8Array {
 
   // [version, [numTokens, producerTpSize, (tokenDigest,) [groups...]]]: two one-byte fixarray headers.
   let size = 2 + uintSize(version) + uintSize(p.numTokens) + uintSize(p.producerTpSize);
-  if (version === 2) size += fingerprintSize(p.tokenDigest!);
+  if (version >= 2) size += fingerprintSize(p.tokenDigest!);
   size += arrayHeaderSize(p.groups.length);
   const seen = new Set<number>();
   for (const [i, g] of p.groups.entries()) {
@@ -207,6 +226,25 @@ export function encodePayload(p: ChecksumPayload): Uint8Array {
     size += 1 + uintSize(g.groupId) + fingerprintSize(g.fingerprint) + uintSize(g.blockSize) + uintSize(g.start);
     size += binHeaderSize(g.values.byteLength) + g.values.byteLength;
   }
+  const threshold = p.sampleThreshold ?? SAMPLE_THRESHOLD_ALL;
+  const subs: readonly SubBlockValues[] = p.subBlocks ?? [];
+  if (version === PAYLOAD_VERSION_EXTENSIONS) {
+    checkCount('sampleThreshold', threshold, 1);
+    if (threshold > SAMPLE_THRESHOLD_ALL) throw new RangeError(`sampleThreshold ${threshold} exceeds 2^32`);
+    if (!Array.isArray(subs)) throw new TypeError('subBlocks must be an array');
+    if (subs.length > MAX_PAYLOAD_GROUPS) throw new RangeError(`${subs.length} sub-block entries: at most ${MAX_PAYLOAD_GROUPS} allowed`);
+    size += uintSize(threshold) + arrayHeaderSize(subs.length);
+    const subSeen = new Set<number>();
+    for (const [i, g] of subs.entries()) {
+      checkCount(`subBlocks[${i}].groupId`, g.groupId, 0);
+      checkCount(`subBlocks[${i}].blockSize`, g.blockSize, 1);
+      checkCount(`subBlocks[${i}].start`, g.start, 0);
+      if (!(g.values instanceof BigUint64Array)) throw new TypeError(`subBlocks[${i}].values must be a BigUint64Array`);
+      if (!seen.has(g.groupId) || subSeen.has(g.groupId)) throw new RangeError(`subBlocks[${i}].groupId ${g.groupId} is not a payload group, or repeats`);
+      subSeen.add(g.groupId);
+      size += 1 + uintSize(g.groupId) + uintSize(g.blockSize) + uintSize(g.start) + binHeaderSize(g.values.byteLength) + g.values.byteLength;
+    }
+  }
   if (size > MAX_PAYLOAD_BYTES) {
     throw new RangeError(`payload of ${size} bytes exceeds the ${MAX_PAYLOAD_BYTES}-byte limit`);
   }
@@ -214,10 +252,10 @@ export function encodePayload(p: ChecksumPayload): Uint8Array {
   const w = new Writer(size);
   w.arrayHeader(2);
   w.uint(version);
-  w.arrayHeader(version === 2 ? 4 : 3);
+  w.arrayHeader(version === PAYLOAD_VERSION_EXTENSIONS ? 6 : version === 2 ? 4 : 3);
   w.uint(p.numTokens);
   w.uint(p.producerTpSize);
-  if (version === 2) w.fingerprint(p.tokenDigest!);
+  if (version >= 2) w.fingerprint(p.tokenDigest!);
   w.arrayHeader(p.groups.length);
   for (const g of p.groups) {
     w.arrayHeader(5);
@@ -226,6 +264,17 @@ export function encodePayload(p: ChecksumPayload): Uint8Array {
     w.uint(g.blockSize);
     w.uint(g.start);
     w.values(g.values);
+  }
+  if (version === PAYLOAD_VERSION_EXTENSIONS) {
+    w.uint(threshold);
+    w.arrayHeader(subs.length);
+    for (const g of subs) {
+      w.arrayHeader(4);
+      w.uint(g.groupId);
+      w.uint(g.blockSize);
+      w.uint(g.start);
+      w.values(g.values);
+    }
   }
   return w.bytes;
 }
@@ -400,14 +449,14 @@ export function decodePayload(bytes: Uint8Array): ChecksumPayload {
 
   r.fixedArray('payload', 2);
   const version = r.int('version');
-  if (version !== 1 && version !== 2) {
-    throw new PayloadError('version', `version ${version} is not supported (expected ${PAYLOAD_VERSIONS.join(' or ')})`);
+  if (version !== 1 && version !== 2 && version !== PAYLOAD_VERSION_EXTENSIONS) {
+    throw new PayloadError('version', `version ${version} is not supported (expected ${[...PAYLOAD_VERSIONS, PAYLOAD_VERSION_EXTENSIONS].join(', ')})`);
   }
-  r.fixedArray(`version-${version} body`, version === 2 ? 4 : 3);
+  r.fixedArray(`version-${version} body`, version === PAYLOAD_VERSION_EXTENSIONS ? 6 : version === 2 ? 4 : 3);
   const numTokens = r.count('numTokens');
   const producerTpSize = r.count('producerTpSize');
   if (producerTpSize === 0) throw new PayloadError('tp-size-zero', 'producerTpSize is 0');
-  const digest = version === 2 ? r.uint64('tokenDigest') : undefined;
+  const digest = version >= 2 ? r.uint64('tokenDigest') : undefined;
 
   const nGroups = r.arrayHeader('groups');
   if (nGroups > MAX_PAYLOAD_GROUPS) {
@@ -427,8 +476,30 @@ export function decodePayload(bytes: Uint8Array): ChecksumPayload {
     const values = r.values(`groups[${i}].values`);
     groups.push({ groupId, fingerprint, blockSize, start, values });
   }
+  if (version !== PAYLOAD_VERSION_EXTENSIONS) {
+    r.end();
+    return version === 2 ? { version, numTokens, producerTpSize, tokenDigest: digest, groups } : { version, numTokens, producerTpSize, groups };
+  }
+  const sampleThreshold = r.count('sampleThreshold');
+  if (sampleThreshold === 0 || sampleThreshold > SAMPLE_THRESHOLD_ALL) {
+    throw new PayloadError('sample-threshold', `sampleThreshold ${sampleThreshold} is outside [1, 2^32]`);
+  }
+  const nSubs = r.arrayHeader('subBlocks');
+  if (nSubs > MAX_PAYLOAD_GROUPS) throw new PayloadError('too-many-groups', `${nSubs} sub-block entries: at most ${MAX_PAYLOAD_GROUPS} allowed`);
+  const subBlocks: SubBlockValues[] = [];
+  const subSeen = new Set<number>();
+  for (let i = 0; i < nSubs; i++) {
+    r.fixedArray(`subBlocks[${i}]`, 4);
+    const groupId = r.count(`subBlocks[${i}].groupId`);
+    if (!seen.has(groupId) || subSeen.has(groupId)) throw new PayloadError('sub-block-group', `subBlocks[${i}].groupId ${groupId} is not a payload group, or repeats`);
+    subSeen.add(groupId);
+    const blockSize = r.count(`subBlocks[${i}].blockSize`);
+    if (blockSize === 0) throw new PayloadError('block-size-zero', `subBlocks[${i}].blockSize is 0`);
+    const start = r.count(`subBlocks[${i}].start`);
+    subBlocks.push({ groupId, blockSize, start, values: r.values(`subBlocks[${i}].values`) });
+  }
   r.end();
-  return version === 2 ? { version, numTokens, producerTpSize, tokenDigest: digest, groups } : { version, numTokens, producerTpSize, groups };
+  return { version, numTokens, producerTpSize, tokenDigest: digest, groups, sampleThreshold, subBlocks };
 }
 
 /**

@@ -70,8 +70,21 @@ export interface PayloadGroup {
   values: BigUint64Array;
 }
 
-/** Payload versions a decoder accepts (SPEC 6, 6.1). */
-export type PayloadVersion = 1 | 2;
+/** Payload versions a decoder accepts (SPEC 6, 6.1; 16: the extension payload, docs/checksum-extensions.md). */
+export type PayloadVersion = 1 | 2 | 16;
+
+/**
+ * Version 16 (extension payload) only (docs/checksum-extensions.md section 1): a group's block values recomputed at a
+ * smaller block size `blockSize` (the consumer's), so a consumer prefix hit that ends inside a
+ * producer block can be verified. `values[i]` is the value of block position `start + i` at that size.
+ */
+export interface SubBlockValues {
+  groupId: number;
+  /** Tokens per sub-block (>= 1); divides the group's producer block size. */
+  blockSize: number;
+  start: number;
+  values: BigUint64Array;
+}
 
 /** A decoded checksum payload, version 1 (SPEC 6) or 2 (SPEC 6.1). */
 export interface ChecksumPayload {
@@ -91,6 +104,13 @@ export interface ChecksumPayload {
   tokenDigest?: bigint;
   /** At most 4096 groups, distinct group ids. */
   groups: PayloadGroup[];
+  /**
+   * Version 16 (extension payload) only: the producer's sample threshold (`sampling.ts`, in `[1, 2^32]`; 2^32 = every
+   * block summed). Absent: every block summed.
+   */
+  sampleThreshold?: number;
+  /** Version 16 (extension payload) only: sub-block values of some groups (at most one entry per group of `groups`). */
+  subBlocks?: SubBlockValues[];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -147,6 +167,14 @@ export interface ConsumerLoad {
   ppSize: number;
   groups: ConsumerGroup[];
   workers: WorkerRecord[];
+  /**
+   * Sampled checking: the consumer's threshold and which blocks are summed (a `BlockSampler` of
+   * sampling.ts). Absent: every block (and a sampled payload is `sample-rate`).
+   */
+  sample?: {
+    threshold: number;
+    blockSampled(groupId: number, blockSize: number, position: number, threshold?: number): boolean;
+  };
 }
 
 /** Reason codes of unverified loads (SPEC 8). They are part of the contract (metrics, logs). */
@@ -161,6 +189,7 @@ export type UnverifiedReason =
   | 'uncovered-tokens'
   | 'block-size'
   | 'unaligned-prefix'
+  | 'sample-rate'
   | 'nothing-to-verify';
 
 /** The outcome of verifying one load (SPEC 8). */
@@ -185,6 +214,17 @@ export interface Verdict {
    * payload decoded (`no-payload`, `malformed-payload`).
    */
   identity: 'checked' | 'unchecked' | 'none';
+  /**
+   * Sampled checking (docs/checksum-extensions.md section 2): present when the consumer sampled
+   * (rate < 1). `rate` = the consumer's threshold / 2^32; `checked` / `skipped` = loaded consumer
+   * blocks with valid tokens that were compared / left out by the sample.
+   */
+  sampled?: { rate: number; checked: number; skipped: number };
+  /**
+   * Groups whose prefix hit ends inside a producer block and that were verified with the
+   * payload's sub-block values (docs/checksum-extensions.md section 1) instead of `unaligned-prefix`.
+   */
+  subBlockGroups?: number[];
 }
 
 /**

@@ -9,6 +9,7 @@
  */
 
 import { tokenDigest } from './payload.js';
+import { SAMPLE_THRESHOLD_ALL, sampleRateOf } from './sampling.js';
 import {
   parseReplicaKey,
   type ChecksumPayload,
@@ -16,6 +17,7 @@ import {
   type ConsumerLoad,
   type PayloadGroup,
   type ReplicaKey,
+  type SubBlockValues,
   type UnverifiedReason,
   type Verdict,
   type WorkerRecord,
@@ -36,7 +38,7 @@ type GroupOutcome =
   | { kind: 'ignored' }
   | { kind: 'left-out' }
   | { kind: 'unverified'; reason: UnverifiedReason }
-  | { kind: 'compared'; bad: number[] }
+  | { kind: 'compared'; bad: number[]; checked: number; skipped: number; sub?: boolean }
   | { kind: 'empty' };
 
 /** What every group check reads besides its own two sides. */
@@ -49,6 +51,10 @@ interface LoadContext {
   readonly consumerTpSize: number;
   /** One record per (PP rank, TP rank) of the consumer's grid (see {@link gridWorkers}). */
   readonly workers: readonly WorkerRecord[];
+  /** Sampled checking (sampling.ts): the consumer's sampler, when it samples. */
+  readonly sample?: ConsumerLoad['sample'];
+  /** The payload's sub-block values by group id (extension payload). */
+  readonly subBlocks: ReadonlyMap<number, SubBlockValues>;
 }
 
 /**
@@ -73,6 +79,13 @@ interface LoadContext {
  * `identity: 'unchecked'`. Then each scheduled group gets at most one reason, or is compared: state groups by their
  * one value at block position 0, attention groups in chunks of `max(Bp, Bd)` tokens, per replica
  * check. A group with a reason reports no mismatch.
+ *
+ * Extensions (docs/checksum-extensions.md): with `load.sample` (sampled checking), a payload sampled
+ * below the consumer's threshold (or any sampled payload when the consumer does not sample) is
+ * `sample-rate` (load level, after `workers-missing`), only chunks whose every block is in the
+ * consumer's sample are compared, and `sampled` reports the rate and block counts; an attention
+ * group whose start is unaligned is compared through the payload's sub-block values when they
+ * divide both block sizes, and listed in `subBlockGroups`.
  *
  * Stricter than the upstream design in one place (SPEC 8, last paragraph): a loaded block holding
  * valid consumer tokens that no compared chunk covers makes its group `uncovered-tokens` instead of
@@ -104,6 +117,11 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
     return wrongRequest(load, workers);
   }
   if (workers.length < load.tpSize * load.ppSize) return loadUnverified('workers-missing', identity);
+  // Sampled checking: the producer must have summed every block the consumer's sample names.
+  const sampling = load.sample !== undefined && load.sample.threshold < SAMPLE_THRESHOLD_ALL ? load.sample : undefined;
+  if ((payload.sampleThreshold ?? SAMPLE_THRESHOLD_ALL) < (sampling?.threshold ?? SAMPLE_THRESHOLD_ALL)) {
+    return loadUnverified('sample-rate', identity);
+  }
 
   const ctx: LoadContext = {
     producerTokens: payload.numTokens,
@@ -111,12 +129,16 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
     consumerTokens: load.numTokens,
     consumerTpSize: load.tpSize,
     workers,
+    sample: sampling,
+    subBlocks: new Map((payload.subBlocks ?? []).map((s) => [s.groupId, s])),
   };
   const producerGroups = new Map<number, PayloadGroup>();
   for (const g of payload.groups) if (!producerGroups.has(g.groupId)) producerGroups.set(g.groupId, g);
 
   const verdict: Verdict = { verdict: 'verified', mismatches: [], unverified: [], leftOut: [], wrongRequest: false, identity };
   let compared = false;
+  let checked = 0;
+  let skipped = 0;
   for (const group of load.groups) {
     const outcome = checkGroup(group, producerGroups.get(group.groupId), ctx);
     switch (outcome.kind) {
@@ -128,6 +150,9 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
         break;
       case 'compared':
         compared = true;
+        checked += outcome.checked;
+        skipped += outcome.skipped;
+        if (outcome.sub) (verdict.subBlockGroups ??= []).push(group.groupId);
         if (outcome.bad.length > 0) verdict.mismatches.push({ groupId: group.groupId, positions: outcome.bad });
         break;
       case 'ignored':
@@ -135,6 +160,7 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
         break;
     }
   }
+  if (sampling) verdict.sampled = { rate: sampleRateOf(sampling.threshold), checked, skipped };
   if (!compared && verdict.unverified.length === 0) {
     verdict.unverified.push({ groupId: null, reason: 'nothing-to-verify' });
   }
@@ -146,7 +172,8 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
 /**
  * One line for logs: the verdict, `wrong request` (SPEC 8.0) when so, then each mismatched group
  * with its consumer block positions, each unverified reason (with its group, if any) and each
- * left-out group, in check order, and `identity unchecked` for a version-1 payload (SPEC 8.0).
+ * left-out group, in check order, `identity unchecked` for a version-1 payload (SPEC 8.0), then the
+ * groups checked with sub-block values and the sample (docs/checksum-extensions.md).
  * For example
  * `mismatch: group 0 blocks [2,3]; group 1 fingerprint; group 4 left out (state-local across TP sizes)`,
  * `mismatch: wrong request; group 0 blocks [0,1,2]`, `verified: identity unchecked` or `unverified: no-payload`.
@@ -158,6 +185,8 @@ export function verdictSummary(v: Verdict): string {
     ...v.unverified.map((u) => (u.groupId === null ? u.reason : `group ${u.groupId} ${u.reason}`)),
     ...v.leftOut.map((g) => `group ${g} left out (state-local across TP sizes)`),
     ...(v.identity === 'unchecked' ? ['identity unchecked'] : []),
+    ...(v.subBlockGroups ?? []).map((g) => `group ${g} unaligned prefix checked with sub-block values`),
+    ...(v.sampled ? [`sampled at rate ${v.sampled.rate} (${v.sampled.checked} blocks checked, ${v.sampled.skipped} left out)`] : []),
   ];
   return parts.length === 0 ? v.verdict : `${v.verdict}: ${parts.join('; ')}`;
 }
@@ -241,7 +270,7 @@ function checkGroup(group: ConsumerGroup, producer: PayloadGroup | undefined, ct
   // Steps 6 and 7.
   return group.kind === 'attention'
     ? compareAttention(group, producer, checks, ctx)
-    : compareState(group, producer, checks);
+    : compareState(group, producer, checks, ctx);
 }
 
 /**
@@ -296,12 +325,13 @@ function replicaChecks(partials: ReadonlyArray<Map<string, BigUint64Array>>, nBl
  * SPEC 8 step 6 (kinds `state` and `state-local`): the payload holds exactly one value, at block
  * position 0, and the consumer exactly one row, at position 0; every check must equal that value.
  */
-function compareState(group: ConsumerGroup, producer: PayloadGroup, checks: bigint[][]): GroupOutcome {
+function compareState(group: ConsumerGroup, producer: PayloadGroup, checks: bigint[][], ctx: LoadContext): GroupOutcome {
   if (producer.start !== 0 || producer.values.length !== 1 || group.start !== 0 || group.nBlocks !== 1) {
     return { kind: 'unverified', reason: 'uncovered-tokens' };
   }
+  if (ctx.sample && !ctx.sample.blockSampled(group.groupId, 0, 0)) return { kind: 'compared', bad: [], checked: 0, skipped: 1 };
   const expected = producer.values[0];
-  return { kind: 'compared', bad: checks.some((check) => check[0] !== expected) ? [0] : [] };
+  return { kind: 'compared', bad: checks.some((check) => check[0] !== expected) ? [0] : [], checked: 1, skipped: 0 };
 }
 
 /** Block positions `first .. last` (inclusive) of one side that hold valid tokens of a chunk. */
@@ -332,26 +362,52 @@ function validTokens(numTokens: number, k: number, chunkTokens: number): number 
  */
 function compareAttention(
   group: ConsumerGroup,
-  producer: PayloadGroup,
+  payloadGroup: PayloadGroup,
   checks: bigint[][],
   ctx: LoadContext,
 ): GroupOutcome {
-  const bp = producer.blockSize;
+  let producer: Pick<PayloadGroup, 'blockSize' | 'start' | 'values'> = payloadGroup;
+  let bp = producer.blockSize;
   const bd = group.blockSize;
   const positive = (n: number): boolean => Number.isSafeInteger(n) && n > 0;
   if (!positive(bp) || !positive(bd)) return { kind: 'unverified', reason: 'block-size' };
-  const c = Math.max(bp, bd);
+  let c = Math.max(bp, bd);
   if (c % bp !== 0 || c % bd !== 0) return { kind: 'unverified', reason: 'block-size' };
-  if ((group.start * bd) % c !== 0) return { kind: 'unverified', reason: 'unaligned-prefix' };
+  let sub = false;
+  if ((group.start * bd) % c !== 0) {
+    // docs/checksum-extensions.md section 1: the producer's values at a block size S that divides
+    // both Bp and Bd replace its own, so chunks are max(S, Bd) = Bd tokens and the start is aligned.
+    const s = ctx.subBlocks.get(group.groupId);
+    if (s === undefined || !positive(s.blockSize) || bp % s.blockSize !== 0 || bd % s.blockSize !== 0) {
+      return { kind: 'unverified', reason: 'unaligned-prefix' };
+    }
+    producer = s;
+    bp = s.blockSize;
+    c = bd;
+    sub = true;
+  }
 
   // Chunks holding a loaded consumer block with a valid consumer token, ascending. Loaded blocks
   // are consecutive, so their chunks are too.
-  const chunks: number[] = [];
+  const all: number[] = [];
   for (let pos = Math.max(group.start, 0); pos < group.start + group.nBlocks && pos * bd < ctx.consumerTokens; pos++) {
     const k = Math.floor((pos * bd) / c);
-    if (chunks[chunks.length - 1] !== k) chunks.push(k);
+    if (all[all.length - 1] !== k) all.push(k);
   }
-  if (chunks.length === 0) return { kind: 'empty' };
+  if (all.length === 0) return { kind: 'empty' };
+  // Sampled checking: only chunks whose every block (both sides) the sample names were summed.
+  const { sample } = ctx;
+  const chunks = sample ? all.filter((k) => chunkSampled(k, c, bp, bd, group.groupId, sample)) : all;
+  const loadedIn = (k: number): number => {
+    let n = 0;
+    for (let pos = k * (c / bd); pos < (k + 1) * (c / bd); pos++) if (pos >= group.start && pos < group.start + group.nBlocks && pos * bd < ctx.consumerTokens) n++;
+    return n;
+  };
+  let checked = 0;
+  for (const k of chunks) checked += loadedIn(k);
+  let skipped = 0;
+  for (const k of all) skipped += loadedIn(k);
+  skipped -= checked;
 
   // Coverage: equal valid-token counts, and each side holds every block with valid tokens of the chunk.
   const spans: Array<{ p: BlockSpan; d: BlockSpan }> = [];
@@ -378,5 +434,17 @@ function compareAttention(
     });
     if (differs) for (let pos = d.first; pos <= d.last; pos++) bad.push(pos);
   }
-  return { kind: 'compared', bad };
+  return { kind: 'compared', bad, checked, skipped, ...(sub ? { sub } : {}) };
+}
+
+/**
+ * Sampled checking: true when every block of chunk `k` (of `c` tokens) on both sides (block sizes
+ * `bp`, `bd`) is one the consumer's sample names; the producer samples at a threshold at least the
+ * consumer's (checked at load level), so it summed them too.
+ */
+function chunkSampled(k: number, c: number, bp: number, bd: number, groupId: number, sample: NonNullable<ConsumerLoad['sample']>): boolean {
+  for (const b of [bp, bd]) {
+    for (let pos = (k * c) / b; pos < ((k + 1) * c) / b; pos++) if (!sample.blockSampled(groupId, b, pos)) return false;
+  }
+  return true;
 }

@@ -19,6 +19,10 @@ export interface StepGroupEntry {
   start: number;
   /** Physical block ids (state groups: exactly one). */
   blockIds: number[];
+  /** Sampled checking: the indices into `blockIds` to sum, ascending (absent: every block). */
+  sample?: number[];
+  /** Producer: also sum this group's blocks as sub-blocks of this many tokens (checksum-sub-blocks.ts). */
+  subBlockSize?: number;
 }
 
 /** One request to sum in a step. */
@@ -48,6 +52,8 @@ export interface ReportGroup extends WorkerGroupRecord {
   kind: GroupKind | null;
   /** The worker's plan fingerprint of the group (SPEC 5; the group's is the sum over PP stages), uint64. */
   fingerprint: bigint;
+  /** Producer: the group's values at sub-block size `blockSize` (docs/checksum-extensions.md section 1), when asked for. */
+  sub?: WorkerGroupRecord & { blockSize: number };
 }
 
 /** One request in a worker report. */
@@ -109,6 +115,8 @@ export interface EncodedEntry {
     skipReason?: string;
     /** Replica key `"R:r"` -> decimal uint64 strings, one per block. */
     partials: Record<string, string[]>;
+    /** {@link ReportGroup.sub}, partials as above. */
+    sub?: { blockSize: number; start: number; nBlocks: number; partials: Record<string, string[]> };
   }>;
 }
 
@@ -129,6 +137,11 @@ function encodeEntry(e: ReportEntry): EncodedEntry {
       for (const [k, v] of g.partials) partials[k] = Array.from(v, (x) => x.toString());
       const out: EncodedEntry['groups'][number] = { groupId: g.groupId, kind: g.kind, fingerprint: g.fingerprint.toString(), start: g.start, nBlocks: g.nBlocks, skipped: g.skipped, partials };
       if (g.skipReason !== undefined) out.skipReason = g.skipReason;
+      if (g.sub) {
+        const sp: Record<string, string[]> = {};
+        for (const [k, v] of g.sub.partials) sp[k] = Array.from(v, (x) => x.toString());
+        out.sub = { blockSize: g.sub.blockSize, start: g.sub.start, nBlocks: g.sub.nBlocks, partials: sp };
+      }
       return out;
     }),
   };
@@ -196,6 +209,16 @@ function decodeEntry(x: unknown, what: string): ReportEntry {
       }
       const out: ReportGroup = { groupId: g.groupId, kind: g.kind, fingerprint: u64(g.fingerprint, `${w}.fingerprint`), start: g.start, nBlocks: g.nBlocks, skipped: g.skipped, partials };
       if (typeof g.skipReason === 'string') out.skipReason = g.skipReason;
+      if (g.sub !== undefined) {
+        const s = g.sub;
+        if (!isObj(s) || !isCount(s.blockSize) || !isCount(s.start) || !isCount(s.nBlocks) || !isObj(s.partials)) throw new ReportFormatError(`${w}.sub: bad sub-block record`);
+        const sp = new Map<string, BigUint64Array>();
+        for (const [k, v] of Object.entries(s.partials)) {
+          if (!Array.isArray(v)) throw new ReportFormatError(`${w}.sub.partials.${k}: expected an array`);
+          sp.set(k, BigUint64Array.from(v.map((x, j) => u64(x, `${w}.sub.partials.${k}[${j}]`))));
+        }
+        out.sub = { blockSize: s.blockSize, start: s.start, nBlocks: s.nBlocks, skipped: false, partials: sp };
+      }
       return out;
     }),
   };

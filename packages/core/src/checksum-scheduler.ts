@@ -36,6 +36,9 @@
  * @module
  */
 import {
+  BlockSampler,
+  SAMPLE_THRESHOLD_ALL,
+  sampleThreshold,
   decodePayload,
   decodePayloadBase64,
   encodePayload,
@@ -44,14 +47,17 @@ import {
   verdictSummary,
   verifyLoad,
   PayloadError,
+  PAYLOAD_VERSION_EXTENSIONS,
   type ChecksumPayload,
   type ConsumerGroup,
   type ConsumerLoad,
   type GroupKind,
   type PayloadGroup,
+  type SubBlockValues,
   type Verdict,
   type WorkerRecord,
 } from '@kvconnect/checksum';
+import { resolveClusterSecret } from '@kvconnect/transfer';
 import type { KVChecksumSchedulerHooks, LoadDecision } from './checksum-hooks.js';
 import type {
   BlockIdsPerGroup,
@@ -80,6 +86,22 @@ export class KVChecksumCarrierError extends Error {
   constructor(readonly connectorName: string) {
     super(`KV connector ${JSON.stringify(connectorName)} does not carry KV checksums, so no load could be verified (kv_checksum_fail_closed is set)`);
     this.name = 'KVChecksumCarrierError';
+  }
+}
+
+/**
+ * The `kv_transfer_params` key that tells a producer the consumer's block sizes (docs/checksum-extensions.md
+ * section 1): an object group id (decimal text) -> the consumer's block size in tokens. For each
+ * attention group whose producer block size is a larger multiple of it, the producer also sends
+ * sub-block values at that size, so a consumer prefix hit inside a producer block is verified.
+ */
+export const KV_CHECKSUM_BLOCK_SIZES_PARAM = 'kv_checksum_block_sizes';
+
+/** Raised at start when `kv_checksum_sample_rate` < 1 and no cluster secret is configured (the sample would be predictable). */
+export class KVChecksumSampleError extends Error {
+  constructor() {
+    super('kv_checksum_sample_rate below 1 needs the cluster secret (kv_connector_extra_config.cluster_secret or KVCONNECT_CLUSTER_SECRET): without it a peer could predict the unchecked blocks');
+    this.name = 'KVChecksumSampleError';
   }
 }
 
@@ -120,6 +142,8 @@ interface SendPending {
   reports: Map<string, ReportEntry>;
   /** Workers whose sums are in flight on a device: worker key -> deadline (ms since the epoch). */
   inFlight?: Map<string, number>;
+  /** Sampled checking: the threshold the entry was sampled at (absent: every block). */
+  sampleThreshold?: number;
 }
 
 /** A consumer load waiting for its workers' sums. */
@@ -131,6 +155,8 @@ interface RecvPending {
   reports: Map<string, ReportEntry>;
   /** As {@link SendPending.inFlight}. */
   inFlight?: Map<string, number>;
+  /** Sampled checking: the sampler the entry was sampled with (absent: every block). */
+  sampler?: BlockSampler;
 }
 
 const PROBES: ConnectorRequest[] = [
@@ -167,6 +193,9 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
   private nextRecv = new Map<string, StepEntry>();
   private nextDrop = new Set<string>();
   private readonly inFlightTimeoutMs: number;
+  /** Sampled checking: the configured threshold (sampling.ts), and the cluster secret when it is below 2^32. */
+  private readonly sampleThreshold: number;
+  private readonly sampleSecret: Uint8Array | null = null;
   /** Consumer: drill-downs of mismatched loads (checksum-localize.ts); null on a producer. */
   readonly localizer: ChecksumLocalizer | null;
 
@@ -210,6 +239,22 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
       this.observability.logger.warn({ connector: o.config.kv_connector }, reason);
       this.observability.events.emit('checksums-disabled', { reason });
       this._enabled = false;
+    }
+    this.sampleThreshold = sampleThreshold(o.config.kv_checksum_sample_rate ?? 1);
+    if (this._enabled && this.sampleThreshold < SAMPLE_THRESHOLD_ALL) {
+      this.sampleSecret = resolveClusterSecret(o.config.kv_connector_extra_config.cluster_secret);
+      if (this.sampleSecret === null) throw new KVChecksumSampleError();
+    }
+  }
+
+  /** Sampled checking: the request's sampler (its key: the digest of the whole prompt), or undefined when every block is summed. */
+  private samplerOf(request: ConnectorRequest): BlockSampler | undefined {
+    if (this.sampleSecret === null) return undefined;
+    try {
+      return new BlockSampler(this.sampleSecret, tokenDigest(request.promptTokenIds), this.sampleThreshold);
+    } catch (e) {
+      this.observability.logger.warn({ requestId: request.requestId, err: e }, 'no KV checksum sample for this request (prompt not digestible): every block summed');
+      return undefined;
     }
   }
 
@@ -261,10 +306,16 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     return { groupId: g.groupId, start, blockIds };
   }
 
-  private entryOf(request: ConnectorRequest, blocks: BlockIdsPerGroup, firstToken: number, numTokens: number): StepEntry {
+  private entryOf(request: ConnectorRequest, blocks: BlockIdsPerGroup, firstToken: number, numTokens: number, sampler?: BlockSampler): StepEntry {
     const groups: StepGroupEntry[] = [];
-    this.groupConfigs.forEach((_, k) => {
+    this.groupConfigs.forEach((cfg, k) => {
       const e = this.groupEntry(k, blocks[k], firstToken, numTokens);
+      if (e && sampler) {
+        // Sampled checking: only blocks overlapping a sampled span (sampling.ts; state groups: span 0).
+        const bs = isStateKind(cfg.kind) ? 0 : cfg.blockSize;
+        const sample = e.blockIds.map((_, i) => i).filter((i) => sampler.blockSampled(e.groupId, bs, e.start + i));
+        if (sample.length < e.blockIds.length) e.sample = sample;
+      }
       if (e) groups.push(e);
       else this.observability.logger.debug({ requestId: request.requestId, groupId: this.groupConfigs[k].groupId }, 'group not checksummed for this request (no blocks, or a null block among them)');
     });
@@ -277,10 +328,28 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     if (this.role === 'kv_both' && !request.kvTransferParams?.do_remote_decode) return;
     const carrier = this.carrierOf(request);
     if (carrier === null) return;
-    const entry = this.entryOf(request, blocks, 0, numTokens);
+    const sampler = this.samplerOf(request);
+    const entry = this.entryOf(request, blocks, 0, numTokens, sampler);
+    this.askSubBlocks(request, entry);
     // A new prefill (after preemption) replaces an earlier entry and its sums.
-    this.sends.set(request.requestId, { request, entry, carrier, reports: new Map() });
+    this.sends.set(request.requestId, { request, entry, carrier, reports: new Map(), ...(sampler ? { sampleThreshold: sampler.threshold } : {}) });
     this.nextSend.set(request.requestId, entry);
+  }
+
+  /**
+   * Producer: names `subBlockSize` on the entry's attention groups whose block size is a larger
+   * multiple of the consumer's, as the request's {@link KV_CHECKSUM_BLOCK_SIZES_PARAM} says; a value
+   * that is not a positive integer, or does not divide the producer's, is ignored.
+   */
+  private askSubBlocks(request: ConnectorRequest, entry: StepEntry): void {
+    const sizes = request.kvTransferParams?.[KV_CHECKSUM_BLOCK_SIZES_PARAM];
+    if (typeof sizes !== 'object' || sizes === null || Array.isArray(sizes)) return;
+    for (const g of entry.groups) {
+      const cfg = this.groupConfigs.find((c) => c.groupId === g.groupId);
+      const bd = (sizes as Record<string, unknown>)[String(g.groupId)];
+      if (!cfg || isStateKind(cfg.kind) || typeof bd !== 'number' || !Number.isSafeInteger(bd) || bd <= 0) continue;
+      if (bd < cfg.blockSize && cfg.blockSize % bd === 0) g.subBlockSize = bd;
+    }
   }
 
   /** Consumer: records a receive entry of the loaded blocks only, and takes a params-carried payload. */
@@ -288,13 +357,14 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     if (!this._enabled || this.role === 'kv_producer') return;
     const carrier = this.carrierOf(request);
     if (carrier === null) return;
-    const entry = this.entryOf(request, blocks, numLocalTokens, numLocalTokens + numExternalTokens);
+    const sampler = this.samplerOf(request);
+    const entry = this.entryOf(request, blocks, numLocalTokens, numLocalTokens + numExternalTokens, sampler);
     let payload: RecvPending['payload'];
     if (carrier === 'kv_transfer_params') {
       const text = request.kvTransferParams?.[KV_CHECKSUMS_PARAM];
       if (text !== undefined) payload = this.decode(request.requestId, () => decodePayloadBase64(text as string)); // a non-string is rejected (PayloadError)
     }
-    this.recvs.set(request.requestId, { entry, carrier, payload, reports: new Map() });
+    this.recvs.set(request.requestId, { entry, carrier, payload, reports: new Map(), ...(sampler ? { sampler } : {}) });
     this.nextRecv.set(request.requestId, entry);
     this.nextDrop.delete(request.requestId);
   }
@@ -451,7 +521,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
         skipped: kind === null || recs.some((x) => x.r?.skipped === true),
       };
     });
-    return { numTokens: p.entry.numTokens, tokenIds: request.promptTokenIds, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers };
+    return { numTokens: p.entry.numTokens, tokenIds: request.promptTokenIds, tpSize: this.tpSize, ppSize: this.ppSize, groups, workers, ...(p.sampler ? { sample: p.sampler } : {}) };
   }
 
   /** Records, logs and emits a verdict; the log lines name the request, group, block ids, positions and reason. */
@@ -474,7 +544,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     }
     if (verdict.wrongRequest) log.error({ requestId, action, identity }, 'KV load belongs to another request: the payload token digest differs from the prompt (SPEC 8.0)');
     if (verdict.verdict === 'verified') {
-      log.debug({ requestId, action, identity }, 'KV load verified');
+      log.debug({ requestId, action, identity, ...(verdict.sampled ? { sampled: verdict.sampled } : {}), ...(verdict.subBlockGroups ? { subBlockGroups: verdict.subBlockGroups } : {}) }, 'KV load verified');
       obs.events.emit('load-verified', ev);
     } else {
       for (const m of verdict.mismatches) {
@@ -561,6 +631,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     }
     const fpRank = Math.min(...workers.map((w) => w.tp));
     const groups: PayloadGroup[] = [];
+    const subBlocks: SubBlockValues[] = [];
     for (const g of p.entry.groups) {
       const cfg = this.groupConfigs.find((c) => c.groupId === g.groupId)!;
       const state = isStateKind(cfg.kind);
@@ -590,6 +661,10 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
       }
       if (skip || !anyKind) continue;
       groups.push({ groupId: g.groupId, fingerprint, blockSize: cfg.blockSize, start, values });
+      if (g.subBlockSize !== undefined) {
+        const sub = subBlockPayload(g.groupId, workers.map((w) => w.e.groups.find((x) => x.groupId === g.groupId)?.sub));
+        if (sub) subBlocks.push(sub);
+      }
     }
     const { numTokens } = p.entry;
     let digest: bigint;
@@ -598,6 +673,35 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     } catch (e) {
       return { notSent: 'encode-error', detail: `no token digest of ${numTokens} tokens: ${e instanceof Error ? e.message : String(e)}` };
     }
-    return { payload: { version: 2, numTokens, producerTpSize: this.tpSize, tokenDigest: digest, groups } };
+    const ext =
+      p.sampleThreshold !== undefined || subBlocks.length > 0
+        ? { version: PAYLOAD_VERSION_EXTENSIONS, ...(p.sampleThreshold !== undefined ? { sampleThreshold: p.sampleThreshold } : {}), ...(subBlocks.length > 0 ? { subBlocks } : {}) }
+        : { version: 2 as const };
+    return { payload: { ...ext, numTokens, producerTpSize: this.tpSize, tokenDigest: digest, groups } };
   }
+}
+
+/**
+ * A group's sub-block values from its workers' `sub` records: every worker must have one, of one
+ * block size and the same rows; the values are the sum over workers of the replica-0 partials
+ * (as the block values, SPEC 2). Undefined when a worker has none or they disagree.
+ */
+function subBlockPayload(groupId: number, subs: ReadonlyArray<ReportGroup['sub']>): SubBlockValues | undefined {
+  const first = subs[0];
+  if (!first || subs.some((s) => !s || s.blockSize !== first.blockSize || s.start !== first.start || s.nBlocks !== first.nBlocks)) return undefined;
+  const values = new BigUint64Array(first.nBlocks);
+  for (const s of subs) {
+    for (const [k, v] of s!.partials) {
+      let replica: number;
+      try {
+        replica = parseReplicaKey(k).replica;
+      } catch {
+        return undefined;
+      }
+      if (replica !== 0) continue;
+      if (v.length !== first.nBlocks) return undefined;
+      for (let b = 0; b < v.length; b++) values[b] = u64(values[b] + v[b]);
+    }
+  }
+  return { groupId, blockSize: first.blockSize, start: first.start, values };
 }

@@ -27,6 +27,7 @@ import {
 } from '@kvconnect/checksum';
 import type { KVChecksumWorkerHooks } from './checksum-hooks.js';
 import type { KVTransferConfig, TransferResults, WorkerKVCaches } from './connector.js';
+import { SubBlockSums } from './checksum-sub-blocks.js';
 import { localizeOnRank } from './checksum-localize.js';
 import { emptyReport, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry } from './checksum-report.js';
 
@@ -92,6 +93,8 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
   private readonly onError: (error: unknown, requestIds: string[]) => void;
   private caches: WorkerKVCaches | null = null;
   private producer: Side | null = null;
+  /** Producer sub-block sums (host KV only), docs/checksum-extensions.md section 1. */
+  private subBlocks: SubBlockSums | null = null;
   private consumer: Side | null = null;
   /** group id -> index in the caches' groups (the checksummer's group index). */
   private readonly groupIndex = new Map<number, number>();
@@ -122,6 +125,7 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     };
     this.producer = side('producer');
     this.consumer = side('consumer');
+    this.subBlocks = this.producer.summer.isDevice ? null : new SubBlockSums(caches, this.producer.summer.backend as ChecksumBackend);
   }
 
   /** Takes the step's metadata ({@link ChecksumStepMeta}; null or undefined: nothing this step). */
@@ -276,7 +280,9 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     const prep = this.prepare(side, entries);
     const records = side.summer.compute(prep.runs);
     report.bytes[which] += prep.bytes;
-    return this.entriesOf(side, prep, records);
+    const out = this.entriesOf(side, prep, records);
+    if (which === 'send') this.subBlocks?.attach(entries, out);
+    return out;
   }
 
   /** The runs of `entries` (one per known group), their slots and the KV bytes they read. */
@@ -288,7 +294,7 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
         e.groups.map((g) => {
           const idx = this.groupIndex.get(g.groupId);
           if (idx === undefined) return 'unknown';
-          runs.push({ group: idx, blockIds: g.blockIds, start: g.start, numTokens: e.numTokens });
+          runs.push({ group: idx, blockIds: g.blockIds, start: g.start, numTokens: e.numTokens, ...(g.sample ? { mask: sampleMask(g.sample, g.blockIds.length) } : {}) });
           return runs.length - 1;
         }),
       );
@@ -299,8 +305,8 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
       const plan = side.summer.plans[run.group];
       if (plan.skipReason !== null) continue;
       if (plan.kind === 'attention') {
-        for (let i = 0; i < run.blockIds.length; i++) bytes += pb.perToken * validTokens(run, i, plan.blockSize);
-      } else bytes += pb.perBlock * run.blockIds.length;
+        for (let i = 0; i < run.blockIds.length; i++) if (run.mask?.[i] !== 0) bytes += pb.perToken * validTokens(run, i, plan.blockSize);
+      } else if (run.mask?.[0] !== 0) bytes += pb.perBlock * run.blockIds.length;
     }
     return { entries, runs, slots, bytes };
   }
@@ -331,6 +337,13 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
       }),
     };
   }
+}
+
+/** A run's mask (1 = sum) from a step entry's sampled indices (`StepGroupEntry.sample`). */
+function sampleMask(sample: readonly number[], n: number): Uint8Array {
+  const mask = new Uint8Array(n);
+  for (const i of sample) if (i >= 0 && i < n) mask[i] = 1;
+  return mask;
 }
 
 /** Valid tokens of block `i` of a run (SPEC 2): `min(B, max(0, numTokens - position * B))`. */

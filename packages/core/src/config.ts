@@ -45,6 +45,11 @@ export const kvTransferConfigSchema = strictObject({
   kv_role: oneOf(ROLES),
   enable_kv_checksum: bool().optional(),
   kv_checksum_fail_closed: bool().optional(),
+  kv_checksum_sample_rate: z
+    .unknown()
+    .refine((r) => typeof r === 'number' && r > 0 && r <= 1, { error: (iss) => `expected a number in (0, 1], got ${typeof iss.input === 'number' ? iss.input : kindOf(iss.input)}` })
+    .transform((r) => r as number)
+    .optional(),
   kv_load_failure_policy: oneOf(POLICIES).optional(),
   kv_connector_extra_config: plainObject().optional(),
   kv_connector_module_path: str({ nonEmpty: true }).optional(),
@@ -67,6 +72,8 @@ export const kvTransferConfigSchema = strictObject({
  * - `enable_kv_checksum` (boolean, default false): checksum KV loads (set on both sides);
  * - `kv_checksum_fail_closed` (boolean, default false): mismatched or unverified loads go to
  *   the load failure policy instead of being logged and used (SPEC 8);
+ * - `kv_checksum_sample_rate` (number in (0, 1], default 1): check only a keyed sample of each
+ *   request's blocks (docs/checksum-extensions.md section 2; below 1 it needs the cluster secret);
  * - `kv_load_failure_policy` (`fail` | `recompute`, default `recompute`);
  * - `kv_connector_extra_config` (plain object, default `{}`): connector options, validated by the
  *   connector's factory;

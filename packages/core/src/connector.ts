@@ -369,6 +369,8 @@ export interface KVTransferConfig {
   enable_kv_checksum: boolean;
   /** Default false (fail-open: log and use the KV). */
   kv_checksum_fail_closed: boolean;
+  /** Sampled checking, in (0, 1]; absent = 1, every block (docs/checksum-extensions.md section 2). */
+  kv_checksum_sample_rate?: number;
   /** Default 'recompute'. */
   kv_load_failure_policy: 'fail' | 'recompute';
   /** Connector-specific options. */

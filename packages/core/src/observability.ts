@@ -31,6 +31,8 @@ export const METRIC_NAMES = Object.freeze({
   bytesSummed: 'kvconnect_kv_checksum_bytes_summed_total',
   payloadsSent: 'kvconnect_kv_checksum_payloads_sent_total',
   payloadsNotSent: 'kvconnect_kv_checksum_payloads_not_sent_total',
+  sampledBlocks: 'kvconnect_kv_checksum_sampled_blocks_total',
+  subBlockGroups: 'kvconnect_kv_checksum_sub_block_groups_total',
   localizations: 'kvconnect_kv_checksum_localizations_total',
 });
 
@@ -179,6 +181,10 @@ export interface KVChecksumMetrics {
   payloadsSent: Counter<'carrier'>;
   /** `kvconnect_kv_checksum_payloads_not_sent_total{reason}`: finished checksummed requests without a payload. */
   payloadsNotSent: Counter<'reason'>;
+  /** `kvconnect_kv_checksum_sampled_blocks_total{outcome}`: sampled checking, loaded blocks `checked` or `skipped` by the sample (docs/checksum-extensions.md). */
+  sampledBlocks: Counter<'outcome'>;
+  /** `kvconnect_kv_checksum_sub_block_groups_total`: groups whose unaligned prefix hit was verified with sub-block values. */
+  subBlockGroups: Counter<string>;
   /** `kvconnect_kv_checksum_localizations_total{result}`: drill-downs of mismatched loads by `Localization.status`. */
   localizations: Counter<'result'>;
 }
@@ -221,6 +227,8 @@ export class KVChecksumObservability {
       bytesSummed: new Counter({ name: METRIC_NAMES.bytesSummed, help: 'KV bytes summed by checksum workers', labelNames: ['side'], registers }),
       payloadsSent: new Counter({ name: METRIC_NAMES.payloadsSent, help: 'Checksum payloads handed to a carrier by the producer', labelNames: ['carrier'], registers }),
       payloadsNotSent: new Counter({ name: METRIC_NAMES.payloadsNotSent, help: 'Finished checksummed requests whose payload was not sent', labelNames: ['reason'], registers }),
+      sampledBlocks: new Counter({ name: METRIC_NAMES.sampledBlocks, help: 'Sampled checking: loaded KV blocks checked or skipped by the sample', labelNames: ['outcome'], registers }),
+      subBlockGroups: new Counter({ name: METRIC_NAMES.subBlockGroups, help: 'KV cache groups whose unaligned prefix hit was verified with sub-block values', registers }),
       localizations: new Counter({ name: METRIC_NAMES.localizations, help: 'Drill-downs of mismatched KV loads (finer sums from the producer), by result', labelNames: ['result'], registers }),
     };
   }
@@ -238,6 +246,8 @@ export class KVChecksumObservability {
     for (const u of verdict.unverified) this.metrics.unverified.inc({ reason: u.reason satisfies UnverifiedReason });
     if (verdict.identity === 'unchecked') this.metrics.identityUnchecked.inc();
     if (verdict.wrongRequest) this.metrics.wrongRequest.inc();
+    if (verdict.sampled) for (const outcome of ['checked', 'skipped'] as const) this.metrics.sampledBlocks.inc({ outcome }, verdict.sampled[outcome]);
+    if (verdict.subBlockGroups) this.metrics.subBlockGroups.inc(verdict.subBlockGroups.length);
     this.recordAction(action);
   }
 

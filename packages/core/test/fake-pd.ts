@@ -342,18 +342,22 @@ export function runProducer(o: {
   prepare?: (workers: FakeWorker[]) => void;
   /** The request's prompt (default `0 .. tokens-1`). */
   promptTokenIds?: number[];
+  /** Config fields over the defaults (e.g. `kv_checksum_sample_rate`). */
+  configOver?: Partial<KVTransferConfig>;
+  /** More `kv_transfer_params` of the producer's request (e.g. `kv_checksum_block_sizes`). */
+  params?: Record<string, unknown>;
 }): ProducerRun {
   const seed = o.seed ?? 1;
   const id = o.requestId ?? 'req-1';
   const logs: Array<Record<string, unknown>> = [];
   const obs = new KVChecksumObservability({ logger: captureLogger(logs) });
   const connector = new FakeConnector(o.carrier);
-  const scheduler = new KVChecksumScheduler({ config: config({ kv_role: 'kv_producer' }), connector: o.connector ?? connector, tpSize: o.shape.tp, ppSize: o.shape.pp, groupConfigs: groupConfigs(o.shape.blockSize), observability: obs });
+  const scheduler = new KVChecksumScheduler({ config: config({ kv_role: 'kv_producer', ...o.configOver }), connector: o.connector ?? connector, tpSize: o.shape.tp, ppSize: o.shape.pp, groupConfigs: groupConfigs(o.shape.blockSize), observability: obs });
   const workers = buildWorkers(o.shape, seed);
   if (o.prepare) replan(workers, o.shape, o.prepare);
   const blocks = blockTables(seed + 100, o.kv.tokens, o.shape.blockSize);
   for (const w of workers) layKV(w, o.shape, o.kv, blocks);
-  const req: ConnectorRequest = { requestId: id, promptTokenIds: o.promptTokenIds ?? [...Array(o.kv.tokens).keys()], numComputedTokens: 0, numTokens: o.kv.tokens, kvTransferParams: { do_remote_decode: true } };
+  const req: ConnectorRequest = { requestId: id, promptTokenIds: o.promptTokenIds ?? [...Array(o.kv.tokens).keys()], numComputedTokens: 0, numTokens: o.kv.tokens, kvTransferParams: { do_remote_decode: true, ...o.params } };
   scheduler.onPromptComplete(req, blocks, o.kv.tokens);
   const meta = scheduler.buildStepMeta();
   const outputs = workers.map((w, i) => {
@@ -409,6 +413,8 @@ export function runConsumer(o: {
   promptTokenIds?: number[];
   /** The load failed in transit with this cause (passed to `onLoadFinished`). */
   loadError?: LoadError;
+  /** Config fields over the defaults (e.g. `kv_checksum_sample_rate`). */
+  configOver?: Partial<KVTransferConfig>;
   /** The checksum scheduler's `localize` option. */
   localize?: LocalizeOptions;
 }): ConsumerRun {
@@ -418,7 +424,7 @@ export function runConsumer(o: {
   const logs: Array<Record<string, unknown>> = [];
   const obs = o.obs ?? new KVChecksumObservability({ logger: captureLogger(logs) });
   const connector = o.connector ?? new FakeConnector(o.carrier);
-  const cfg = config({ kv_role: 'kv_consumer', kv_checksum_fail_closed: o.failClosed ?? false, kv_load_failure_policy: o.policy ?? 'recompute' });
+  const cfg = config({ kv_role: 'kv_consumer', kv_checksum_fail_closed: o.failClosed ?? false, kv_load_failure_policy: o.policy ?? 'recompute', ...o.configOver });
   const scheduler = new KVChecksumScheduler({ config: cfg, connector, role: 'kv_consumer', tpSize: o.shape.tp, ppSize: o.shape.pp, groupConfigs: groupConfigs(o.shape.blockSize), observability: obs, localize: o.localize });
   const workers = buildWorkers(o.shape, seed);
   if (o.prepare) replan(workers, o.shape, o.prepare);

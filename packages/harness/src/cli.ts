@@ -19,6 +19,12 @@ function policyArg(v: string): 'fail' | 'recompute' {
   return v;
 }
 
+function sampleRateArg(v: string): number {
+  const r = Number(v);
+  if (!(r > 0 && r <= 1)) throw new InvalidArgumentError('expected a number in (0, 1]');
+  return r;
+}
+
 function posInt(v: string): number {
   const x = Number(v);
   if (!Number.isSafeInteger(x) || x < 1) throw new InvalidArgumentError('expected a positive integer');
@@ -58,6 +64,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     .option('--no-checksums', 'turn KV checksums off (faults then go undetected)')
     .option('--fail-open', 'use loads that do not verify (default: fail-closed)')
     .option('--policy <policy>', 'what a fail-closed consumer does with a load that does not verify: recompute | fail', policyArg, 'recompute')
+    .option('--sample-rate <r>', 'multi-process: kv_checksum_sample_rate of both engines, in (0, 1] (docs/checksum-extensions.md; default 1: every block)', sampleRateArg)
     .option('--workers <kind>', 'multi-process: processes (one worker process per TP rank) | inprocess, for both engines (default: processes)')
     .option('--verbose', 'copy the engine and proxy processes\' stderr to this stderr')
     .option('--no-progress', 'no progress bar')
@@ -74,6 +81,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
         checksums: boolean;
         failOpen?: boolean;
         policy: 'fail' | 'recompute';
+        sampleRate?: number;
         verbose?: boolean;
         workers?: string;
         progress: boolean;
@@ -91,6 +99,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
           checksums: o.checksums,
           failClosed: !o.failOpen,
           policy: o.policy,
+          sampleRate: o.sampleRate,
           echoStderr: o.verbose === true,
           workers: o.workers as DemoOptions['workers'],
           progress: o.progress && Boolean(process.stderr.isTTY),

@@ -26,7 +26,7 @@ import { applyGroundTruth, faultReportOf, requestIndexOf, type InjectionRecord, 
 import { prng } from './locate.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts } from './prompts.js';
-import { markdownReport, summarize, summaryLines, type RunSummary } from './report.js';
+import { extensionLines, markdownReport, summarize, summaryLines, type RunSummary } from './report.js';
 import { checkExpectations, resolveConnector, runScenario, type RequestOutcome, type RunOutcome, type ScenarioResult, type Topology } from './runner.js';
 import { parseScenario, type ConnectorName, type Scenario, type VerdictKind } from './scenario.js';
 import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics, type WorkersMode } from './topology-multiprocess.js';
@@ -80,6 +80,8 @@ export interface DemoOptions {
   checksums?: boolean;
   failClosed?: boolean;
   policy?: 'fail' | 'recompute';
+  /** Multi-process only: `kv_checksum_sample_rate` of both engines (docs/checksum-extensions.md; default 1). */
+  sampleRate?: number;
   /** Requests in flight at once (default 4). */
   concurrency?: number;
   /** Show a progress bar (default: when stderr is a TTY). */
@@ -319,6 +321,7 @@ function writeReport(c: DemoContext, result: ScenarioResult, summary: RunSummary
 /** The single-process demo: engines of this process over the in-process connector (or a custom topology). */
 async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promise<DemoResult> {
   const { print, seed, prompts } = c;
+  if (c.o.sampleRate !== undefined && c.o.sampleRate !== 1) throw new Error('sampled checking (sampleRate) runs in the multi-process demo only');
   if (connector !== 'in-process') {
     const r = await resolveConnector(connector);
     if ('skip' in r) {
@@ -382,6 +385,7 @@ export function processSummaryLines(s: RunSummary, m: ProcessMetrics | null, fau
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
     `transfer time: ${transfer}`,
     `checksum time: producer ${m ? cs(m.checksumSeconds.send, m.checksumBytes.send) : 'n/a'}, consumer ${m ? cs(m.checksumSeconds.recv, m.checksumBytes.recv) : 'n/a'}`,
+    ...extensionLines(s),
     `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
   ];
 }
@@ -431,7 +435,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
     `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
     `workers: producer ${where(workers.producer, 2)}, consumer ${where(workers.consumer, 1)}`,
     `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
-    `checksums ${c.checksums ? 'on' : 'off'}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
+    `checksums ${c.checksums ? 'on' : 'off'}${c.o.sampleRate !== undefined && c.o.sampleRate < 1 ? ` (sampled, rate ${c.o.sampleRate})` : ''}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
     `faulted requests: ${hit.map((n) => `r${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
     `each process's stdout and stderr: proxy.log, producer.log, consumer.log in ${outDir}`,
   ];
@@ -451,7 +455,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   try {
     const refP = Promise.all(prompts.map((p) => reference.generate(p, { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true })));
     refP.catch(() => {});
-    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr, logDir: outDir });
+    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, sampleRate: c.o.sampleRate, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr, logDir: outDir });
     if (interrupted) throw new Error(`interrupted (${interrupted})`);
     print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
     const workerProcesses = await pd.workerPids();
@@ -497,7 +501,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
           loadRecords.push(...report.loads);
         }
         const verdict: Verdict | null = load
-          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [], wrongRequest: load.wrong_request ?? false, identity: load.identity ?? 'none' }
+          ? { verdict: load.verdict, mismatches: load.mismatches, unverified: load.unverified as Verdict['unverified'], leftOut: [], wrongRequest: load.wrong_request ?? false, identity: load.identity ?? 'none', ...(load.sampled ? { sampled: load.sampled } : {}), ...(load.sub_block_groups ? { subBlockGroups: load.sub_block_groups } : {}) }
           : null;
         const o: RequestOutcome = {
           index: i,

@@ -26,6 +26,10 @@ export interface RunSummary {
   loadBytes: number;
   checksumBytes: { send: number; recv: number };
   wallMs: number;
+  /** Sampled checking (docs/checksum-extensions.md): loads checked on a sample, their rate(s) and loaded blocks checked / left out. */
+  sampled: { loads: number; rates: number[]; checked: number; skipped: number };
+  /** Loads with an unaligned prefix hit verified through sub-block values (docs/checksum-extensions.md). */
+  subBlockLoads: number;
 }
 
 /** The summary of a run. */
@@ -54,6 +58,13 @@ export function summarize(run: RunOutcome): RunSummary {
     loadBytes: r.reduce((a, o) => a + o.loadBytes, 0),
     checksumBytes: { ...run.checksumBytes },
     wallMs: run.wallMs,
+    sampled: {
+      loads: r.filter((o) => o.verdict?.sampled).length,
+      rates: [...new Set(r.flatMap((o) => (o.verdict?.sampled ? [o.verdict.sampled.rate] : [])))].sort(),
+      checked: r.reduce((a, o) => a + (o.verdict?.sampled?.checked ?? 0), 0),
+      skipped: r.reduce((a, o) => a + (o.verdict?.sampled?.skipped ?? 0), 0),
+    },
+    subBlockLoads: r.filter((o) => (o.verdict?.subBlockGroups?.length ?? 0) > 0).length,
   };
 }
 
@@ -86,7 +97,16 @@ export function summaryLines(s: RunSummary): string[] {
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
     `transfer time: ${fmt(s.transferMs)} ms over ${bytes(s.loadBytes)} loaded; checksum time: producer ${fmt(s.checksumMs.send, 2)} ms over ${bytes(s.checksumBytes.send)}, consumer ${fmt(s.checksumMs.recv, 2)} ms over ${bytes(s.checksumBytes.recv)}`,
+    ...extensionLines(s),
     `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
+  ];
+}
+
+/** The lines of the checksum extensions in use (docs/checksum-extensions.md): sampled checking, sub-block values; none when neither was. */
+export function extensionLines(s: RunSummary): string[] {
+  return [
+    ...(s.sampled.loads ? [`sampled checking: ${s.sampled.loads} loads at rate ${s.sampled.rates.join(', ')}: ${s.sampled.checked} loaded blocks checked, ${s.sampled.skipped} left out by the sample`] : []),
+    ...(s.subBlockLoads ? [`unaligned prefix hits verified with sub-block values: ${s.subBlockLoads}`] : []),
   ];
 }
 

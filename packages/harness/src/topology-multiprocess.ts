@@ -121,6 +121,8 @@ export interface PDProcessOptions {
    * `docs/security.md`).
    */
   clusterSecret?: string;
+  /** `kv_checksum_sample_rate` of both engines (docs/checksum-extensions.md; default absent: every block). */
+  sampleRate?: number;
 }
 
 /** Running producer, consumer and proxy processes. */
@@ -195,7 +197,8 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     // mismatching consumer can localize the difference (docs/localize.md).
     extra.localize_hold_ms = 5000;
   }
-  const producerTransfer: Record<string, unknown> = { kv_connector: spec.name, kv_role: 'kv_producer', enable_kv_checksum: checksums, kv_connector_extra_config: extra };
+  const sampling = o.sampleRate !== undefined ? { kv_checksum_sample_rate: o.sampleRate } : {};
+  const producerTransfer: Record<string, unknown> = { kv_connector: spec.name, kv_role: 'kv_producer', enable_kv_checksum: checksums, ...sampling, kv_connector_extra_config: extra };
   const consumerTransfer: Record<string, unknown> = {
     kv_connector: FAULT_INJECTING_CONNECTOR,
     kv_connector_module_path: FAULT_CONNECTOR_DIST,
@@ -203,6 +206,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     enable_kv_checksum: checksums,
     kv_checksum_fail_closed: o.failClosed ?? true,
     kv_load_failure_policy: o.policy ?? 'recompute',
+    ...sampling,
     kv_connector_extra_config: { inner: { kv_connector: spec.name, kv_connector_extra_config: consumerExtra }, faults: o.faults ?? [] },
   };
   const launch = { echoStderr: o.echoStderr, readyTimeoutMs: o.readyTimeoutMs };

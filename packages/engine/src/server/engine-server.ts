@@ -219,6 +219,8 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
       unverified: ev.verdict.unverified.map((u) => ({ groupId: u.groupId, reason: u.reason })),
       wrong_request: ev.verdict.wrongRequest,
       identity: ev.verdict.identity,
+      ...(ev.verdict.sampled ? { sampled: { ...ev.verdict.sampled } } : {}),
+      ...(ev.verdict.subBlockGroups ? { sub_block_groups: ev.verdict.subBlockGroups.slice() } : {}),
     };
   };
   const onSent = (ev: PayloadSentEvent) => {

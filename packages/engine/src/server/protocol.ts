@@ -388,6 +388,10 @@ export interface LoadInfo {
   wrong_request?: boolean;
   /** SPEC 8.0: `unchecked` for a version-1 payload, `none` when no payload decoded. */
   identity?: 'checked' | 'unchecked' | 'none';
+  /** Sampled checking (docs/checksum-extensions.md): the consumer's rate and loaded blocks checked / left out. */
+  sampled?: { rate: number; checked: number; skipped: number };
+  /** Groups whose unaligned prefix hit was verified with sub-block values (docs/checksum-extensions.md). */
+  sub_block_groups?: number[];
 }
 
 /** Whether a producer handed a checksum payload to its carrier. */
