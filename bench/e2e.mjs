@@ -148,6 +148,10 @@ async function topology(name, checksums) {
 }
 
 const t0 = performance.now();
+// The engine processes inherit this environment: KVC_FORWARD=js runs their forward pass in JS, else
+// they use the native kernels where the addon has them (packages/engine/src/model/native-forward.ts).
+const fp = engine.forwardPath?.() ?? { path: 'js', reason: 'this engine build has no native forward path' };
+console.log(`forward pass: ${fp.path}${fp.reason ? ` (${fp.reason})` : ''}`);
 console.log(`e2e benchmark: producer + consumer + proxy processes on 127.0.0.1, NixlConnector (pull, embedded agent), dense-gqa, ${PROMPT_TOKENS}-token prompts, TTFT from one-token requests, throughput from all generated tokens; runs interleaved per mode (off, on, off, on, ...)`);
 const topo = { off: await topology('off', false), on: await topology('on', true) };
 // Warm up both (JIT, connections, the side-channel handshake).

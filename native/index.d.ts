@@ -291,3 +291,28 @@ export declare const addon: KvconnectNativeAddon | null;
 export declare const loadError: Error | null;
 /** The `KVC_ABI_VERSION` this package expects of the addon. */
 export declare const EXPECTED_ABI_VERSION: number;
+
+// ---------------------------------------------------------------------------------------------
+// Forward-pass kernels of the reference engine (src/forward_addon.cc over src/forward_isa.h; used
+// by packages/engine/src/model/native-forward.ts). float32 operands, float64 sums in index order;
+// every instruction set gives the same bits. Sizes are element counts; a size that does not fit
+// its array throws a RangeError and writes nothing, a wrong type a TypeError.
+// ---------------------------------------------------------------------------------------------
+export interface KvconnectNativeAddon {
+  /** `y[t*yStride + r] = fround(sum_i w[r*cols + i] * x[t*xStride + i])` for r < rows, t < T; with `residual`, `y = fround(y + that)`. */
+  fwdMatmul(w: Float32Array, rows: number, cols: number, x: Float32Array, xStride: number, T: number, y: Float32Array, yStride: number, residual: boolean): void;
+  /** The SwiGLU MLP block of `T` rows of `h` (`[T, H]`, in place): rmsNorm(norm), gate/up `[I, H]`, down `[H, I]`, residual add. */
+  fwdMlp(h: Float32Array, T: number, H: number, norm: Float32Array, gate: Float32Array, up: Float32Array, down: Float32Array, I: number): void;
+  /**
+   * One query head's causal softmax attention for `n` tokens at positions `start..`: query row j at
+   * `q[j*qStride]` (rotated), keys/values `[position, hd]` from position 0, `window` tokens (0: all);
+   * output row j at `out[j*outStride]` (`hd` floats).
+   */
+  fwdAttend(q: Float32Array, qStride: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, outStride: number): void;
+  /** `y[i] = Math.exp(x[i])` bit for bit (fdlibm, as V8), through the vector kernel. */
+  fwdExp(x: Float64Array, y: Float64Array): void;
+  /** The instruction set of the forward kernels: `avx512`, `avx2` or `generic`. */
+  forwardIsa(): 'avx512' | 'avx2' | 'generic';
+  /** Chooses it (`auto` = the widest this CPU runs); false when this CPU cannot run `name` (unchanged then). */
+  setForwardIsa(name: 'auto' | 'avx512' | 'avx2' | 'generic'): boolean;
+}

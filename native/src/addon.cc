@@ -25,6 +25,7 @@
 #ifdef __linux__
 #include "addon_shm.h"
 #endif
+#include "forward_addon.h"
 #ifdef KVC_WITH_CUDA
 #include "addon_cuda.h"
 #include "addon_device.h"
@@ -416,6 +417,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   KvcRegisterShm(env, exports);
   if (env.IsExceptionPending()) return exports;
 #endif
+  KvcRegisterForward(env, exports);
+  if (env.IsExceptionPending()) return exports;
 #ifdef KVC_WITH_CUDA
   KvcRegisterCuda(env, exports);
   if (env.IsExceptionPending()) return exports;

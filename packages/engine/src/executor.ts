@@ -21,6 +21,7 @@ import type { HandshakeMetadataByWorker, KVConnectorOutput, KVTransferConfig, Sc
 import { stageLayers, type ModelConfig } from './model/config.js';
 import { dotRow, matVec, rmsNorm, silu, type LayerWeights, type Mamba2Weights, type MlpWeights, type ModelWeights } from './model/weights.js';
 import type { ForwardSegment, Worker } from './worker.js';
+import { nativeForward } from './model/native-forward.js';
 import type { WorkerRuntime } from './worker-runtime.js';
 
 /** Where an engine's workers run: in its process, or one process per TP rank x PP stage. */
@@ -87,7 +88,9 @@ export function* forwardSteps(m: ModelConfig, w: ModelWeights, ppSize: number, s
       const gathered = new Float32Array(T * mixerWidth(m, li));
       yield { stage: pp, layer: li, hn, out: gathered };
       const proj = mixer.kind === 'mamba2' ? (mixer as Mamba2Weights).out : mixer.o;
-      for (let i = 0; i < T; i++) {
+      const nf = nativeForward(); // the same sums on the native kernels (model/native-forward.ts)
+      if (nf) nf.fwdMatmul(proj.data, H, proj.cols, gathered, proj.cols, T, h, H, true);
+      else for (let i = 0; i < T; i++) {
         for (let r = 0; r < H; r++) h[i * H + r] = Math.fround(h[i * H + r] + dotRow(proj, r, gathered, i * proj.cols));
       }
       mlp(lw.mlp, h, T, H);
@@ -134,6 +137,8 @@ export function forward(m: ModelConfig, w: ModelWeights, workers: readonly (read
 
 function mlp(w: MlpWeights, h: Float32Array, T: number, H: number): void {
   const I = w.gate.rows;
+  const nf = nativeForward(); // the same computation on the native kernels (model/native-forward.ts)
+  if (nf) return nf.fwdMlp(h, T, H, w.norm, w.gate.data, w.up.data, w.down.data, I);
   const x = new Float32Array(H);
   const a = new Float32Array(I);
   for (let i = 0; i < T; i++) {

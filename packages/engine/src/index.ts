@@ -16,6 +16,7 @@ export { Request, argmax, type SamplingParams, type RequestStatus } from './requ
 export { Scheduler, type SchedulerOptions, type ScheduledSegment, type StepPlan, type SchedulerStats } from './scheduler.js';
 export { Worker, partAddress, stateAddress, type CacheLayout, type ForwardSegment, type WorkerOptions } from './worker.js';
 export { forward } from './executor.js';
+export { forwardPath, setForwardPath } from './model/native-forward.js';
 export { Engine, buildGroupConfigs, type EngineOptions, type GenerateResult, type StepResult } from './engine.js';
 export { PDProxy, type PDCallOptions, type PDEndpoint, type PDProxyOptions, type PDResult } from './proxy.js';
 export { checkChecksumBackend, checksumWorkerSetup, ChecksumBackendMemoryError, type EngineChecksumBackend } from './checksum-device.js';

@@ -43,6 +43,7 @@ import type { KVCacheGroupConfig, KVChecksumWorkerHooks, KVConnectorWorker, Work
 import { readElem, writeElem, type KvDtype } from './dtype.js';
 import { attnLayerName, indexerLayerName, mambaLayerName, stageLayers, type ModelConfig } from './model/config.js';
 import { applyRope, dotRow, silu, type AttentionWeights, type Mamba2Weights, type MlaWeights } from './model/weights.js';
+import { attentionNative, nativeForward } from './model/native-forward.js';
 
 /** Physical layout of the paged attention caches (see @kvconnect/checksum `pagedAttentionCache`). */
 export interface CacheLayout {
@@ -423,6 +424,12 @@ export class Worker {
     const qPerKv = m.numHeads / m.numKvHeads;
     const window = w.kind === 'sliding' ? m.slidingWindow! : Infinity;
     const scale = 1 / Math.sqrt(hd);
+    const nf = nativeForward(); // the same computation on the native kernels (model/native-forward.ts)
+    if (nf) {
+      attentionNative(nf, { model: m, kp, vp, kmem, vmem, dtype: dt, eb, blockSize: B, local, shard, q0, nq, window, group: g }, w, hn, segs, out);
+      this.mirrorOut(li, segs);
+      return;
+    }
     const tmp = new Float32Array(hd);
     let t0 = 0;
     for (const seg of segs) {

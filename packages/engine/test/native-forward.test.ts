@@ -1,0 +1,151 @@
+/**
+ * The forward pass on the native kernels (src/model/native-forward.ts, native/src/forward_kernel.inc)
+ * and on the JavaScript path: each path's logits are invariant bit for bit under TP, PP, block
+ * size, layout and chunking; the two paths give the same bits; every instruction set of the
+ * kernels gives the same bits; the kernels' exp is Math.exp bit for bit; bad sizes throw.
+ * Tests of the native path are skipped, with the reason, where the addon has no forward kernels.
+ */
+import { createRequire } from 'node:module';
+import { afterAll, describe, expect, it } from 'vitest';
+import { buildGroupConfigs } from '../src/engine.js';
+import { forward } from '../src/executor.js';
+import { resolveModel, type PresetName } from '../src/model/config.js';
+import { forwardPath, setForwardPath } from '../src/model/native-forward.js';
+import { buildWeights } from '../src/model/weights.js';
+import { Worker, type CacheLayout } from '../src/worker.js';
+import { argmax } from '../src/request.js';
+import { SeededRng } from '../src/rng.js';
+
+interface Config {
+  tp: number;
+  pp: number;
+  B: number;
+  layout?: CacheLayout;
+  chunk?: number;
+}
+
+interface FwdAddon {
+  fwdExp(x: Float64Array, y: Float64Array): void;
+  fwdMatmul(w: Float32Array, rows: number, cols: number, x: Float32Array, xStride: number, T: number, y: Float32Array, yStride: number, residual: boolean): void;
+  fwdAttend(q: Float32Array, qStride: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, outStride: number): void;
+  forwardIsa(): string;
+  setForwardIsa(name: string): boolean;
+}
+
+const native = setForwardPath('native');
+const reason = native ? '' : `native forward kernels unavailable: ${forwardPath().reason}`;
+setForwardPath('auto');
+const addon = native ? (createRequire(import.meta.url)('@kvconnect/native') as { addon: FwdAddon }).addon : null;
+afterAll(() => {
+  setForwardPath('auto');
+  addon?.setForwardIsa('auto');
+});
+
+const PROMPT = Array.from(new TextEncoder().encode('A prompt long enough to span blocks, windows and chunks: 0123456789 abcdefghij.'));
+
+/** Prefill `PROMPT` in chunks, then greedy-decode 3 tokens; logits of each sampled position. */
+function run(preset: PresetName, c: Config): Float32Array[] {
+  const m = resolveModel(preset);
+  const w = buildWeights(m);
+  const groups = buildGroupConfigs(m, c.B);
+  const numBlocks = 128;
+  const workers = Array.from({ length: c.pp }, (_, pp) =>
+    Array.from({ length: c.tp }, (_, tp) => new Worker({ model: m, tpRank: tp, tpSize: c.tp, ppRank: pp, ppSize: c.pp, numBlocks, blockSize: c.B, cacheLayout: c.layout ?? { layout: 'NHD', kvLayout: 'kv-first' }, kvDtype: 'bfloat16', groupConfigs: groups })),
+  );
+  const blocks = groups.map((_, gi) => Array.from({ length: Math.ceil(100 / c.B) }, (_, i) => (numBlocks - 3 - i * 3 - gi + 2 * numBlocks) % numBlocks));
+  const tokens = [...PROMPT];
+  const out: Float32Array[] = [];
+  let done = 0;
+  const chunk = c.chunk ?? tokens.length;
+  while (out.length < 4) {
+    const n = Math.min(chunk, tokens.length - done);
+    const last = done + n === tokens.length;
+    const l = forward(m, w, workers, [{ requestId: 'r', start: done, tokenIds: tokens.slice(done, done + n), blocks, cacheFilled: done, needLogits: last }]);
+    done += n;
+    if (last) {
+      out.push(l.get('r')!);
+      tokens.push(argmax(l.get('r')!));
+    }
+  }
+  return out;
+}
+
+const bits = (a: Float32Array[]) => Buffer.concat(a.map((x) => Buffer.from(x.buffer, x.byteOffset, x.byteLength)));
+
+const configs: Config[] = [
+  { tp: 2, pp: 1, B: 16, chunk: 9 },
+  { tp: 1, pp: 2, B: 4, layout: { layout: 'HND', kvLayout: 'separate' } },
+  { tp: 2, pp: 2, B: 8, layout: { layout: 'HND', kvLayout: 'block-kv' }, chunk: 13 },
+];
+const reference: Config = { tp: 1, pp: 1, B: 16 };
+
+describe('forward paths (logits bit for bit)', () => {
+  for (const preset of ['dense-gqa', 'sliding-window'] as const) {
+    it(`${preset}, JavaScript path: TP, PP, block size, layout and chunking`, () => {
+      setForwardPath('js');
+      const ref = bits(run(preset, reference));
+      for (const c of configs) expect(bits(run(preset, c)).equals(ref), JSON.stringify(c)).toBe(true);
+    });
+    it.skipIf(!native)(`${preset}, native path: TP, PP, block size, layout and chunking ${reason}`, () => {
+      setForwardPath('native');
+      const ref = bits(run(preset, reference));
+      for (const c of configs) expect(bits(run(preset, c)).equals(ref), JSON.stringify(c)).toBe(true);
+    });
+    it.skipIf(!native)(`${preset}: the native path gives the JavaScript path's bits ${reason}`, () => {
+      setForwardPath('js');
+      const js = bits(run(preset, { tp: 2, pp: 2, B: 8, chunk: 11 }));
+      setForwardPath('native');
+      expect(bits(run(preset, { tp: 2, pp: 2, B: 8, chunk: 11 })).equals(js)).toBe(true);
+    });
+  }
+
+  it.skipIf(!native)(`every instruction set of the kernels gives the same bits ${reason}`, () => {
+    setForwardPath('native');
+    const isas = ['generic', 'avx2', 'avx512'].filter((n) => addon!.setForwardIsa(n));
+    const out = isas.map((n) => (addon!.setForwardIsa(n), bits(run('dense-gqa', { tp: 2, pp: 1, B: 8, chunk: 17 }))));
+    addon!.setForwardIsa('auto');
+    for (let i = 1; i < out.length; i++) expect(out[i].equals(out[0]), isas[i]).toBe(true);
+  });
+});
+
+describe('native forward kernels', () => {
+  it.skipIf(!native)(`fwdExp is Math.exp bit for bit, on every instruction set ${reason}`, () => {
+    const seed = 16;
+    console.log(`fwdExp property test seed ${seed}`);
+    const rng = new SeededRng(seed);
+    const edge = [0, -0, 1, -1, 0.5, -0.5, 0.3465, 0.35, 1.03972, 1.04, -1e-9, 1e-9, 2 ** -29, -745.2, -745, -708.5, -709.9, 709.7, 710, 511.9, -512, Infinity, -Infinity, NaN, 5e-324];
+    const n = 20000;
+    const x = new Float64Array(n + edge.length);
+    for (let i = 0; i < n; i++) {
+      const r = i % 4;
+      x[i] = r === 0 ? -rng.next() * 40 : r === 1 ? (rng.next() - 0.5) * 3 : r === 2 ? (rng.next() - 0.5) * 1500 : (rng.next() - 0.5) * 1e-7;
+    }
+    x.set(edge, n);
+    for (const isa of ['generic', 'avx2', 'avx512']) {
+      if (!addon!.setForwardIsa(isa)) continue;
+      const y = new Float64Array(x.length);
+      addon!.fwdExp(x, y);
+      const bad: number[] = [];
+      for (let i = 0; i < x.length; i++) if (!Object.is(y[i], Math.exp(x[i]))) bad.push(x[i]);
+      expect(bad, isa).toEqual([]);
+    }
+    addon!.setForwardIsa('auto');
+  });
+
+  it.skipIf(!native)(`a size that does not fit its array throws a RangeError and writes nothing ${reason}`, () => {
+    const w = new Float32Array(4 * 8).fill(1);
+    const x = new Float32Array(3 * 8).fill(1);
+    const y = new Float32Array(3 * 4);
+    expect(() => addon!.fwdMatmul(w, 4, 8, x, 8, 4, y, 4, false)).toThrow(RangeError);
+    expect(() => addon!.fwdMatmul(w, 5, 8, x, 8, 3, y, 4, false)).toThrow(RangeError);
+    expect(() => addon!.fwdMatmul(w, 4, 8, x, 8, 3, new Float32Array(11), 4, false)).toThrow(RangeError);
+    expect(y.every((v) => v === 0)).toBe(true);
+    expect(() => addon!.fwdMatmul(w, 4, 8, new Float64Array(24) as unknown as Float32Array, 8, 3, y, 4, false)).toThrow(TypeError);
+    const q = new Float32Array(2 * 16);
+    const out = new Float32Array(2 * 16);
+    expect(() => addon!.fwdAttend(q, 16, 2, new Float32Array(16 * 4), new Float32Array(16 * 4), 16, 3, 0, 0.25, out, 16)).toThrow(RangeError);
+    expect(() => addon!.fwdAttend(q, 16, 2, new Float32Array(16 * 5), new Float32Array(16 * 5), 16, 3, 0, 0.25, out, 8)).toThrow(RangeError);
+    addon!.fwdMatmul(w, 4, 8, x, 8, 3, y, 4, false);
+    expect([...y]).toEqual(new Array(12).fill(8));
+  });
+});
