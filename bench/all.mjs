@@ -30,6 +30,7 @@ const BENCHES = [
   { name: 'serving', script: 'serving.mjs' },
   { name: 'side-channel-flood', script: 'side-channel-flood.mjs' },
   { name: 'mooncake-flood', script: 'mooncake-flood.mjs', node: ['--expose-gc'] },
+  { name: 'forward', script: 'forward.mjs' },
   { name: 'e2e', script: 'e2e.mjs' },
 ];
 const only = opt('--only', '')

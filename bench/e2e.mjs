@@ -27,6 +27,7 @@
 // for both modes), 2 at c = 32 (~3-4 min); KVC_BENCH_QUICK=1: 2 and 1.
 // Knobs: KVC_BENCH_RUNS (runs per mode, both concurrencies), KVC_BENCH_CONCURRENCY=1,32, KVC_BENCH_PROMPT_TOKENS=1024.
 import { fileURLToPath } from 'node:url';
+import { result } from './lib/results.mjs';
 
 // The built packages (dist/), resolved like any dependency: from the monorepo's node_modules, or
 // from a folder where the packed packages are installed (copy this file next to its node_modules).
@@ -212,6 +213,9 @@ for (const f of results) {
   ]) {
     const met = ov <= t;
     rows.push({ name, met });
+    const spread = (xs) => `${Math.min(...xs).toFixed(1)}..${Math.max(...xs).toFixed(1)}`;
+    const key = unit === 'ms' ? 'ttft' : 'tput';
+    result('e2e', { name: `${name} (runs: off ${spread(f.runs.off[key])}, on ${spread(f.runs.on[key])} ${unit})`, figure: `${on.toFixed(1)} ${unit} on`, baseline: `${off.toFixed(1)} ${unit} off`, ratio: `${(ov * 100).toFixed(2)}% overhead`, target: `<= ${t * 100}%`, met });
     line([name, `${off.toFixed(unit === 'ms' ? 1 : 1)} ${unit}`, `${on.toFixed(1)} ${unit}`, `${(ov * 100).toFixed(2)}%`, `<= ${t * 100}%`, met ? 'met' : 'MISSED']);
   }
 }
