@@ -33,12 +33,14 @@ done < <(npm ls --omit=dev --all --parseable 2>/dev/null | sort -u)
 # Heavy parts no run needs: build toolchains and sources of dependencies (cmake-ts stays: zeromq
 # loads its prebuilt addon through cmake-ts/build/loader).
 rm -rf .carry/node_modules/{cmake-js,node-api-headers,node-addon-api,tar} .carry/node_modules/zeromq/{src,script,vendor} 2>/dev/null || true
-# cmake-ts: only the loader (and its manifest) is needed at run time; no source maps anywhere.
+# cmake-ts: only the loader (and its manifest) is needed at run time; no source maps or type
+# declarations anywhere.
 if [ -d .carry/node_modules/cmake-ts/build ]; then
   find .carry/node_modules/cmake-ts/build -type f ! -name 'loader.js' -delete
   find .carry/node_modules/cmake-ts -mindepth 1 -maxdepth 1 ! -name build ! -name package.json -exec rm -rf {} +
 fi
-find .carry/node_modules -name '*.map' -type f -delete
+find .carry/node_modules \( -name '*.map' -o -name '*.d.ts' -o -name '*.d.cts' -o -name '*.d.mts' \) -type f -delete
+rm -rf .carry/node_modules/zod/src  # zod's TypeScript sources (it runs from its built files)
 # zeromq ships prebuilt addons for every platform: keep this one's.
 plat="$(node -p 'process.platform + "/" + process.arch')"
 if [ -d .carry/node_modules/zeromq/build ]; then
