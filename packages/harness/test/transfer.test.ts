@@ -3,15 +3,16 @@
  * `kv_connector_extra_config` gets, the demo's loopback defaults), a scenario's `transfer`, a
  * scenario over a library that does not load (skipped with the one-line reason), and `kvconnect demo
  * --transfer` refusing a missing library or a wrong pairing with a one-line error before any process
- * starts (the built bin).
+ * starts (the built bin); over the real library where NIXL_PREFIX / MOONCAKE_PREFIX is set, the demo's
+ * engine processes map it and the demo's checks pass.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { CONNECTOR_TRANSFERS, loopbackTransferEnv, parseScenario, runScenario, transferExtraConfig, transferMismatch, ValidationError } from '../src/index.js';
+import { CONNECTOR_TRANSFERS, loopbackTransferEnv, parseScenario, resolveModelSpec, runDemo, runScenario, startPDProcesses, transferExtraConfig, transferMismatch, ValidationError } from '../src/index.js';
 
 const base = { name: 't', model: 'GQA-S', requests: [{ promptTokens: 24 }], expect: { requests: [{ request: 0, output: 'reference' }] } };
 
@@ -84,8 +85,9 @@ describe('kvconnect demo --transfer (built bin)', () => {
   const bin = join(pkg, 'bin', 'kvconnect.js');
   const dir = mkdtempSync(join(tmpdir(), 'kvc-transfer-'));
   beforeAll(() => {
-    execFileSync(process.execPath, [join(pkg, '../../node_modules/typescript/bin/tsc'), '--build', pkg], { stdio: 'inherit' });
-  }, 120_000);
+    const pkgs = ['engine', 'nixl-pull', 'nixl-push', 'mooncake', 'harness'].map((p) => join(pkg, '..', p));
+    execFileSync(process.execPath, [join(pkg, '../../node_modules/typescript/bin/tsc'), '--build', ...pkgs], { stdio: 'inherit' });
+  }, 170_000);
   const demo = (env: NodeJS.ProcessEnv, ...args: string[]) => {
     const r = spawnSync(process.execPath, [bin, 'demo', '--no-progress', '--out', join(dir, 'out'), ...args], { encoding: 'utf8', cwd: dir, env, timeout: 60_000 });
     return { code: r.status, stdout: r.stdout, stderr: r.stderr };
@@ -115,4 +117,30 @@ describe('kvconnect demo --transfer (built bin)', () => {
     expect(r.code).toBe(2);
     expect(r.stderr.trim()).toBe('kvconnect: --transfer: connector nixl-push cannot use transfer engine mooncake (it takes embedded or nixl)');
   });
+
+  for (const [connector, processConnector, transfer, prefixEnv, lib] of [
+    ['pull', 'nixl-pull', 'nixl', 'NIXL_PREFIX', 'libnixl_capi.so'],
+    ['mooncake', 'mooncake', 'mooncake', 'MOONCAKE_PREFIX', 'libtransfer_engine.so'],
+  ] as const) {
+    const prefix = process.env[prefixEnv];
+    const title = `--connector ${connector} --transfer ${transfer} over the real library: the engine processes' workers map ${lib}, the demo's checks pass${prefix ? '' : ` (skipped: ${prefixEnv} is not set)`}`;
+    it.skipIf(!prefix)(title, async () => {
+      const pd = await startPDProcesses({ connector: processConnector, transfer, model: resolveModelSpec('dense-gqa'), idPrefix: `transfer-${transfer}-${process.pid}` });
+      try {
+        const w = await pd.workerPids();
+        expect(w.producer.length + w.consumer.length).toBe(3);
+        for (const pid of [...w.producer, ...w.consumer]) expect(readFileSync(`/proc/${pid}/maps`, 'utf8')).toContain(lib);
+        const res = await fetch(`${pd.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'The KV cache crosses over a real transfer engine.', max_tokens: 4, ignore_eos: true }) });
+        expect(res.status).toBe(200);
+      } finally {
+        await pd.shutdown();
+      }
+      const lines: string[] = [];
+      const r = await runDemo({ connector, transfer, prompts: ['The capital of France is', 'Two sentences on why a decode server verifies its KV cache.', 'A haiku about a moving block.', 'Three reasons a lease expires.'], faultRate: 0.5, out: join(dir, `real-${transfer}`), progress: false, print: (l) => lines.push(l) });
+      expect(r.transfer).toBe(transfer);
+      expect(lines.some((l) => l.includes(`(transfer ${transfer}`))).toBe(true);
+      expect(r.result.expectations.filter((x) => !x.ok)).toEqual([]);
+      expect(r.summary.identical).toBe(4);
+    }, 240_000);
+  }
 });
