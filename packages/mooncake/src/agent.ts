@@ -24,9 +24,10 @@ function messageOf(e: unknown): string {
 }
 
 /**
- * Why `backend: 'mooncake'` cannot be used (the Transfer Engine library cannot be loaded: one line
- * naming what to install and `MOONCAKE_PREFIX`, then every path tried; `transferEngineUnavailable`), or null when it may be (the engine itself may still fail to
- * start: {@link createAgent} reports that). The library is looked for as
+ * Why `backend: 'mooncake'` cannot be used (the Transfer Engine library cannot be loaded: one
+ * line naming what to install and `MOONCAKE_PREFIX`, then every path tried;
+ * `transfer.transferEngineUnavailable`), or null when it may be (the engine itself may still fail
+ * to start: {@link createAgent} reports that). The library is looked for as
  * `transfer.mooncakeLibraryCandidates` says: `$MOONCAKE_LIBRARY`, then `$MOONCAKE_PREFIX/lib`,
  * `lib/<arch>-linux-gnu`, `lib64`, then the library path.
  */
