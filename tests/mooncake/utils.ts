@@ -1,11 +1,12 @@
 /**
  * Test utilities for MooncakeConnector end to end: a producer and a consumer engine in one
- * process with real ZeroMQ sockets, a real bootstrap server and embedded agents on 127.0.0.1,
+ * process with real ZeroMQ sockets, a real bootstrap server and embedded agents on 127.0.0.1 (or
+ * Mooncake Transfer Engine agents: `transfer`),
  * a fault-injecting agent wrapper, and a single-instance reference.
  */
 import { KVChecksumObservability, KVConnectorRegistry } from '@kvconnect/core';
 import { Engine, PDProxy, type EngineOptions } from '@kvconnect/engine';
-import type { DescList, MakeTransferArgs, MemoryRegion, PostOptions, Registration, TransferAgent, TransferRequest, XferDesc, XferStatus } from '@kvconnect/transfer';
+import type { DescList, MakeTransferArgs, MemoryRegion, PostOptions, Registration, TransferAgent, TransferEngine, TransferRequest, XferDesc, XferStatus } from '@kvconnect/transfer';
 import { MOONCAKE_CONNECTOR, MooncakeWorker, createMooncakeConnectorFactory, type MooncakeScheduler, type MooncakeConnectorHooks } from '@kvconnect/mooncake';
 
 let seq = 0;
@@ -30,6 +31,8 @@ export interface MooncakePDOptions {
   extra?: Record<string, unknown>;
   /** Extra config of the consumer only. */
   consumerExtra?: Record<string, unknown>;
+  /** The transfer engine of both sides (`backend`; default `embedded`; `mooncake`: the library found through MOONCAKE_PREFIX). */
+  transfer?: TransferEngine;
 }
 
 /** A P/D pair over MooncakeConnector. */
@@ -51,7 +54,8 @@ export async function makeMooncakePD(o: MooncakePDOptions): Promise<MooncakePD> 
   const checks = o.checksums ?? true;
   const obs = new KVChecksumObservability({ level: 'silent' });
   const base = { model: o.model, numBlocks: 256, maxNumBatchedTokens: 256, registry } as const;
-  const extra = { bootstrap_port: 0, abort_timeout_ms: 10_000, transfer_timeout_ms: 15_000, bootstrap_timeout_ms: 5_000, ...o.extra };
+  const transfer = o.transfer !== undefined && o.transfer !== 'embedded' ? { backend: o.transfer } : {};
+  const extra = { bootstrap_port: 0, abort_timeout_ms: 10_000, transfer_timeout_ms: 15_000, bootstrap_timeout_ms: 5_000, ...transfer, ...o.extra };
   const producer = new Engine({
     ...base,
     ...o.producer,

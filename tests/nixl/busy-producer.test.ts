@@ -13,6 +13,7 @@
 import { describe, expect, it } from 'vitest';
 import { NIXL_METRIC_NAMES } from '@kvconnect/nixl-common';
 import { checksumCounter, makeNixlPD, metricValue, single, until } from './utils.js';
+import { transfersUnderTest } from '../transfer-engines.js';
 
 const HANDSHAKE_MS = 60;
 const STEP_BLOCK_MS = 150;
@@ -36,70 +37,76 @@ function slowSteps(engine: { step: () => Promise<unknown> }, ms: number): () => 
   };
 }
 
-describe('busy producer (side-channel answers slower than the handshake timeout)', () => {
-  for (const mode of ['pull', 'push'] as const) {
-    it(`${mode}: concurrent loads through the proxy all verify and equal a single instance`, async () => {
-      const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
-      const want: number[][] = [];
-      for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
-      const extra = { handshake_timeout_ms: HANDSHAKE_MS };
-      const pd = await makeNixlPD({
-        mode,
-        model: 'dense-gqa',
-        producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-        consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-        policy: 'recompute',
-        producerExtra: extra,
-        consumerExtra: extra,
-      });
-      try {
-        // Handshake first (its own timeout is the handshake's), then a busy producer.
-        expect((await pd.proxy.generate(prompt(0), sampling(0))).tokenIds).toEqual(want[0]);
-        const restore = slowSteps(pd.producer, STEP_BLOCK_MS);
-        const rs = await Promise.all(Array.from({ length: N }, (_, i) => pd.proxy.generate(prompt(i), sampling(i))));
-        restore();
-        rs.forEach((r, i) => {
-          expect(r.error).toBeUndefined();
-          expect(r.tokenIds).toEqual(want[i]);
+for (const t of transfersUnderTest('nixl')) {
+  describe.skipIf(t.skip !== null)(t.label, () => {
+    describe('busy producer (side-channel answers slower than the handshake timeout)', () => {
+      for (const mode of ['pull', 'push'] as const) {
+        it(`${mode}: concurrent loads through the proxy all verify and equal a single instance`, async () => {
+          const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
+          const want: number[][] = [];
+          for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
+          const extra = { handshake_timeout_ms: HANDSHAKE_MS };
+          const pd = await makeNixlPD({
+            transfer: t.engine,
+            mode,
+            model: 'dense-gqa',
+            producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+            consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+            policy: 'recompute',
+            producerExtra: extra,
+            consumerExtra: extra,
+          });
+          try {
+            // Handshake first (its own timeout is the handshake's), then a busy producer.
+            expect((await pd.proxy.generate(prompt(0), sampling(0))).tokenIds).toEqual(want[0]);
+            const restore = slowSteps(pd.producer, STEP_BLOCK_MS);
+            const rs = await Promise.all(Array.from({ length: N }, (_, i) => pd.proxy.generate(prompt(i), sampling(i))));
+            restore();
+            rs.forEach((r, i) => {
+              expect(r.error).toBeUndefined();
+              expect(r.tokenIds).toEqual(want[i]);
+            });
+            expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers)).toBe(0);
+            expect(await checksumCounter(pd.obs, 'loads', { verdict: 'mismatch' })).toBe(0);
+            expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(N + 1);
+            expect(pd.consumer.stats.loadsUsed).toBe(N + 1);
+            expect(pd.consumer.stats.loadsRecomputed).toBe(0);
+            await until(() => pd.producer.scheduler.delayedFree.size === 0);
+            expect(pd.producer.scheduler.kv.pool.numFree).toBe(64);
+          } finally {
+            await pd.shutdown();
+          }
         });
-        expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers)).toBe(0);
-        expect(await checksumCounter(pd.obs, 'loads', { verdict: 'mismatch' })).toBe(0);
-        expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(N + 1);
-        expect(pd.consumer.stats.loadsUsed).toBe(N + 1);
-        expect(pd.consumer.stats.loadsRecomputed).toBe(0);
-        await until(() => pd.producer.scheduler.delayedFree.size === 0);
-        expect(pd.producer.scheduler.kv.pool.numFree).toBe(64);
-      } finally {
-        await pd.shutdown();
-      }
-    });
 
-    it(`${mode}: the first handshake waits the transfer deadline, not the handshake timeout`, async () => {
-      const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
-      const want: number[][] = [];
-      for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
-      const extra = { handshake_timeout_ms: HANDSHAKE_MS };
-      const pd = await makeNixlPD({
-        mode,
-        model: 'dense-gqa',
-        producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-        consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-        policy: 'recompute',
-        producerExtra: extra,
-        consumerExtra: extra,
-      });
-      try {
-        // Busy from the start: the INFO of the first loads is answered only between long steps.
-        const restore = slowSteps(pd.producer, STEP_BLOCK_MS);
-        const rs = await Promise.all(Array.from({ length: N }, (_, i) => pd.proxy.generate(prompt(i), sampling(i))));
-        restore();
-        rs.forEach((r, i) => expect(r.tokenIds).toEqual(want[i]));
-        expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers)).toBe(0);
-        expect(pd.consumer.stats.loadsUsed).toBe(N);
-        expect(pd.consumer.stats.loadsRecomputed).toBe(0);
-      } finally {
-        await pd.shutdown();
+        it(`${mode}: the first handshake waits the transfer deadline, not the handshake timeout`, async () => {
+          const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
+          const want: number[][] = [];
+          for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
+          const extra = { handshake_timeout_ms: HANDSHAKE_MS };
+          const pd = await makeNixlPD({
+            transfer: t.engine,
+            mode,
+            model: 'dense-gqa',
+            producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+            consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+            policy: 'recompute',
+            producerExtra: extra,
+            consumerExtra: extra,
+          });
+          try {
+            // Busy from the start: the INFO of the first loads is answered only between long steps.
+            const restore = slowSteps(pd.producer, STEP_BLOCK_MS);
+            const rs = await Promise.all(Array.from({ length: N }, (_, i) => pd.proxy.generate(prompt(i), sampling(i))));
+            restore();
+            rs.forEach((r, i) => expect(r.tokenIds).toEqual(want[i]));
+            expect(await metricValue(pd.consumerMetrics, NIXL_METRIC_NAMES.failedTransfers)).toBe(0);
+            expect(pd.consumer.stats.loadsUsed).toBe(N);
+            expect(pd.consumer.stats.loadsRecomputed).toBe(0);
+          } finally {
+            await pd.shutdown();
+          }
+        });
       }
     });
-  }
-});
+  });
+}

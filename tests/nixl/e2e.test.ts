@@ -1,6 +1,7 @@
 /**
  * NIXL pull and push end to end: two engines in one process with real EmbeddedAgents over
- * 127.0.0.1 TCP. Outputs equal a single instance token for token and the checksums verify, for
+ * 127.0.0.1 TCP, and with real NIXL agents where NIXL_PREFIX names an install (`transfersUnderTest`).
+ * Outputs equal a single instance token for token and the checksums verify, for
  * TP 1->1, 2->1, 1->2, block sizes 16->32 and 32->16, dense ('dense-gqa') and 'hybrid-mamba2'.
  */
 import { existsSync } from 'node:fs';
@@ -11,14 +12,16 @@ import type { PresetName } from '@kvconnect/engine';
 import { NIXL_METRIC_NAMES } from '@kvconnect/nixl-common';
 import { PROMTOOL, promtoolCheck, sampleValue } from '../../packages/engine/test/utils/prom.js';
 import { checksumCounter, makeNixlPD, metricValue, single, until, type SideOptions } from './utils.js';
+import { transfersUnderTest, type TransferUnderTest } from '../transfer-engines.js';
 
 const PROMPT = 'Disaggregated serving moves the KV cache from prefill to decode over NIXL.';
 const S = { maxTokens: 5, ignoreEos: true };
 
-async function expectEqual(mode: 'pull' | 'push', model: PresetName, producer: SideOptions, consumer: SideOptions): Promise<void> {
+async function expectEqual(t: TransferUnderTest, mode: 'pull' | 'push', model: PresetName, producer: SideOptions, consumer: SideOptions): Promise<void> {
   const ref = await single(model).generate(PROMPT, S);
-  const pd = await makeNixlPD({ mode, model, producer, consumer, policy: 'fail' });
+  const pd = await makeNixlPD({ transfer: t.engine, mode, model, producer, consumer, policy: 'fail' });
   try {
+    expect(pd.producer.workers[0][0].connector).toMatchObject({ agent: { backend: t.engine } });
     const r = await pd.proxy.generate(PROMPT, S);
     expect(r.error).toBeUndefined();
     expect(r.tokenIds).toEqual(ref.tokenIds);
@@ -34,17 +37,21 @@ async function expectEqual(mode: 'pull' | 'push', model: PresetName, producer: S
   }
 }
 
-for (const mode of ['pull', 'push'] as const) {
-  describe(`NIXL ${mode}`, () => {
-    const cases: Array<[string, SideOptions, SideOptions]> = [
-      ['TP1 -> TP1', {}, {}],
-      ['TP2 -> TP1', { tpSize: 2 }, {}],
-      ['TP1 -> TP2', {}, { tpSize: 2 }],
-      ['block 16 -> 32', { blockSize: 16 }, { blockSize: 32 }],
-      ['block 32 -> 16', { blockSize: 32 }, { blockSize: 16 }],
-    ];
-    for (const model of ['dense-gqa', 'hybrid-mamba2'] as const) {
-      for (const [name, p, d] of cases) it(`${model} ${name}`, () => expectEqual(mode, model, p, d));
+for (const t of transfersUnderTest('nixl')) {
+  describe.skipIf(t.skip !== null)(t.label, () => {
+    for (const mode of ['pull', 'push'] as const) {
+      describe(`NIXL ${mode}`, () => {
+        const cases: Array<[string, SideOptions, SideOptions]> = [
+          ['TP1 -> TP1', {}, {}],
+          ['TP2 -> TP1', { tpSize: 2 }, {}],
+          ['TP1 -> TP2', {}, { tpSize: 2 }],
+          ['block 16 -> 32', { blockSize: 16 }, { blockSize: 32 }],
+          ['block 32 -> 16', { blockSize: 32 }, { blockSize: 16 }],
+        ];
+        for (const model of ['dense-gqa', 'hybrid-mamba2'] as const) {
+          for (const [name, p, d] of cases) it(`${model} ${name}`, () => expectEqual(t, mode, model, p, d));
+        }
+      });
     }
   });
 }

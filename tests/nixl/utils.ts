@@ -1,6 +1,6 @@
 /**
  * Test utilities of the NIXL end-to-end tests: a producer and a consumer engine in one process
- * over NixlConnector / NixlPushConnector with real EmbeddedAgents (127.0.0.1 TCP), a single
+ * over NixlConnector / NixlPushConnector with real EmbeddedAgents (or real NIXL agents: `transfer`) (127.0.0.1 TCP), a single
  * instance to compare with, and a wrapping agent that corrupts bytes in transit.
  */
 import '@kvconnect/nixl-pull';
@@ -8,7 +8,7 @@ import '@kvconnect/nixl-push';
 import { KVChecksumObservability } from '@kvconnect/core';
 import { Engine, PDProxy, type EngineOptions } from '@kvconnect/engine';
 import { createAgent, type AgentFactory } from '@kvconnect/nixl-common';
-import type { DescList, MakeTransferArgs, MemoryRegion, PostOptions, Registration, TransferAgent, TransferRequest, XferStatus } from '@kvconnect/transfer';
+import type { DescList, MakeTransferArgs, MemoryRegion, PostOptions, Registration, TransferAgent, TransferEngine, TransferRequest, XferStatus } from '@kvconnect/transfer';
 import { Registry } from 'prom-client';
 
 let seq = 0;
@@ -29,6 +29,8 @@ export interface NixlPDOptions {
   consumerExtra?: Record<string, unknown>;
   /** Connector of the consumer (default: the mode's). */
   consumerConnector?: string;
+  /** The transfer engine of both sides (`backend`; default `embedded`; `nixl`: the library found through NIXL_PREFIX). */
+  transfer?: TransferEngine;
 }
 
 /** A P/D pair over a NIXL connector. */
@@ -55,6 +57,7 @@ export async function makeNixlPD(o: NixlPDOptions): Promise<NixlPD> {
   const producerMetrics = new Registry();
   const consumerMetrics = new Registry();
   const base = { model: o.model, numBlocks: 128, maxNumBatchedTokens: 256 } as const;
+  const transfer = o.transfer !== undefined && o.transfer !== 'embedded' ? { backend: o.transfer } : {};
   const producer = new Engine({
     ...base,
     ...o.producer,
@@ -63,7 +66,7 @@ export async function makeNixlPD(o: NixlPDOptions): Promise<NixlPD> {
       kv_connector: connectorOf(o.mode),
       kv_role: 'kv_producer',
       enable_kv_checksum: checks,
-      kv_connector_extra_config: { metrics_registry: producerMetrics, ...o.producerExtra },
+      kv_connector_extra_config: { metrics_registry: producerMetrics, ...transfer, ...o.producerExtra },
     },
     observability: new KVChecksumObservability({ level: 'silent' }),
   });
@@ -77,7 +80,7 @@ export async function makeNixlPD(o: NixlPDOptions): Promise<NixlPD> {
       enable_kv_checksum: checks,
       kv_checksum_fail_closed: o.failClosed ?? true,
       kv_load_failure_policy: o.policy ?? 'recompute',
-      kv_connector_extra_config: { metrics_registry: consumerMetrics, ...o.consumerExtra },
+      kv_connector_extra_config: { metrics_registry: consumerMetrics, ...transfer, ...o.consumerExtra },
     },
     observability: obs,
   });

@@ -7,6 +7,7 @@ import { Command, InvalidArgumentError } from 'commander';
 import { DEMO_CONNECTOR_ALIASES, DEMO_CONNECTORS, readPrompts, runDemo, type DemoOptions } from './demo.js';
 import { MODEL_PRESET_NAMES } from './models.js';
 import { runFiles } from './run-files.js';
+import { TRANSFER_ENGINES } from './transfer.js';
 
 function rate(v: string): number {
   const x = Number(v);
@@ -46,7 +47,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     .command('demo')
     .description(
       'send real prompts through P/D with KV checksums (fail-closed, recompute), inject faults into a share of loads, compare every output with a single instance, and write a Markdown report. ' +
-        'By default a proxy, a producer engine (TP2) and a consumer engine (TP1) run as separate processes on 127.0.0.1, the KV moving through the embedded transfer agent (run `npm run build` first: the processes run dist/).',
+        'By default a proxy, a producer engine (TP2) and a consumer engine (TP1) run as separate processes on 127.0.0.1, the KV moving through the embedded transfer agent or, with --transfer, NIXL or the Mooncake Transfer Engine (run `npm run build` first: the processes run dist/).',
     )
     .option('--prompts <file>', 'prompts, one per line (default examples/prompts/prompts.txt)')
     .option(
@@ -65,6 +66,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     .option('--fail-open', 'use loads that do not verify (default: fail-closed)')
     .option('--policy <policy>', 'what a fail-closed consumer does with a load that does not verify: recompute | fail', policyArg, 'recompute')
     .option('--sample-rate <r>', 'multi-process: kv_checksum_sample_rate of both engines, in (0, 1] (docs/checksum-extensions.md; default 1: every block)', sampleRateArg)
+    .option('--transfer <engine>', `transfer engine the connectors move KV with: ${TRANSFER_ENGINES.join(' | ')} (default embedded: the embedded agent over TCP; nixl: NIXL, for pull and push, found through NIXL_PREFIX; mooncake: the Mooncake Transfer Engine, for --connector mooncake, found through MOONCAKE_PREFIX)`, 'embedded')
     .option('--workers <kind>', 'multi-process: processes (one worker process per TP rank) | inprocess, for both engines (default: processes)')
     .option('--verbose', 'copy the engine and proxy processes\' stderr to this stderr')
     .option('--no-progress', 'no progress bar')
@@ -84,6 +86,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
         sampleRate?: number;
         verbose?: boolean;
         workers?: string;
+        transfer: string;
         progress: boolean;
       }) => {
         if (!(o.connector in DEMO_CONNECTORS) && !(o.connector in DEMO_CONNECTOR_ALIASES)) throw new InvalidArgumentError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}`);
@@ -102,6 +105,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
           sampleRate: o.sampleRate,
           echoStderr: o.verbose === true,
           workers: o.workers as DemoOptions['workers'],
+          transfer: o.transfer,
           progress: o.progress && Boolean(process.stderr.isTTY),
           print,
         });

@@ -30,6 +30,7 @@ import { extensionLines, markdownReport, summarize, summaryLines, type RunSummar
 import { checkExpectations, resolveConnector, runScenario, type RequestOutcome, type RunOutcome, type ScenarioResult, type Topology } from './runner.js';
 import { parseScenario, type ConnectorName, type Scenario, type VerdictKind } from './scenario.js';
 import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics, type WorkersMode } from './topology-multiprocess.js';
+import { loopbackTransferEnv, transferMismatch, transferUnavailable, type TransferEngine } from './transfer.js';
 
 /** `--connector` values and the scenario connector each means (`in-process`: the name scenarios use). */
 export const DEMO_CONNECTORS: Readonly<Record<string, ConnectorName>> = Object.freeze({ pull: 'nixl-pull', push: 'nixl-push', mooncake: 'mooncake', 'in-process': 'in-process' });
@@ -98,6 +99,13 @@ export interface DemoOptions {
   workers?: WorkersMode;
   /** A custom topology for the scenario runner (single-process path, whatever the connector). */
   topology?: Topology;
+  /**
+   * The transfer engine the connectors move KV with (multi-process connectors): `embedded`
+   * (default), `nixl` (pull, push) or `mooncake` (mooncake); see `CONNECTOR_TRANSFERS` in
+   * transfer.ts. A library engine that does not load here is a one-line error naming what to
+   * install and `NIXL_PREFIX` / `MOONCAKE_PREFIX`, before any process starts.
+   */
+  transfer?: TransferEngine | string;
 }
 
 /** What {@link runDemo} returns. */
@@ -108,6 +116,8 @@ export interface DemoResult {
   reportPath: string;
   /** The connector that ran (after any fallback). */
   connector: ConnectorName;
+  /** The transfer engine its connectors used. */
+  transfer: TransferEngine;
   /** `processes`: proxy, producer and consumer as child processes; `in-process`: engines of this process. */
   topology: 'processes' | 'in-process';
   /** What the engine processes' /metrics said (multi-process only). */
@@ -186,9 +196,15 @@ export async function runDemo(o: DemoOptions = {}): Promise<DemoResult> {
   const connector = DEMO_CONNECTORS[wanted];
   if (!connector) throw new RangeError(`--connector must be one of ${Object.keys(DEMO_CONNECTORS).join(', ')}, got ${wanted}`);
   if (o.policy !== undefined && o.policy !== 'fail' && o.policy !== 'recompute') throw new RangeError(`--policy must be fail or recompute, got ${String(o.policy)}`);
+  const transfer = (o.transfer ?? 'embedded') as TransferEngine;
+  const mismatch = transferMismatch(connector, transfer);
+  if (mismatch) throw new RangeError(`--transfer: ${mismatch}`);
+  const missing = transferUnavailable(transfer);
+  if (missing) throw new Error(missing);
   const concurrency = o.concurrency ?? 4;
   if (!(Number.isSafeInteger(concurrency) && concurrency >= 1)) throw new RangeError(`--concurrency must be a positive integer, got ${concurrency}`);
-  const ctx: DemoContext = { o, print, rate, seed, prompts, concurrency, checksums: o.checksums ?? true, failClosed: o.failClosed ?? true, policy: o.policy ?? 'recompute', model: o.model ?? 'dense-gqa', maxTokens: o.maxTokens ?? 16 };
+  const ctx: DemoContext = { o, print, rate, seed, prompts, concurrency, transfer, checksums: o.checksums ?? true, failClosed: o.failClosed ?? true, policy: o.policy ?? 'recompute', model: o.model ?? 'dense-gqa', maxTokens: o.maxTokens ?? 16 };
+  if (o.topology && transfer !== 'embedded') throw new RangeError(`--transfer ${transfer} needs the multi-process demo (no custom topology)`);
   if (connector === 'in-process' || o.topology) return runInProcessDemo(ctx, connector);
   return runProcessDemo(ctx, connector);
 }
@@ -200,6 +216,7 @@ interface DemoContext {
   seed: number;
   prompts: string[];
   concurrency: number;
+  transfer: TransferEngine;
   checksums: boolean;
   failClosed: boolean;
   policy: 'fail' | 'recompute';
@@ -355,7 +372,7 @@ async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promi
   print(`note: ${weightsNote(c.model)}`);
   const md = replaceSummaryTable(markdownReport(result, { title: 'kvconnect demo: P/D with KV checksums under injected faults', setup, prompts }), [...summaryLines(summary), `note: ${weightsNote(c.model)}`]);
   const { outDir, reportPath } = writeReport(c, result, summary, md);
-  return { result, summary, outDir, reportPath, connector, topology: 'in-process' };
+  return { result, summary, outDir, reportPath, connector, transfer: 'embedded', topology: 'in-process' };
 }
 
 /** A completion answer of the proxy process (the fields the demo reads). */
@@ -409,6 +426,13 @@ function replaceSummaryTable(md: string, lines: string[]): string {
   return out.join('\n');
 }
 
+/** How the setup line names a transfer engine (with the loopback defaults the engine processes get). */
+function transferLabel(t: TransferEngine): string {
+  if (t === 'embedded') return 'the embedded transfer agent';
+  const env = Object.entries(loopbackTransferEnv(t)).map(([k, v]) => `${k}=${v}`);
+  return `${t === 'nixl' ? 'NIXL' : 'the Mooncake Transfer Engine'} (transfer ${t}${env.length ? `; engine processes get ${env.join(' ')}` : ''})`;
+}
+
 /** The consumer's block size in the demo (every group; see `demoScenario` and `startPDProcesses`). */
 const CONSUMER_BLOCK_SIZE = 32;
 
@@ -434,7 +458,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   const setup = [
     `processes on 127.0.0.1: proxy (${spec.mode}), producer engine (TP2, block 16, NHD), consumer engine (TP1, block 32, HND); model ${c.model}`,
     `workers: producer ${where(workers.producer, 2)}, consumer ${where(workers.consumer, 1)}`,
-    `connector ${spec.name} over the embedded transfer agent; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
+    `connector ${spec.name} over ${transferLabel(c.transfer)}; consumer side wrapped by FaultInjectingConnector (loaded by module path)`,
     `checksums ${c.checksums ? 'on' : 'off'}${c.o.sampleRate !== undefined && c.o.sampleRate < 1 ? ` (sampled, rate ${c.o.sampleRate})` : ''}, ${c.failClosed ? 'fail-closed' : 'fail-open'}, policy ${c.policy}; fault rate ${c.rate} (seed ${seed}), consumer-side faults only`,
     `faulted requests: ${hit.map((n) => `r${n} ${faultLabel(planned.get(n)!)}`).join(', ') || 'none'}`,
     `each process's stdout and stderr: proxy.log, producer.log, consumer.log in ${outDir}`,
@@ -455,7 +479,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
   try {
     const refP = Promise.all(prompts.map((p) => reference.generate(p, { maxTokens: c.maxTokens, temperature: 0, ignoreEos: true })));
     refP.catch(() => {});
-    pd = await startPDProcesses({ connector, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, sampleRate: c.o.sampleRate, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr, logDir: outDir });
+    pd = await startPDProcesses({ connector, transfer: c.transfer, model, checksums: c.checksums, failClosed: c.failClosed, policy: c.policy, sampleRate: c.o.sampleRate, faults, workers: c.o.workers, idPrefix: `demo-${process.pid}`, echoStderr: c.o.echoStderr, logDir: outDir });
     if (interrupted) throw new Error(`interrupted (${interrupted})`);
     print(`started: proxy ${pd.url} (pid ${pd.proxy.pid}), producer ${pd.producer.url} (pid ${pd.producer.pid}), consumer ${pd.consumer.url} (pid ${pd.consumer.pid})`);
     const workerProcesses = await pd.workerPids();
@@ -590,8 +614,8 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
       'Faults were injected by the consumer process; its fault connector returned each request\'s ground truth (fault kinds, the blocks whose bytes really changed, load time and bytes) with the request, which the Requests table shows. Producer-side faults (`stale`, producer-side `payload`) are not injected here (only the consumer is wrapped): run `--connector in-process` for them.',
       '',
     ].join('\n');
-    const { reportPath } = writeReport(c, result, summary, md, { topology: 'processes', metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid }, workerProcesses, logs: ['proxy.log', 'producer.log', 'consumer.log'] }, outDir);
-    return { result, summary, outDir, reportPath, connector, topology: 'processes', metrics };
+    const { reportPath } = writeReport(c, result, summary, md, { topology: 'processes', transfer: c.transfer, metrics, processes: { proxy: pd.proxy.pid, producer: pd.producer.pid, consumer: pd.consumer.pid }, workerProcesses, logs: ['proxy.log', 'producer.log', 'consumer.log'] }, outDir);
+    return { result, summary, outDir, reportPath, connector, transfer: c.transfer, topology: 'processes', metrics };
   } finally {
     bar?.stop();
     process.off('SIGINT', onSignal);

@@ -16,4 +16,5 @@ export * from './runner.js';
 export * from './run-files.js';
 export * from './demo.js';
 export * from './topology-multiprocess.js';
+export * from './transfer.js';
 export * from './report.js';

@@ -20,6 +20,7 @@ import { resolveModelSpec } from './models.js';
 import { generatedPrompts, promptText } from './prompts.js';
 import { freePort } from './topology-multiprocess.js';
 import type { ConnectorName, FinishKind, RequestExpectation, RunSpec, Scenario, SideSpec, VerdictKind } from './scenario.js';
+import { transferExtraConfig, transferUnavailable } from './transfer.js';
 
 /** A connector's package and registered name. */
 export const CONNECTOR_PACKAGES: Readonly<Record<Exclude<ConnectorName, 'in-process'>, { pkg: string; name: string }>> = Object.freeze({
@@ -169,7 +170,7 @@ export async function inProcessEngines(ctx: TopologyContext, wrap?: (f: KVConnec
   const checks = ctx.run.checksums ?? s.checksums;
   const id = engineSeq++;
   const registry = runRegistry(ctx.innerConnector, wrap);
-  const { producerExtra, consumerExtra } = await bootstrapExtras(ctx.innerConnector, s.connectorConfig);
+  const { producerExtra, consumerExtra } = await bootstrapExtras(ctx.innerConnector, { ...transferExtraConfig(s.transfer), ...s.connectorConfig });
   const pObs = new KVChecksumObservability({ level: 'silent' });
   const producer = new Engine({
     registry,
@@ -481,6 +482,8 @@ async function runScenarioHeld(s: Scenario, o: RunScenarioOptions): Promise<Scen
   const t0 = performance.now();
   const conn = await resolveConnector(s.connector);
   if ('skip' in conn) return { scenario: s, file: o.file, skipped: conn.skip, runs: [], expectations: [], durationMs: performance.now() - t0 };
+  const noTransfer = transferUnavailable(s.transfer);
+  if (noTransfer) return { scenario: s, file: o.file, skipped: noTransfer, runs: [], expectations: [], durationMs: performance.now() - t0 };
   const model = resolveModelSpec(s.model);
   const reference = new Engine({ model, numBlocks: 4096, maxNumBatchedTokens: 512, engineId: `harness-ref${engineSeq++}` });
   let runs: RunOutcome[];

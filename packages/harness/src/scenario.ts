@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import type { UnverifiedReason } from '@kvconnect/checksum';
 import { checkFaultList, type FaultSpec } from './faults.js';
 import { checkModel, type ModelSpec } from './models.js';
+import { transferMismatch, type TransferEngine } from './transfer.js';
 import { Checker, ValidationError, at, isObject } from './validate.js';
 
 /** Connectors a scenario may name. `in-process` always runs; the others run when their package is installed. */
@@ -147,6 +148,12 @@ export interface Scenario {
   connector: ConnectorName;
   /** Extra config of the inner connector. */
   connectorConfig?: Record<string, unknown>;
+  /**
+   * The transfer engine the connector moves KV with (default `embedded`): `nixl` for `nixl-pull` /
+   * `nixl-push`, `mooncake` for `mooncake` (`CONNECTOR_TRANSFERS` in transfer.ts). The runner
+   * skips the scenario, with the one-line reason, where the library does not load.
+   */
+  transfer: TransferEngine;
   /** KV checksums on both sides (default true). */
   checksums: boolean;
   /** `sequential` (NIXL style, default) or `concurrent` (Mooncake style) proxying. */
@@ -164,7 +171,7 @@ export interface Scenario {
   expect: Expectations;
 }
 
-const TOP = ['$schema', 'name', 'description', 'source', 'model', 'connector', 'connectorConfig', 'checksums', 'mode', 'producer', 'consumer', 'requests', 'generate', 'concurrency', 'faults', 'runs', 'timeoutMs', 'expect'];
+const TOP = ['$schema', 'name', 'description', 'source', 'model', 'connector', 'connectorConfig', 'transfer', 'checksums', 'mode', 'producer', 'consumer', 'requests', 'generate', 'concurrency', 'faults', 'runs', 'timeoutMs', 'expect'];
 const SIDE = ['tp', 'pp', 'blockSize', 'layout', 'kvLayout', 'dtype', 'prefixHitTokens', 'maxBatchedTokens', 'numBlocks', 'prefixCaching', 'device', 'checksums'];
 const CONSUMER = [...SIDE, 'failClosed', 'policy', 'dp'];
 const REQUEST = ['prompt', 'promptTokens', 'promptSeed', 'continueFrom', 'appendFirstToken', 'maxTokens', 'temperature', 'seed', 'ignoreEos'];
@@ -302,6 +309,10 @@ export function parseScenario(raw: unknown, what = 'scenario'): Scenario {
   if (c.required(o, 'model', '')) checkModel(c, o.model, 'model');
   if (o.connector !== undefined) c.oneOf(o.connector, 'connector', CONNECTORS);
   if (o.connectorConfig !== undefined && !isObject(o.connectorConfig)) c.fail('connectorConfig', 'expected an object');
+  if (o.transfer !== undefined) {
+    const bad = transferMismatch((o.connector ?? 'in-process') as ConnectorName, o.transfer);
+    if (bad) c.fail('transfer', bad);
+  }
   if (o.checksums !== undefined) c.boolean(o.checksums, 'checksums');
   if (o.mode !== undefined) c.oneOf(o.mode, 'mode', ['sequential', 'concurrent']);
   if (o.producer !== undefined) checkSide(c, o.producer, 'producer', false);
@@ -360,6 +371,7 @@ export function parseScenario(raw: unknown, what = 'scenario'): Scenario {
     model: o.model as ModelSpec,
     connector: (o.connector as ConnectorName | undefined) ?? 'in-process',
     connectorConfig: o.connectorConfig as Record<string, unknown> | undefined,
+    transfer: (o.transfer as TransferEngine | undefined) ?? 'embedded',
     checksums: (o.checksums as boolean | undefined) ?? true,
     mode: (o.mode as Scenario['mode'] | undefined) ?? 'sequential',
     producer: (o.producer as SideSpec | undefined) ?? {},

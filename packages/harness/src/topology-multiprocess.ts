@@ -2,7 +2,8 @@
  * The multi-process P/D topology of `kvconnect demo`: a producer engine, a consumer engine and a
  * P/D proxy as three child processes (`kvconnect-engine` / `kvconnect-proxy`, started with the
  * engine's launcher, listening on 127.0.0.1 only). The KV moves between the engine processes
- * through the connector's embedded transfer agent over 127.0.0.1 TCP: NIXL pull (`NixlConnector`,
+ * through the connector's embedded transfer agent over 127.0.0.1 TCP, or the transfer engine of
+ * `transfer` (NIXL, the Mooncake Transfer Engine): NIXL pull (`NixlConnector`,
  * sequential proxy), NIXL push (`NixlPushConnector`, sequential proxy) or Mooncake
  * (`MooncakeConnector`, concurrent proxy).
  *
@@ -23,6 +24,7 @@ import { launchEngineProcess, launchProxyProcess, type EngineProcessConfig, type
 import { CLUSTER_SECRET_ENV, generateClusterSecret } from '@kvconnect/transfer';
 import { FAULT_INJECTING_CONNECTOR } from './faults/config.js';
 import type { FaultSpec } from './faults.js';
+import { loopbackTransferEnv, transferExtraConfig, transferMismatch, type TransferEngine } from './transfer.js';
 
 /** The connectors a multi-process topology can run. */
 export type ProcessConnector = 'nixl-pull' | 'nixl-push' | 'mooncake';
@@ -108,6 +110,14 @@ export interface PDProcessOptions {
   faults?: FaultSpec[];
   /** Where both engines run their workers (default per side: the connector's {@link PROCESS_CONNECTORS} `workers`). */
   workers?: WorkersMode;
+  /**
+   * The transfer engine both engines' connectors move KV with (`kv_connector_extra_config.backend`;
+   * default `embedded`): `nixl` for the NIXL connectors, `mooncake` for the Mooncake connector
+   * (`CONNECTOR_TRANSFERS` in transfer.ts). The engine processes get {@link loopbackTransferEnv}'s
+   * defaults. Whether the library loads is the caller's check (`transferUnavailable`); an engine
+   * process that cannot load it fails to start with the one-line reason in its stderr.
+   */
+  transfer?: TransferEngine;
   /** Engine id prefix (default `demo`). */
   idPrefix?: string;
   /** Copy the children's stderr to this process's stderr (default false). */
@@ -128,6 +138,8 @@ export interface PDProcessOptions {
 /** Running producer, consumer and proxy processes. */
 export interface PDProcesses {
   readonly connector: ProcessConnector;
+  /** The transfer engine the connectors use. */
+  readonly transfer: TransferEngine;
   readonly mode: 'sequential' | 'concurrent';
   /** Where each engine runs its workers. */
   readonly workers: { producer: WorkersMode; consumer: WorkersMode };
@@ -186,8 +198,11 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
   const checksums = o.checksums ?? true;
   const workers = o.workers === undefined ? spec.workers : { producer: o.workers, consumer: o.workers };
   const prefix = o.idPrefix ?? 'demo';
-  const extra: Record<string, unknown> = {};
-  let consumerExtra: Record<string, unknown> = {};
+  const transfer = o.transfer ?? 'embedded';
+  const mismatch = transferMismatch(o.connector, transfer);
+  if (mismatch) throw new RangeError(mismatch);
+  const extra: Record<string, unknown> = { ...transferExtraConfig(transfer) };
+  let consumerExtra: Record<string, unknown> = { ...extra };
   if (o.connector === 'mooncake') {
     const port = await freePort();
     Object.assign(extra, { bootstrap_port: port, abort_timeout_ms: 20_000, transfer_timeout_ms: 30_000 });
@@ -211,7 +226,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
   };
   const launch = { echoStderr: o.echoStderr, readyTimeoutMs: o.readyTimeoutMs };
   const logFile = (name: string) => (o.logDir !== undefined ? { logFile: join(o.logDir, `${name}.log`) } : {});
-  const engineEnv = { ...process.env, [CLUSTER_SECRET_ENV]: o.clusterSecret ?? generateClusterSecret() };
+  const engineEnv = { ...process.env, ...loopbackTransferEnv(transfer), [CLUSTER_SECRET_ENV]: o.clusterSecret ?? generateClusterSecret() };
   const started: LaunchedProcess[] = [];
   const stopAll = async () => {
     await Promise.all(started.splice(0).reverse().map((c) => c.stop().catch(() => undefined)));
@@ -241,6 +256,7 @@ export async function startPDProcesses(o: PDProcessOptions): Promise<PDProcesses
     let down: Promise<void> | null = null;
     return {
       connector: o.connector,
+      transfer,
       mode: proxy.mode,
       workers,
       producer,

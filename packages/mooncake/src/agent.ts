@@ -24,19 +24,15 @@ function messageOf(e: unknown): string {
 }
 
 /**
- * Why `backend: 'mooncake'` cannot be used (the Transfer Engine library cannot be loaded: the
- * reason lists every path tried), or null when it may be (the engine itself may still fail to
- * start: {@link createAgent} reports that). The library is looked for as
+ * Why `backend: 'mooncake'` cannot be used (the Transfer Engine library cannot be loaded: one
+ * line naming what to install and `MOONCAKE_PREFIX`, then every path tried;
+ * `transfer.transferEngineUnavailable`), or null when it may be (the engine itself may still fail
+ * to start: {@link createAgent} reports that). The library is looked for as
  * `transfer.mooncakeLibraryCandidates` says: `$MOONCAKE_LIBRARY`, then `$MOONCAKE_PREFIX/lib`,
  * `lib/<arch>-linux-gnu`, `lib64`, then the library path.
  */
 export function mooncakeUnavailableReason(): string | null {
-  try {
-    transfer.loadMooncakeLibrary();
-    return null;
-  } catch (e) {
-    return `MooncakeAgent cannot load libtransfer_engine.so (${messageOf(e)})`;
-  }
+  return transfer.transferEngineUnavailable('mooncake');
 }
 
 /**

@@ -11,7 +11,7 @@ export * from './auth.js';
 export { takeBytes } from './wire.js';
 export { EmbeddedAgent, decodeMetadata as decodeEmbeddedMetadata, type EmbeddedAgentOptions, type PeerInfo as EmbeddedPeerInfo } from './embedded.js';
 export { SharedHostArena, sameHostKey, lookupShared } from './shared-memory.js';
-export { NixlAgent, loadNixlLibrary, nixlLibraryCandidates, NIXL_STATUS, type NixlAgentOptions } from './nixl.js';
+export { NixlAgent, loadNixlLibrary, nixlBackendParams, nixlLibraryCandidates, NIXL_STATUS, type NixlAgentOptions } from './nixl.js';
 export {
   MooncakeAgent,
   loadMooncakeLibrary,
@@ -22,6 +22,7 @@ export {
   type MooncakeAgentOptions,
   type MooncakeMetadata,
 } from './mooncake.js';
+export { TRANSFER_ENGINES, TRANSFER_ENGINE_LIBRARIES, isTransferEngine, transferEngineUnavailable, type TransferEngine } from './engines.js';
 export {
   cudaDeviceMemory,
   emulatedDeviceMemory,

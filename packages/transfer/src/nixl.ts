@@ -57,6 +57,27 @@ export function nixlLibraryCandidates(env: NodeJS.ProcessEnv = process.env): str
   return libraryCandidates(env, { lib: 'libnixl_capi.so', envLibrary: 'NIXL_LIBRARY', envPrefix: 'NIXL_PREFIX', defaultPrefix: DEFAULT_PREFIX });
 }
 
+/** UCX transports that stay on one host (`UCX_TLS` names; UCX's `ucx_info -d` lists them). */
+const UCX_SAME_HOST_TLS = new Set(['self', 'sm', 'shm', 'posix', 'sysv', 'xpmem', 'cma', 'knem', 'cuda_ipc', 'cuda_copy', 'rocm_ipc', 'rocm_copy', 'gdr_copy']);
+
+/**
+ * The backend parameters {@link NixlAgent.create} passes to NIXL: `params` as given, plus
+ * `ucx_error_handling_mode: 'none'` for the UCX backend when `UCX_TLS` selects same-host
+ * transports only (e.g. `sm,self`) and `params` does not set the mode. UCX's shared-memory
+ * transports do not support the peer error handling NIXL asks for by default, so without it the
+ * UCX backend cannot create its endpoints (`nixl_capi_create_backend: ERROR_BACKEND`; NIXL's
+ * `src/plugins/ucx/` reads `ucx_error_handling_mode`). A `UCX_TLS` list that excludes (`^...`)
+ * or names any network transport leaves the parameters alone.
+ */
+export function nixlBackendParams(backend: string, params: Readonly<Record<string, string>> = {}, env: NodeJS.ProcessEnv = process.env): Record<string, string> {
+  const out: Record<string, string> = { ...params };
+  const tls = (env.UCX_TLS ?? '').trim();
+  if (backend !== 'UCX' || 'ucx_error_handling_mode' in out || tls === '' || tls.startsWith('^')) return out;
+  const names = tls.split(',').map((t) => t.trim().replace(/^\\/, '').split(':')[0]);
+  if (names.every((t) => UCX_SAME_HOST_TLS.has(t))) out.ucx_error_handling_mode = 'none';
+  return out;
+}
+
 function nativeTransfer(): { t: NativeTransfer | null; reason: string } {
   const { b, reason } = nativeBindings('transfer', 'transfer');
   return { t: b, reason };
@@ -80,7 +101,7 @@ export interface NixlAgentOptions {
   readonly library?: string;
   /** NIXL backend plugin (default `UCX`). */
   readonly backend?: string;
-  /** Backend parameters, e.g. `{ ucx_error_handling_mode: 'none' }` for shared-memory UCX transports. */
+  /** Backend parameters (strings); for same-host UCX transports `ucx_error_handling_mode: 'none'` is added unless set ({@link nixlBackendParams}). */
   readonly backendParams?: Readonly<Record<string, string>>;
   /** Use NIXL's progress thread (default false: the agent's own thread drives progress by polling). */
   readonly progressThread?: boolean;
@@ -170,7 +191,7 @@ export class NixlAgent implements TransferAgent {
     const path = loadNixlLibrary({ library: options.library });
     const t = nativeTransfer().t!;
     const params: string[] = [];
-    for (const [k, v] of Object.entries(options.backendParams ?? {})) params.push(k, String(v));
+    for (const [k, v] of Object.entries(nixlBackendParams(options.backend ?? 'UCX', options.backendParams))) params.push(k, String(v));
     let agent: NixlAgent | null = null;
     const core = new t.NixlAgentCore(
       path,
