@@ -547,19 +547,24 @@ export class MooncakeWorker implements KVConnectorWorker {
         // The agent checks every descriptor against its registered regions (local) and those the
         // consumer's agent metadata advertised (remote) of that kind and device.
         const local = await agent.prepDescList(null, plan.localKind, plan.local);
-        const remote = await agent.prepDescList(agentName, plan.remoteKind, plan.remote);
         try {
-          const req = await agent.makeTransfer({ op: 'WRITE', local, remote });
+          // A consumer advertising regions the agent refuses makes this throw: the local list is
+          // released all the same (a peer must not be able to leak descriptor lists).
+          const remote = await agent.prepDescList(agentName, plan.remoteKind, plan.remote);
           try {
-            let status = await agent.post(req);
-            if (status === 'in-progress') status = await agent.wait(req);
-            if (status !== 'done') throw new Error(`WRITE to ${agentName} failed: ${status}${req.error ? `: ${req.error.message}` : ''}`);
+            const req = await agent.makeTransfer({ op: 'WRITE', local, remote });
+            try {
+              let status = await agent.post(req);
+              if (status === 'in-progress') status = await agent.wait(req);
+              if (status !== 'done') throw new Error(`WRITE to ${agentName} failed: ${status}${req.error ? `: ${req.error.message}` : ''}`);
+            } finally {
+              await agent.release(req).catch(() => {});
+            }
           } finally {
-            await agent.release(req).catch(() => {});
+            await agent.releaseDescList(remote).catch(() => {});
           }
         } finally {
           await agent.releaseDescList(local).catch(() => {});
-          await agent.releaseDescList(remote).catch(() => {});
         }
         this.stats.writes++;
         this.stats.bytesWritten += plan.bytes;
