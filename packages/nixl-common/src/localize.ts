@@ -5,8 +5,8 @@
  * process; the scheduler half merges the workers' results (producer.ts).
  * @module
  */
-import { planGroup, type GroupPlan } from '@kvconnect/checksum';
-import { localizeOnRank, type LocalizeStepEntry, type WorkerKVCaches } from '@kvconnect/core';
+import { mergeFineSums, planGroup, type GroupPlan } from '@kvconnect/checksum';
+import { localizeOnRank, type LocalizeAnswer, type LocalizeQuery, type LocalizeStepEntry, type WorkerKVCaches } from '@kvconnect/core';
 import type { LocalizeOrder, LocalizeResult } from './producer.js';
 
 /**
@@ -52,4 +52,21 @@ export function localizeOrderOnRank(caches: WorkerKVCaches, plans: Map<number, G
     entry,
   );
   return { ticket: order.ticket, groups: [...got.groups, ...[...errors].map(([groupId, error]) => ({ groupId, sums: [], error }))] };
+}
+
+/**
+ * The producer's answer to a drill-down from every rank's result ({@link localizeOrderOnRank}):
+ * per group of `query`, the ranks' fine sums merged (`mergeFineSums`: equal keys added mod 2^64)
+ * and their errors joined (`; `). Used by NIXL's producer channel and Mooncake's consumer, which
+ * merges the answers of the producer's workers.
+ */
+export function mergeLocalizeResults(query: LocalizeQuery, results: Iterable<LocalizeResult['groups']>): LocalizeAnswer & { status: 'held' } {
+  const all = [...results];
+  const groups = query.groups.map((g) => {
+    const parts = all.map((x) => x.find((y) => y.groupId === g.groupId));
+    const errors = parts.filter((x) => x?.error).map((x) => x!.error!);
+    const sums = mergeFineSums(parts.map((x) => x?.sums ?? []));
+    return errors.length > 0 ? { groupId: g.groupId, sums, error: errors.join('; ') } : { groupId: g.groupId, sums };
+  });
+  return { status: 'held', groups };
 }
