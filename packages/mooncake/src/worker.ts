@@ -102,6 +102,8 @@ export interface MooncakeWorkerStats {
   errorsSent: number;
   /** Producer: send states ended by lease expiry. */
   leasesExpired: number;
+  /** Producer: side-channel messages received on the ROUTER (every kind, well-formed or not). */
+  messagesIn: number;
   /** Producer: `loc` (localize) requests received, and answered `held` (fine sums sent). */
   localizeReceived: number;
   localizeAnswered: number;
@@ -177,6 +179,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     descriptors: 0,
     errorsSent: 0,
     leasesExpired: 0,
+    messagesIn: 0,
     localizeReceived: 0,
     localizeAnswered: 0,
     loadsFinished: 0,
@@ -423,6 +426,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   private async routerLoop(router: zmq.Router): Promise<void> {
     try {
       for await (const frames of router) {
+        this.stats.messagesIn++;
         const [identity, msg] = frames;
         if (!identity || !msg || frames.length !== 2) {
           this.stats.metadataRejected++;
