@@ -43,7 +43,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { debuglog } from 'node:util';
 import { loadBlockIds } from '@kvconnect/core';
 import type { KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
-import { checkBindHost, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
+import { checkBindHost, readDeviceBytes, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
 import { localizeOrderOnRank } from '@kvconnect/nixl-common';
 import type { GroupPlan } from '@kvconnect/checksum';
@@ -531,7 +531,7 @@ export class MooncakeWorker implements KVConnectorWorker {
       const done = this.finishedTransfers.get(req.transferId);
       bytes = encodeLocalizeReply({ status: 'gone', detail: `transfer ${req.transferId}: ${done ?? 'unknown transfer'}` });
     } else {
-      const r = localizeOrderOnRank(this.caches, this.plans, { ticket: 0, requestId: st.spec.requestId, blocks: st.spec.blocks, numTokens: st.spec.numTokens, query: req.query });
+      const r = localizeOrderOnRank(this.caches, this.plans, { ticket: 0, requestId: st.spec.requestId, blocks: st.spec.blocks, numTokens: st.spec.numTokens, query: req.query }, readDeviceBytes);
       bytes = encodeLocalizeReply({ status: 'held', groups: r.groups });
       this.stats.localizeAnswered++;
       if (st.holding) this.finishSend(st, `transfer ${req.transferId} was localized`);

@@ -6,15 +6,16 @@
  * @module
  */
 import { mergeFineSums, planGroup, type GroupPlan } from '@kvconnect/checksum';
-import { localizeOnRank, type LocalizeAnswer, type LocalizeQuery, type LocalizeStepEntry, type WorkerKVCaches } from '@kvconnect/core';
+import { localizeOnRank, type DeviceRegionReader, type LocalizeAnswer, type LocalizeQuery, type LocalizeStepEntry, type WorkerKVCaches } from '@kvconnect/core';
 import type { LocalizeOrder, LocalizeResult } from './producer.js';
 
 /**
  * The fine sums of `order` on the rank of `caches`. `plans` caches this rank's producer plans
  * (group index -> plan) between orders. A group this rank cannot sum, or whose blocks the order
- * does not name (a null block among them), reports its error instead of sums.
+ * does not name (a null block among them), reports its error instead of sums. Device KV is read
+ * through `readDevice` (`@kvconnect/transfer` `readDeviceBytes`): only the blocks summed.
  */
-export function localizeOrderOnRank(caches: WorkerKVCaches, plans: Map<number, GroupPlan>, order: LocalizeOrder): LocalizeResult {
+export function localizeOrderOnRank(caches: WorkerKVCaches, plans: Map<number, GroupPlan>, order: LocalizeOrder, readDevice?: DeviceRegionReader): LocalizeResult {
   const planOf = (gi: number): GroupPlan => {
     let p = plans.get(gi);
     if (!p) plans.set(gi, (p = planGroup(caches.groups[gi], { tpRank: caches.rank.tpRank, tpSize: caches.rank.tpSize, role: 'producer' })));
@@ -50,6 +51,7 @@ export function localizeOrderOnRank(caches: WorkerKVCaches, plans: Map<number, G
     },
     caches.regions,
     entry,
+    readDevice,
   );
   return { ticket: order.ticket, groups: [...got.groups, ...[...errors].map(([groupId, error]) => ({ groupId, sums: [], error }))] };
 }

@@ -25,6 +25,7 @@ export {
   cudaDeviceMemory,
   emulatedDeviceMemory,
   deviceMemoryFor,
+  readDeviceBytes,
   deviceMemoryOf,
   DeviceMemoryError,
   EmulatedDeviceMemory,
