@@ -352,3 +352,46 @@ for (const t of transfersUnderTest('mooncake')) {
     });
   });
 }
+
+/** A producer agent that refuses the consumer's (remote) descriptors and counts its open descriptor lists. */
+class RefusingRemoteAgent extends FlippingAgent {
+  /** Descriptor lists prepared and not released. */
+  open = 0;
+  refused = 0;
+  override async prepDescList(agent: string | null, kind: 'DRAM' | 'VRAM', descs: Parameters<FlippingAgent['prepDescList']>[2]) {
+    if (agent !== null) {
+      this.refused++;
+      throw new Error('the consumer advertised regions this agent refuses');
+    }
+    const l = await super.prepDescList(agent, kind, descs);
+    this.open++;
+    return l;
+  }
+  override async releaseDescList(l: Parameters<FlippingAgent['releaseDescList']>[0]) {
+    this.open--;
+    return super.releaseDescList(l);
+  }
+}
+
+describe('producer descriptor lists', () => {
+  it('a refused remote descriptor list releases the local one (a peer cannot leak lists); the load fails and is recomputed', async () => {
+    let agent: RefusingRemoteAgent | null = null;
+    const pd = await makeMooncakePD({
+      model: 'dense-gqa',
+      policy: 'recompute',
+      hooks: { wrapAgent: (a, ctx) => (ctx.engineId.startsWith('mc-producer') ? (agent = new RefusingRemoteAgent(a)) : a) },
+    });
+    try {
+      for (let i = 0; i < 3; i++) {
+        const got = await pd.proxy.generate(`${PROMPT} ${i}`, S);
+        expect(got.error).toBeUndefined();
+        expect(got.tokenIds).toEqual((await single('dense-gqa').generate(`${PROMPT} ${i}`, S)).tokenIds);
+      }
+      expect(agent!.refused).toBe(3);
+      expect(agent!.open).toBe(0);
+      expect(pd.consumerWorkers()[0].lastError).toMatch(/refuses/);
+    } finally {
+      await pd.shutdown();
+    }
+  });
+});

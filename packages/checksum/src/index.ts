@@ -58,6 +58,8 @@ export {
   finePartOfCode,
   LocalizeError,
   MAX_FINE_SUMS,
+  fineSumsWindowed,
+  type RegionReader,
   type FineSum,
   type FinePart,
   type FineRun,

@@ -207,6 +207,60 @@ export function fineSums(plan: GroupPlan, regions: readonly Uint8Array[], run: F
   return [...out.values()];
 }
 
+/**
+ * Reads `bytes` bytes at byte `offset` of region `region` (an index into the rank's regions) into
+ * host memory; for {@link fineSumsWindowed}. Device memory: a device-to-host copy (e.g.
+ * `@kvconnect/transfer`'s `DeviceMemory.copy(device, 'd2h', ...)`).
+ */
+export type RegionReader = (region: number, offset: number, bytes: number) => Uint8Array;
+
+/** Bytes past an entry's block base that {@link fineSums} reads for one block (non-negative strides). */
+function entryExtent(e: Entry): number {
+  const strides = [e.outerStride, e.kblockStride, e.tokenStride, ...e.elemStride];
+  if (strides.some((x) => x < 0)) throw new LocalizeError('a layout with negative strides cannot be read in windows');
+  const outer = Math.max(0, e.outerCount - 1) * e.outerStride;
+  if (e.kind === ENTRY_ATTN) {
+    let t = 0;
+    for (let tau = 0; tau < e.blockTokens; tau++) t = Math.max(t, Math.floor(tau / e.kblockTokens) * e.kblockStride + (tau % e.kblockTokens) * e.tokenStride);
+    return outer + t + e.byteCount; // weightedPieces reads byteCount bytes at the address of byte byteStart
+  }
+  if (e.kind === ENTRY_ROWS) return outer + e.elemCount.reduce((a, c, i) => a + Math.max(0, c - 1) * e.elemStride[i], 0) + e.elemBytes;
+  if (e.kind === ENTRY_STREAM) return e.byteCount;
+  return 0;
+}
+
+/**
+ * {@link fineSums} of a run whose regions need not be host memory (device KV): only the bytes of
+ * the run's blocks are read, through `read`, one window per entry and block
+ * (`[offset + block * blockStride, + extent)`, the extent being what the entry reads of a block),
+ * and summed by {@link fineSums} over compact host copies. Equal to {@link fineSums} over the same
+ * bytes in host memory.
+ * @param regions the rank's regions (host or device); only their count is used here
+ * @throws LocalizeError as {@link fineSums}, for a layout with negative strides, or when `read`
+ *   returns another number of bytes than asked
+ */
+export function fineSumsWindowed(plan: GroupPlan, regions: readonly unknown[], run: FineRun, read: RegionReader): FineSum[] {
+  if (plan.skipReason !== null) throw new LocalizeError(`group ${plan.groupId} is skipped on this rank (${plan.skipReason})`);
+  const n = run.blockIds.length;
+  const compact: Uint8Array[] = [];
+  const entries = plan.entries.map((e, ei) => {
+    if (e.region < 0 || e.region >= regions.length) throw new LocalizeError(`entry ${ei}: region ${e.region} of ${regions.length}`);
+    const extent = entryExtent(e);
+    const stride = Math.ceil(extent / 8) * 8;
+    const buf = new Uint8Array(Math.max(8, stride * n));
+    Array.from(run.blockIds).forEach((block, i) => {
+      if (!(Number.isSafeInteger(block) && block >= 0 && block < e.numBlocks)) throw new LocalizeError(`block id ${block} outside the cache's ${e.numBlocks} blocks`);
+      if (extent === 0) return;
+      const got = read(e.region, e.offset + block * e.blockStride, extent);
+      if (got.byteLength !== extent) throw new LocalizeError(`read of region ${e.region} returned ${got.byteLength} bytes, not ${extent}`);
+      buf.set(got, i * stride);
+    });
+    compact.push(buf);
+    return { ...e, region: ei, offset: 0, blockStride: stride, numBlocks: Math.max(1, n) };
+  });
+  return fineSums({ ...plan, entries }, compact, { ...run, blockIds: Array.from({ length: n }, (_, i) => i) });
+}
+
 /** The key of a fine sum without its replica key. */
 function baseKey(s: Pick<FineSum, 'layer' | 'head' | 'part' | 'segment' | 'tokenStart'>): string {
   return `${s.layer}|${s.head}|${s.part}|${s.segment}|${s.tokenStart}`;

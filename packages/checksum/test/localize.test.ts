@@ -11,6 +11,7 @@ import {
   decodeFineSums,
   encodeFineSums,
   fineSums,
+  fineSumsWindowed,
   mergeFineSums,
   regionText,
   describeRegions,
@@ -157,5 +158,49 @@ describe('summaries and the wire form', () => {
     expect(() => decodeFineSums([[2, 7, 9, 0, 16, 32, 2, 1]], w.values)).toThrow(/part code/);
     expect(() => decodeFineSums([[2, 7, 1, 0, 16, 32, 2, 2]], w.values)).toThrow(/replica/);
     expect(() => decodeFineSums([[2, -7, 1, 0, 16, 32, 2, 1]], w.values)).toThrow(LocalizeError);
+  });
+});
+
+describe('fine sums read in windows (device KV: only the mismatched blocks are copied)', () => {
+  // Random bytes in every block, so that a window too short or misplaced changes the sums.
+  const fill = (n: number, seed: number) => {
+    const a = new Uint8Array(n);
+    let x = seed;
+    for (let i = 0; i < n; i++) a[i] = (x = (x * 1103515245 + 12345) >>> 0) >>> 24;
+    return a;
+  };
+  const reader = (regions: Uint8Array[], log: Array<[number, number, number]>) => (r: number, off: number, n: number) => {
+    log.push([r, off, n]);
+    return regions[r].slice(off, off + n);
+  };
+
+  for (const layout of ['NHD', 'HND'] as const) {
+    it(`attention ${layout}: equal to fineSums over host memory, reading only the run's blocks`, () => {
+      const numBlocks = 8;
+      const view = pagedAttentionCache({ name: NAME, dtype: 'bfloat16', numBlocks, blockSize: 4, numHeads: 2, headSize: HEAD_SIZE, layout, kvLayout: 'separate', at: { region: 0 }, v: { region: 1 } });
+      const plan = planGroup({ groupId: 0, caches: [view] }, { tpRank: 0, tpSize: 1, role: 'consumer' });
+      const bytes = numBlocks * 4 * 2 * HEAD_SIZE * EB;
+      const regions = [fill(bytes, 1), fill(bytes, 2)];
+      const run = { blockIds: [6, 1], start: 1, numTokens: 11, tokenStart: 4, tokenEnd: 11, rangeTokens: 4 };
+      const log: Array<[number, number, number]> = [];
+      const want = fineSums(plan, regions, run);
+      expect(want.length).toBeGreaterThan(0);
+      expect(fineSumsWindowed(plan, [{}, {}], run, reader(regions, log))).toEqual(want);
+      // One window per entry (K, V) and block: 2 x 2 reads of a block's 64 bytes, not the 512-byte regions.
+      expect(log.length).toBe(4);
+      expect(log.reduce((a, [, , n]) => a + n, 0)).toBe(4 * (bytes / numBlocks));
+    });
+  }
+
+  it('a split state: equal to fineSums; a short read is a LocalizeError', () => {
+    const layout = mamba2StateLayout({ tpSize: 1, intermediateSize: 4, nGroups: 1, dState: 2, convKernel: 2, numHeads: 2, headDim: 1, convDimFirst: true, convDtype: 'float16', ssmDtype: 'float32' })!;
+    const pageBytes = 8 * 1 * 2 + 2 * 1 * 2 * 4;
+    const view = pagedStateCache({ name: 'model.layers.1.mixer', numBlocks: 3, at: { region: 0 }, pageBytes, layout });
+    const plan = planGroup({ groupId: 1, caches: [view] }, { tpRank: 0, tpSize: 1, role: 'producer' });
+    const regions = [fill(3 * pageBytes, 7)];
+    const run = { blockIds: [2], start: 0, numTokens: 10, tokenStart: 0, tokenEnd: 10, rangeTokens: 16 };
+    expect(fineSumsWindowed(plan, [{}], run, reader(regions, []))).toEqual(fineSums(plan, regions, run));
+    expect(() => fineSumsWindowed(plan, [{}], run, () => new Uint8Array(1))).toThrow(LocalizeError);
+    expect(() => fineSumsWindowed(plan, [{}], { ...run, blockIds: [3] }, reader(regions, []))).toThrow(/outside the cache/);
   });
 });

@@ -28,11 +28,13 @@ import {
   compareFineSums,
   describeRegions,
   fineSums,
+  fineSumsWindowed,
   isDeviceRegion,
   mergeFineSums,
   summarizeDifferences,
   type FineSum,
   type GroupPlan,
+  type DeviceMemoryRegion,
   type KVMemoryRegion,
   type LocalizedRegion,
   type Verdict,
@@ -85,20 +87,34 @@ export interface LocalizedEntry {
 }
 
 /**
- * The fine sums of one order on one rank: `plans[groupIndex(groupId)]` summed over `regions`
- * (host memory). A group the rank does not know gives no sums; one it cannot sum (skipped plan,
- * device memory, bad block ids) gives its error instead.
+ * Reads `bytes` bytes at byte `offset` of a device region into host memory (a device-to-host copy:
+ * `@kvconnect/transfer`'s `readDeviceBytes`, which the engine's device memory backs).
  */
-export function localizeOnRank(plans: readonly GroupPlan[], groupIndex: (groupId: number) => number | undefined, regions: readonly KVMemoryRegion[], order: LocalizeStepEntry): LocalizedEntry {
+export type DeviceRegionReader = (region: DeviceMemoryRegion, offset: number, bytes: number) => Uint8Array;
+
+/**
+ * The fine sums of one order on one rank: `plans[groupIndex(groupId)]` summed over `regions`. Host
+ * memory is read in place; device memory only through `readDevice` (the mismatched blocks' bytes,
+ * `fineSumsWindowed`), and without one a group in device memory gives an error. A group the rank
+ * does not know gives no sums; one it cannot sum (skipped plan, device memory without a reader,
+ * bad block ids) gives its error instead.
+ */
+export function localizeOnRank(plans: readonly GroupPlan[], groupIndex: (groupId: number) => number | undefined, regions: readonly KVMemoryRegion[], order: LocalizeStepEntry, readDevice?: DeviceRegionReader): LocalizedEntry {
   const host = regions.every((r) => !isDeviceRegion(r));
   return {
     requestId: order.requestId,
     groups: order.groups.map((g) => {
       const i = groupIndex(g.groupId);
       if (i === undefined || !plans[i]) return { groupId: g.groupId, sums: [] };
-      if (!host) return { groupId: g.groupId, sums: [], error: 'device memory (fine sums read host memory only)' };
+      if (!host && !readDevice) return { groupId: g.groupId, sums: [], error: 'device memory (no device reader on this rank: fine sums read host memory only)' };
       try {
-        const sums = fineSums(plans[i], regions as readonly Uint8Array[], { blockIds: g.blockIds, start: g.start, numTokens: order.numTokens, tokenStart: g.tokenStart, tokenEnd: g.tokenEnd, rangeTokens: order.rangeTokens });
+        const run = { blockIds: g.blockIds, start: g.start, numTokens: order.numTokens, tokenStart: g.tokenStart, tokenEnd: g.tokenEnd, rangeTokens: order.rangeTokens };
+        const sums = host
+          ? fineSums(plans[i], regions as readonly Uint8Array[], run)
+          : fineSumsWindowed(plans[i], regions, run, (ri, off, n) => {
+              const r = regions[ri];
+              return isDeviceRegion(r) ? readDevice!(r, off, n) : r.subarray(off, off + n);
+            });
         return { groupId: g.groupId, sums };
       } catch (e) {
         return { groupId: g.groupId, sums: [], error: e instanceof Error ? e.message : String(e) };

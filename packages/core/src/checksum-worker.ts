@@ -28,7 +28,7 @@ import {
 import type { KVChecksumWorkerHooks } from './checksum-hooks.js';
 import type { KVTransferConfig, TransferResults, WorkerKVCaches } from './connector.js';
 import { SubBlockSums } from './checksum-sub-blocks.js';
-import { localizeOnRank } from './checksum-localize.js';
+import { localizeOnRank, type DeviceRegionReader } from './checksum-localize.js';
 import { emptyReport, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry } from './checksum-report.js';
 
 export { encodeReport, decodeReport, ReportFormatError, REPORT_JSON_FORMAT, type EncodedReport, type KVChecksumReport, type ReportEntry, type ReportGroup } from './checksum-report.js';
@@ -45,6 +45,11 @@ export interface KVChecksumWorkerOptions {
   backend?: BackendName | 'auto' | ChecksumBackend | DeviceChecksumProvider;
   /** Called when summing a step fails (a bug or invalid block ids); default: nothing (the groups are reported skipped). */
   onError?: (error: unknown, requestIds: string[]) => void;
+  /**
+   * Reads device KV into host memory for a drill-down's fine sums (`docs/localize.md`;
+   * `@kvconnect/transfer` `readDeviceBytes`). Absent: a group in device memory reports an error.
+   */
+  readDevice?: DeviceRegionReader;
 }
 
 /** Bytes one plan reads: per valid token (attention entries) and per block (state entries). */
@@ -91,6 +96,7 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
   readonly enabled: boolean;
   private readonly backend: BackendName | 'auto' | ChecksumBackend | DeviceChecksumProvider;
   private readonly onError: (error: unknown, requestIds: string[]) => void;
+  private readonly readDevice: DeviceRegionReader | undefined;
   private caches: WorkerKVCaches | null = null;
   private producer: Side | null = null;
   /** Producer sub-block sums (host KV only), docs/checksum-extensions.md section 1. */
@@ -111,6 +117,7 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     this.enabled = o.config ? o.config.enable_kv_checksum : true;
     this.backend = o.backend ?? 'auto';
     this.onError = o.onError ?? (() => {});
+    this.readDevice = o.readDevice;
   }
 
   /** Plans the worker's groups for both roles (producer: replica 0; consumer: every replica). */
@@ -143,7 +150,7 @@ export class KVChecksumWorker implements KVChecksumWorkerHooks {
     if (m.localize?.length && this.consumer && this.caches) {
       const plans = this.consumer.summer.plans;
       const r = this.ensureReport();
-      for (const o of m.localize) (r.localized ??= []).push(localizeOnRank(plans, (g) => this.groupIndex.get(g), this.caches.regions, o));
+      for (const o of m.localize) (r.localized ??= []).push(localizeOnRank(plans, (g) => this.groupIndex.get(g), this.caches.regions, o, this.readDevice));
     }
   }
 

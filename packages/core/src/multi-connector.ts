@@ -163,9 +163,24 @@ export class MultiConnectorScheduler implements KVConnectorScheduler<MultiConnec
   /** Finished requests, forgotten at the next `buildConnectorMeta` (after `sendKvChecksums`). */
   private readonly finished = new Set<string>();
   private expectedSends: Record<string, number> = {};
+  /**
+   * Consumer: forwards a drill-down (`docs/localize.md`) to the child that loaded the request.
+   * Present when some child has `localizeKvChecksums`; rejects when no child loaded the request
+   * or the loading child has none.
+   */
+  localizeKvChecksums?: KVConnectorScheduler['localizeKvChecksums'];
 
   constructor(readonly children: readonly KVConnectorScheduler[]) {
     if (children.length === 0) throw new RangeError('MultiConnector needs at least one child connector');
+    if (children.some((c) => c.localizeKvChecksums)) {
+      this.localizeKvChecksums = async (request, query, timeoutMs) => {
+        const i = this.loadChild.get(request.requestId);
+        if (i === undefined) throw new Error(`MultiConnector: no child loaded request ${request.requestId}`);
+        const child = this.children[i];
+        if (!child.localizeKvChecksums) throw new Error(`MultiConnector: child ${i}, which loaded ${request.requestId}, cannot localize (no localizeKvChecksums)`);
+        return child.localizeKvChecksums(request, query, timeoutMs);
+      };
+    }
   }
 
   /** The index of the child loading `requestId`, or undefined. */

@@ -16,6 +16,7 @@ import { multiConnectorChildConfigs, MultiConnectorScheduler, MultiConnectorWork
 import { KVChecksumScheduler } from '../src/checksum-scheduler.js';
 import { KVChecksumObservability } from '../src/observability.js';
 import { groupConfigs, logicalKV, runConsumer, runProducer } from './fake-pd.js';
+import type { LocalizeAnswer, LocalizeQuery } from '../src/checksum-localize.js';
 
 class ChildScheduler implements KVConnectorScheduler {
   readonly calls: string[] = [];
@@ -119,6 +120,32 @@ describe('MultiConnector scheduler', () => {
     expect(meta).toEqual({ children: ['meta-a', 'meta-b', 'meta-c'], expectedSends: { r: 2 } });
     expect(m.buildConnectorMeta(stepOut).expectedSends).toEqual({});
     expect(new MultiConnectorScheduler([c]).requestFinished(req('x'), [], 'abort')).toEqual({ delayFree: false });
+  });
+
+  it('forwards localizeKvChecksums to the child that loaded the request (absent when no child has one)', async () => {
+    const asked: string[] = [];
+    const localizing = (tag: string, match: number) =>
+      Object.assign(new ChildScheduler(tag, match, 'connector'), {
+        localizeKvChecksums: async (r: ConnectorRequest, q: LocalizeQuery, t: number): Promise<LocalizeAnswer> => {
+          asked.push(`${tag}:${r.requestId}:${q.rangeTokens}:${t}`);
+          return { status: 'gone', detail: `from ${tag}` };
+        },
+      });
+    const a = localizing('a', 0);
+    const b = localizing('b', 16);
+    const plain = new ChildScheduler('c', 32, 'connector');
+    const m = new MultiConnectorScheduler([a, b, plain]);
+    const query: LocalizeQuery = { rangeTokens: 16, groups: [{ groupId: 0, tokenStart: 0, tokenEnd: 16 }] };
+    m.getNumNewMatchedTokens(req('r'), 0);
+    expect(m.loadingChild('r')).toBe(1);
+    await expect(m.localizeKvChecksums!(req('r'), query, 250)).resolves.toEqual({ status: 'gone', detail: 'from b' });
+    expect(asked).toEqual(['b:r:16:250']);
+    // No child loaded it, or the loading child cannot localize: a clear rejection.
+    await expect(m.localizeKvChecksums!(req('nobody'), query, 250)).rejects.toThrow(/no child loaded request nobody/);
+    const n = new MultiConnectorScheduler([plain, a]);
+    n.getNumNewMatchedTokens(req('s'), 0);
+    await expect(n.localizeKvChecksums!(req('s'), query, 250)).rejects.toThrow(/child 0, which loaded s, cannot localize/);
+    expect(new MultiConnectorScheduler([plain]).localizeKvChecksums).toBeUndefined();
   });
 
   it('forwards outputs and shuts every child down', async () => {

@@ -14,6 +14,7 @@
  * @module
  */
 import { KVChecksumWorker, workerKey, type KVConnectorRegistry, type Logger } from '@kvconnect/core';
+import { readDeviceBytes } from '@kvconnect/transfer';
 import { checksumWorkerSetup, type EngineChecksumBackend } from './checksum-device.js';
 import type { Registry } from 'prom-client';
 import type { KVConnectorOutput, SchedulerOutput } from './contracts.js';
@@ -61,7 +62,7 @@ export class WorkerRuntime {
     await c.registerKvCaches(w.kvCaches());
     if (s.checksum) {
       const setup = checksumWorkerSetup(this.env.checksumBackend ?? 'auto', w.kvCaches(), w.checksumKvCaches());
-      const ck = new KVChecksumWorker({ config: cfg, backend: setup.backend });
+      const ck = new KVChecksumWorker({ config: cfg, backend: setup.backend, readDevice: readDeviceBytes });
       ck.registerKvCaches(setup.caches);
       w.checksum = ck;
     }

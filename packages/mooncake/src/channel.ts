@@ -14,6 +14,8 @@
  * 3. `md {seq, body, proof?}` and `resp {seq, body, proof?}`: `seq` counts 1, 2, ... per
  *    direction; with a secret `proof = P("md" | "resp", v, compat, cn, sn, seq, body)`. A
  *    message whose `seq` is not above the last one accepted is a replay and is refused.
+ *    `loc {seq, body, proof?}` (version 4, a drill-down's question, `docs/localize.md`) is sealed
+ *    as `md` with `P("loc", ...)` and counts in the same `seq`.
  * `P(kind, ...)` is `makeProof(secret, "mooncake-side-channel/" + kind, ...)` with numbers in
  * decimal. Without a secret the same messages flow without proofs (the listeners are then on
  * loopback only). A side with a secret refuses a peer without one, and the reverse.
@@ -50,7 +52,7 @@ export function welcomeProof(secret: Uint8Array, cn: Uint8Array, sn: Uint8Array)
 }
 
 /** The proof of an `md` or `resp` message. */
-export function messageProof(secret: Uint8Array, kind: 'md' | 'resp', cn: Uint8Array, sn: Uint8Array, seq: number, body: Uint8Array): Buffer {
+export function messageProof(secret: Uint8Array, kind: 'md' | 'resp' | 'loc', cn: Uint8Array, sn: Uint8Array, seq: number, body: Uint8Array): Buffer {
   return makeProof(secret, `${CTX}${kind}`, ...V(), cn, sn, String(seq), body);
 }
 
@@ -122,14 +124,15 @@ export class ProducerSessions {
   }
 
   /**
-   * Opens an `md` message of `peer`: its body and session when the session, the sequence number
+   * Opens an `md` (or `loc`) message of `peer`: its body and session when the session, the sequence number
    * and the proof check out, else the refusal to send back.
    */
   open(peer: string, e: SideEnvelope): { body: Uint8Array; session: ProducerSession } | { refuse: SideEnvelope } {
     const s = this.sessions.get(peer);
     if (!s) return { refuse: refuse('no-session', 'no session for this connection (say hello first; the producer may have restarted)') };
     if (e.seq! <= s.seqIn) return { refuse: refuse('unauthenticated', `replayed or reordered message (seq ${e.seq} after ${s.seqIn})`) };
-    if (this.secret && !checkProof(e.proof, this.secret, `${CTX}md`, ...V(), s.cn, s.sn, String(e.seq), e.body!)) return { refuse: refuse('unauthenticated', 'wrong or missing message proof') };
+    const kind = e.kind === 'loc' ? 'loc' : 'md';
+    if (this.secret && !checkProof(e.proof, this.secret, `${CTX}${kind}`, ...V(), s.cn, s.sn, String(e.seq), e.body!)) return { refuse: refuse('unauthenticated', 'wrong or missing message proof') };
     if (!this.secret && e.proof) return { refuse: refuse('unauthenticated', 'the message carries a proof but this producer has no cluster secret') };
     s.seqIn = e.seq!;
     s.lastUsed = this.now();
@@ -185,12 +188,12 @@ export class ConsumerSession {
     this.sn = e.sn!;
   }
 
-  /** Seals a metadata body (after {@link welcome}). */
-  seal(body: Uint8Array): SideEnvelope {
+  /** Seals a metadata body (`md`), or a localize request (`loc`), after {@link welcome}. */
+  seal(body: Uint8Array, kind: 'md' | 'loc' = 'md'): SideEnvelope {
     if (!this.sn) throw new SideChannelAuthError('no-session', 'no welcome yet');
     const seq = ++this.seqOut;
-    const e: SideEnvelope = { kind: 'md', seq, body };
-    if (this.secret) e.proof = messageProof(this.secret, 'md', this.cn, this.sn, seq, body);
+    const e: SideEnvelope = { kind, seq, body };
+    if (this.secret) e.proof = messageProof(this.secret, kind, this.cn, this.sn, seq, body);
     return e;
   }
 

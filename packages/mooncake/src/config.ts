@@ -55,6 +55,14 @@ export interface MooncakeOptions {
   maxSessions: number;
   /** [`session_idle_ms`] Producer: a session unused this long is forgotten (default 600 000). */
   sessionIdleMs: number;
+  /**
+   * [`localize_hold_ms`] Producer: how long a request's blocks stay held after every consumer
+   * worker was served, so that a consumer whose load mismatched can still ask for fine sums
+   * (`loc`, `docs/localize.md`), ms. Default 0: freed at once (a drill-down then finds `gone`).
+   * The hold ends early once every producer worker answered the `loc` of its consumer. As NIXL's
+   * `localize_hold_ms` (`@kvconnect/nixl-common` config).
+   */
+  localizeHoldMs: number;
 }
 
 const KEYS = [
@@ -75,6 +83,7 @@ const KEYS = [
   'max_pending_bytes_per_peer',
   'max_sessions',
   'session_idle_ms',
+  'localize_hold_ms',
 ] as const;
 
 /**
@@ -127,6 +136,7 @@ export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS
     maxPendingBytesPerPeer: int('max_pending_bytes_per_peer', 64 * 1024 * 1024, 1024, 2 ** 40),
     maxSessions: int('max_sessions', 4096, 1, 1 << 20),
     sessionIdleMs: int('session_idle_ms', 600_000, 1, 86_400_000),
+    localizeHoldMs: int('localize_hold_ms', 0, 0, 3600 * 1000),
   };
   try {
     o.clusterSecret = resolveClusterSecret(extra.cluster_secret, env);

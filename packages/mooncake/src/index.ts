@@ -24,3 +24,4 @@ export * from './bootstrap.js';
 export { ConsumerSession, ProducerSessions, SIDE_CHANNEL_AUTH_WINDOW_MS, SideChannelAuthError, helloProof, messageProof, welcomeProof, type ProducerSessionOptions } from './channel.js';
 
 registerMooncakeConnector();
+export { askProducerWorker, localizeAtProducer, type LocalizeTarget } from './localize.js';

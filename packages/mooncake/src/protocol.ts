@@ -33,6 +33,9 @@
  *   HMAC proofs over every message when a cluster secret is set.
  * - 3: `TransferMetadata.memory` (`[kind, device]`): the consumer's KV may be device memory, which
  *   the producer writes as such (issue 10: device KV).
+ * - 4: the `loc` envelope (consumer -> producer, sealed as `md`) carrying a {@link LocalizeRequest}
+ *   and answered by a `resp` whose body is a {@link LocalizeReply}: fine sums of a mismatched
+ *   load's blocks (issue 13 section 1, `docs/localize.md`). A load that verifies sends no `loc`.
  *
  * The field helpers (`uint`, `str`, `arr`, `bin`, `strMap`) are `@kvconnect/transfer`'s
  * `strictDecoders` (`packages/transfer/src/strict-decode.ts`), the set nixl-common's codec uses too.
@@ -40,6 +43,8 @@
  */
 import { createHash } from 'node:crypto';
 import { isDtype, type Dtype } from '@kvconnect/checksum';
+import type { LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
+import { decodeLocalizeBody, encodeLocalizeBody } from '@kvconnect/nixl-common';
 import { describeValue, strictDecoders } from '@kvconnect/transfer';
 import { Packr, Unpackr } from 'msgpackr';
 
@@ -470,11 +475,11 @@ export function decodeTransferResponse(bytes: Uint8Array, maxBytes: number = LIM
 // The envelope (protocol version 2)
 
 /** Side-channel protocol version (see the version history in the module comment). */
-export const MOONCAKE_PROTOCOL_VERSION = 3;
+export const MOONCAKE_PROTOCOL_VERSION = 4;
 
-/** The envelope's message kinds: the handshake, the two messages, and a refusal. */
-export type EnvelopeKind = 'hello' | 'welcome' | 'md' | 'resp' | 'refuse';
-const KINDS: readonly EnvelopeKind[] = ['hello', 'welcome', 'md', 'resp', 'refuse'];
+/** The envelope's message kinds: the handshake, the messages (`loc`: a {@link LocalizeRequest}, since version 4), and a refusal. */
+export type EnvelopeKind = 'hello' | 'welcome' | 'md' | 'resp' | 'refuse' | 'loc';
+const KINDS: readonly EnvelopeKind[] = ['hello', 'welcome', 'md', 'resp', 'refuse', 'loc'];
 
 /** Why a peer refused a message (the `code` of a `refuse` envelope). */
 export type RefuseCode = 'incompatible' | 'unauthenticated' | 'no-session' | 'bad-message';
@@ -494,6 +499,8 @@ export const MOONCAKE_COMPAT_HASH: string = createHash('sha256')
       kinds: KINDS,
       metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests'],
       response: ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums'],
+      localize: ['transfer_id', 'range_tokens', 'groups'],
+      localize_reply: ['answer'],
     }),
   )
   .digest('hex')
@@ -506,6 +513,8 @@ export const MOONCAKE_COMPAT_HASH: string = createHash('sha256')
  * - `welcome` (producer -> consumer): `cn` echoed, `sn` (16 random bytes), `proof`;
  * - `md` / `resp`: `seq` (1, 2, ... per direction and connection), `body` (the encoded
  *   {@link TransferMetadata} / {@link TransferResponse}), `proof`;
+ * - `loc` (consumer -> producer, version 4): as `md` (its `seq` counts with the `md`s), `body` an
+ *   encoded {@link LocalizeRequest}; answered by a `resp` whose body is a {@link LocalizeReply};
  * - `refuse`: `code` ({@link RefuseCode}), `message`.
  * Every envelope carries `v` ({@link MOONCAKE_PROTOCOL_VERSION}) and `compat`
  * ({@link MOONCAKE_COMPAT_HASH}).
@@ -598,11 +607,97 @@ export function decodeEnvelope(bytes: Uint8Array, maxBytes: number = LIMITS.mess
     const need = (k: keyof SideEnvelope) => {
       if (e[k] === undefined) fail(String(k), `required in a ${kind} message`);
     };
-    const required: Record<EnvelopeKind, Array<keyof SideEnvelope>> = { hello: ['cn', 'ts'], welcome: ['cn', 'sn'], md: ['seq', 'body'], resp: ['seq', 'body'], refuse: ['code'] };
+    const required: Record<EnvelopeKind, Array<keyof SideEnvelope>> = { hello: ['cn', 'ts'], welcome: ['cn', 'sn'], md: ['seq', 'body'], resp: ['seq', 'body'], refuse: ['code'], loc: ['seq', 'body'] };
     for (const k of required[kind]) need(k);
     return e;
   } catch (err) {
     if (err instanceof MooncakeProtocolError) throw err;
     throw new MooncakeProtocolError('(message)', err instanceof Error ? err.message : String(err));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LOCALIZE (protocol version 4; docs/localize.md)
+
+/** Limits of a {@link LocalizeRequest}: those of NIXL's `LOCALIZE` (`docs/localize.md`). */
+export const LOCALIZE_LIMITS = Object.freeze({ groups: 64, ranges: 1024, rangeTokens: 1 << 20, tokens: 0xffff_ffff });
+
+/**
+ * A consumer's drill-down question to one producer worker (`loc` body): the fine sums of the
+ * blocks of transfer `transferId` over `query` (`@kvconnect/core` `LocalizeQuery`: the range
+ * width in tokens and, per group, the request positions `[tokenStart, tokenEnd)`).
+ * Wire: a MessagePack map `{transfer_id: str, range_tokens: uint 1..2^20, groups: [[groupId < 64,
+ * tokenStart, tokenEnd], ...]}` (at most 64 distinct groups, at most 1024 ranges of
+ * `range_tokens` per group).
+ */
+export interface LocalizeRequest {
+  transferId: string;
+  query: LocalizeQuery;
+}
+
+/** Encodes a {@link LocalizeRequest}. */
+export function encodeLocalizeRequest(r: LocalizeRequest): Uint8Array {
+  return pack(
+    new Map<string, unknown>([
+      ['transfer_id', r.transferId],
+      ['range_tokens', r.query.rangeTokens],
+      ['groups', r.query.groups.map((g) => [g.groupId, g.tokenStart, g.tokenEnd])],
+    ]),
+  );
+}
+
+/**
+ * Decodes a {@link LocalizeRequest} (untrusted bytes), strictly.
+ * @throws MooncakeProtocolError naming the first bad field (never anything else).
+ */
+export function decodeLocalizeRequest(bytes: Uint8Array, maxBytes: number = LIMITS.messageBytes): LocalizeRequest {
+  try {
+    const m = parse(bytes, maxBytes);
+    const transferId = str(field(m, 'transfer_id', true), 'transfer_id');
+    const rangeTokens = uint(field(m, 'range_tokens', true), 'range_tokens', LOCALIZE_LIMITS.rangeTokens);
+    if (rangeTokens < 1) fail('range_tokens', 'must be at least 1');
+    const seen = new Set<number>();
+    const groups = arr(field(m, 'groups', true), 'groups', LOCALIZE_LIMITS.groups).map((g, i) => {
+      const t = arr(g, `groups[${i}]`, 3);
+      if (t.length !== 3) fail(`groups[${i}]`, 'expected [groupId, tokenStart, tokenEnd]');
+      const groupId = uint(t[0], `groups[${i}][0]`, LOCALIZE_LIMITS.groups - 1);
+      if (seen.has(groupId)) fail(`groups[${i}]`, `group ${groupId} repeated`);
+      seen.add(groupId);
+      const tokenStart = uint(t[1], `groups[${i}][1]`, LOCALIZE_LIMITS.tokens);
+      const tokenEnd = uint(t[2], `groups[${i}][2]`, LOCALIZE_LIMITS.tokens);
+      if (tokenEnd < tokenStart) fail(`groups[${i}]`, 'tokenEnd before tokenStart');
+      if (Math.ceil((tokenEnd - tokenStart) / rangeTokens) > LOCALIZE_LIMITS.ranges) fail(`groups[${i}]`, `more than ${LOCALIZE_LIMITS.ranges} token ranges`);
+      return { groupId, tokenStart, tokenEnd };
+    });
+    return { transferId, query: { rangeTokens, groups } };
+  } catch (err) {
+    if (err instanceof MooncakeProtocolError) throw err;
+    throw new MooncakeProtocolError('(message)', err instanceof Error ? err.message : String(err));
+  }
+}
+
+/**
+ * A producer worker's answer to a {@link LocalizeRequest} (`resp` body): a MessagePack map
+ * `{answer}` whose value is NIXL's `LOCALIZE` ok body (`@kvconnect/nixl-common`
+ * `encodeLocalizeBody`: `[0, [[groupId, keys, values, error or nil]...]]` held, with the fine sums
+ * in `@kvconnect/checksum` `encodeFineSums` form; or `[1, detail]` gone).
+ */
+export type LocalizeReply = LocalizeAnswer;
+
+/** Encodes a {@link LocalizeReply}. */
+export function encodeLocalizeReply(a: LocalizeReply): Uint8Array {
+  return pack(new Map<string, unknown>([['answer', encodeLocalizeBody(a)]]));
+}
+
+/**
+ * Decodes a {@link LocalizeReply} (untrusted bytes), strictly.
+ * @throws MooncakeProtocolError naming the first bad field (never anything else).
+ */
+export function decodeLocalizeReply(bytes: Uint8Array, maxBytes: number = LIMITS.messageBytes): LocalizeReply {
+  try {
+    return decodeLocalizeBody(field(parse(bytes, maxBytes), 'answer', true));
+  } catch (err) {
+    if (err instanceof MooncakeProtocolError) throw err;
+    return fail('answer', err instanceof Error ? err.message : String(err));
   }
 }

@@ -34,6 +34,8 @@ import type {
   KVChecksumCarrier,
   KVConnectorScheduler,
   KVTransferConfig,
+  LocalizeAnswer,
+  LocalizeQuery,
   MatchedTokens,
   RequestFinishedResult,
   SchedulerContext,
@@ -42,6 +44,7 @@ import { UnusableParams, hasRemoteKeys } from '@kvconnect/core';
 import { checkBindHost } from '@kvconnect/transfer';
 import { BootstrapServer, parseRegistration } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
+import { localizeAtProducer } from './localize.js';
 
 /** A producer request whose blocks the workers may now write to consumers. */
 export interface MooncakeSendSpec {
@@ -219,6 +222,25 @@ export class MooncakeScheduler implements KVConnectorScheduler {
   sendKvChecksums(request: ConnectorRequest, payload: Uint8Array): void {
     const s = this.sends.get(request.requestId);
     if (s) s.kvChecksums = payload.slice();
+  }
+
+  /**
+   * Consumer: asks the producer of `request`'s load for fine sums of its blocks (a mismatched
+   * load's drill-down, `docs/localize.md`): every producer worker over the side channel (`loc`,
+   * protocol 4; `localize.ts`), found through the bootstrap server of the request's params (as the
+   * load did). The producer still holds the blocks only with `localize_hold_ms`.
+   * @throws Error when the params name no producer, or it cannot be reached, refuses or answers
+   *   malformed within `timeoutMs`.
+   */
+  async localizeKvChecksums(request: ConnectorRequest, query: LocalizeQuery, timeoutMs: number): Promise<LocalizeAnswer> {
+    const p = request.kvTransferParams ?? {};
+    const bootstrapAddr = this.bootstrapFor(p);
+    if (!isStr(p.transfer_id) || !isStr(p.remote_engine_id) || bootstrapAddr === undefined) throw new Error(`request ${request.requestId}: its kv_transfer_params name no Mooncake producer (transfer_id, remote_engine_id, bootstrap address)`);
+    return localizeAtProducer(
+      { bootstrapAddr, engineId: p.remote_engine_id, transferId: p.transfer_id, secret: this.opts.clusterSecret, maxMessageBytes: this.opts.maxMessageBytes, bootstrapTimeoutMs: this.opts.bootstrapTimeoutMs },
+      query,
+      timeoutMs,
+    );
   }
 
   async shutdown(): Promise<void> {

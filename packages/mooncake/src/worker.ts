@@ -32,13 +32,20 @@
  * request over a cap is answered with an error at once. The bytes of metadata messages not yet
  * answered are capped the same way (`max_pending_bytes[_per_peer]`), checked before the message
  * is decoded.
+ *
+ * Localization (`docs/localize.md`): with `localize_hold_ms` a producer keeps a request's blocks
+ * that long after every consumer worker was served, and answers a consumer's `loc` (side-channel
+ * protocol 4) with the fine sums of its rank over the held blocks (`localizeOrderOnRank`); the
+ * answer ends the hold. A send no longer held is answered `gone`.
  * @module
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { loadBlockIds, silentLogger, type Logger } from '@kvconnect/core';
 import type { KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
-import { checkBindHost, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
+import { checkBindHost, readDeviceBytes, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
+import { localizeOrderOnRank } from '@kvconnect/nixl-common';
+import type { GroupPlan } from '@kvconnect/checksum';
 import { createAgent } from './agent.js';
 import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
 import { queryEngine, registerWorker, registrationBody, type EngineWorkers } from './bootstrap.js';
@@ -46,7 +53,9 @@ import type { MooncakeOptions } from './config.js';
 import { describeLayout, planWrites, workerMemory } from './layout.js';
 import {
   decodeEnvelope,
+  decodeLocalizeRequest,
   decodeTransferMetadata,
+  encodeLocalizeReply,
   decodeTransferResponse,
   encodeEnvelope,
   MooncakeIncompatibleError,
@@ -94,6 +103,11 @@ export interface MooncakeWorkerStats {
   errorsSent: number;
   /** Producer: send states ended by lease expiry. */
   leasesExpired: number;
+  /** Producer: side-channel messages received on the ROUTER (every kind, well-formed or not). */
+  messagesIn: number;
+  /** Producer: `loc` (localize) requests received, and answered `held` (fine sums sent). */
+  localizeReceived: number;
+  localizeAnswered: number;
   /** Consumer: loads finished, failed, responses received, malformed responses. */
   loadsFinished: number;
   loadsFailed: number;
@@ -108,6 +122,8 @@ interface SendState {
   expected: number | null;
   inflight: number;
   expired: boolean;
+  /** Every consumer worker was served; the blocks are held for `localize_hold_ms` (a drill-down may ask). */
+  holding: boolean;
   timer: NodeJS.Timeout;
 }
 
@@ -164,6 +180,9 @@ export class MooncakeWorker implements KVConnectorWorker {
     descriptors: 0,
     errorsSent: 0,
     leasesExpired: 0,
+    messagesIn: 0,
+    localizeReceived: 0,
+    localizeAnswered: 0,
     loadsFinished: 0,
     loadsFailed: 0,
     responsesReceived: 0,
@@ -189,6 +208,8 @@ export class MooncakeWorker implements KVConnectorWorker {
   private readonly sends = new Map<string, SendState>();
   private readonly waiters = new Map<string, Set<Waiter>>();
   private readonly finishedTransfers = new Map<string, string>();
+  /** This rank's producer checksum plans by group index (fine sums of `loc`), made on first use. */
+  private readonly plans = new Map<number, GroupPlan>();
   private finishedSending = new Set<string>();
   private sessions: ProducerSessions | null = null;
   /** Waiters and pending metadata bytes, in total and per peer (a consumer connection). */
@@ -322,7 +343,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   private addSend(spec: MooncakeSendSpec): void {
     const old = this.sends.get(spec.transferId);
     if (old) clearTimeout(old.timer);
-    const st: SendState = { spec, served: new Set(), expected: null, inflight: 0, expired: false, timer: setTimeout(() => this.expire(spec.transferId), this.opts.abortTimeoutMs) };
+    const st: SendState = { spec, served: new Set(), expected: null, inflight: 0, expired: false, holding: false, timer: setTimeout(() => this.expire(spec.transferId), this.opts.abortTimeoutMs) };
     this.sends.set(spec.transferId, st);
     this.finishedTransfers.delete(spec.transferId);
     const ws = this.waiters.get(spec.transferId);
@@ -358,6 +379,17 @@ export class MooncakeWorker implements KVConnectorWorker {
     if (this.sends.get(st.spec.transferId) === st) this.sends.delete(st.spec.transferId);
     this.rememberFinished(st.spec.transferId, why);
     this.finishedSending.add(st.spec.requestId);
+  }
+
+  /** Every consumer worker of `st` was answered: frees its blocks, or holds them for `localize_hold_ms`. */
+  private served(st: SendState): void {
+    if (this.opts.localizeHoldMs <= 0 || st.holding) {
+      if (!st.holding) this.finishSend(st, `transfer ${st.spec.transferId} was served`);
+      return;
+    }
+    st.holding = true;
+    clearTimeout(st.timer);
+    st.timer = setTimeout(() => this.finishSend(st, `transfer ${st.spec.transferId} was served (hold of ${this.opts.localizeHoldMs} ms ended)`), this.opts.localizeHoldMs);
   }
 
   private waitForSend(transferId: string, peer: string): Promise<SendState | string> {
@@ -402,6 +434,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   private async routerLoop(router: zmq.Router): Promise<void> {
     try {
       for await (const frames of router) {
+        this.stats.messagesIn++;
         const [identity, msg] = frames;
         if (!identity || !msg || frames.length !== 2) {
           this.stats.metadataRejected++;
@@ -448,9 +481,9 @@ export class MooncakeWorker implements KVConnectorWorker {
       }
       return this.sendEnvelope(identity, w);
     }
-    if (e.kind !== 'md') {
+    if (e.kind !== 'md' && e.kind !== 'loc') {
       this.stats.authRejected++;
-      return this.sendEnvelope(identity, { kind: 'refuse', code: 'bad-message', message: `a producer expects hello or md, not ${e.kind}` });
+      return this.sendEnvelope(identity, { kind: 'refuse', code: 'bad-message', message: `a producer expects hello, md or loc, not ${e.kind}` });
     }
     const opened = this.sessions!.open(peer, e);
     if ('refuse' in opened) {
@@ -459,6 +492,7 @@ export class MooncakeWorker implements KVConnectorWorker {
       this.lastError = opened.refuse.message ?? 'refused';
       return this.sendEnvelope(identity, opened.refuse);
     }
+    if (e.kind === 'loc') return this.onLocalize(identity, opened.session, opened.body);
     const cost = opened.body.byteLength;
     const mine = this.peerPendingBytes.get(peer) ?? 0;
     if (this.pendingBytes + cost > this.opts.maxPendingBytes || mine + cost > this.opts.maxPendingBytesPerPeer) {
@@ -483,6 +517,34 @@ export class MooncakeWorker implements KVConnectorWorker {
       if (n > 0) this.peerPendingBytes.set(peer, n);
       else this.peerPendingBytes.delete(peer);
     }
+  }
+
+  /**
+   * A consumer's `loc`: the fine sums of this rank over the held blocks of its transfer, or `gone`;
+   * the answer ends the send's hold (`localize_hold_ms`). A malformed request is refused
+   * (`bad-message`). Synchronous: the blocks cannot be freed while they are summed.
+   */
+  private onLocalize(identity: Buffer, session: ProducerSession, body: Uint8Array): void {
+    this.stats.localizeReceived++;
+    let req;
+    try {
+      req = decodeLocalizeRequest(body, this.opts.maxMessageBytes);
+    } catch (err) {
+      this.lastError = err instanceof Error ? err.message : String(err);
+      return this.sendEnvelope(identity, { kind: 'refuse', code: 'bad-message', message: this.lastError });
+    }
+    const st = this.sends.get(req.transferId);
+    let bytes: Uint8Array;
+    if (!st || !this.caches) {
+      const done = this.finishedTransfers.get(req.transferId);
+      bytes = encodeLocalizeReply({ status: 'gone', detail: `transfer ${req.transferId}: ${done ?? 'unknown transfer'}` });
+    } else {
+      const r = localizeOrderOnRank(this.caches, this.plans, { ticket: 0, requestId: st.spec.requestId, blocks: st.spec.blocks, numTokens: st.spec.numTokens, query: req.query }, readDeviceBytes);
+      bytes = encodeLocalizeReply({ status: 'held', groups: r.groups });
+      this.stats.localizeAnswered++;
+      if (st.holding) this.finishSend(st, `transfer ${req.transferId} was localized`);
+    }
+    this.sendEnvelope(identity, this.sessions!.seal(session, bytes)!);
   }
 
   private async onMetadata(answer: (r: TransferResponse) => void, msg: Uint8Array, peer: string): Promise<void> {
@@ -555,21 +617,26 @@ export class MooncakeWorker implements KVConnectorWorker {
         // The agent checks every descriptor against its registered regions (local) and those the
         // consumer's agent metadata advertised (remote) of that kind and device.
         const local = await agent.prepDescList(null, plan.localKind, plan.local);
-        const remote = await agent.prepDescList(agentName, plan.remoteKind, plan.remote);
         try {
-          const req = await agent.makeTransfer({ op: 'WRITE', local, remote });
+          // A consumer advertising regions the agent refuses makes this throw: the local list is
+          // released all the same (a peer must not be able to leak descriptor lists).
+          const remote = await agent.prepDescList(agentName, plan.remoteKind, plan.remote);
           try {
-            const t0 = performance.now();
-            let status = await agent.post(req);
-            if (status === 'in-progress') status = await agent.wait(req);
-            if (status === 'done') this.metrics.xferSeconds.observe({ op: 'WRITE' }, (performance.now() - t0) / 1000);
-            if (status !== 'done') throw new Error(`WRITE to ${agentName} failed: ${status}${req.error ? `: ${req.error.message}` : ''}`);
+            const req = await agent.makeTransfer({ op: 'WRITE', local, remote });
+            try {
+              const t0 = performance.now();
+              let status = await agent.post(req);
+              if (status === 'in-progress') status = await agent.wait(req);
+              if (status === 'done') this.metrics.xferSeconds.observe({ op: 'WRITE' }, (performance.now() - t0) / 1000);
+              if (status !== 'done') throw new Error(`WRITE to ${agentName} failed: ${status}${req.error ? `: ${req.error.message}` : ''}`);
+            } finally {
+              await agent.release(req).catch(() => {});
+            }
           } finally {
-            await agent.release(req).catch(() => {});
+            await agent.releaseDescList(remote).catch(() => {});
           }
         } finally {
           await agent.releaseDescList(local).catch(() => {});
-          await agent.releaseDescList(remote).catch(() => {});
         }
         this.stats.writes++;
         this.stats.bytesWritten += plan.bytes;
@@ -588,7 +655,7 @@ export class MooncakeWorker implements KVConnectorWorker {
       // Answered (ok or not): this consumer worker will not ask again.
       st.served.add(consumerKey);
       if (this.sends.get(st.spec.transferId) === st) {
-        if (st.expected !== null && st.served.size >= st.expected) this.finishSend(st, `transfer ${st.spec.transferId} was served`);
+        if (st.expected !== null && st.served.size >= st.expected) this.served(st);
         else if (st.expired && st.inflight === 0) {
           this.stats.leasesExpired++;
           this.finishSend(st, `the lease of transfer ${st.spec.transferId} expired`);

@@ -69,6 +69,21 @@ describe('handshake and proofs', () => {
     });
   }
 
+  it('loc (protocol 4) is sealed with its own proof kind: an md proof does not open as loc, nor the reverse', () => {
+    const p = sessions(SECRET);
+    const c = new ConsumerSession(SECRET);
+    handshake(p, c);
+    const loc = wire(c.seal(new Uint8Array([7]), 'loc'));
+    expect(loc.kind).toBe('loc');
+    const o = p.open('peer-1', loc);
+    expect('body' in o && [...o.body]).toEqual([7]);
+    // The same body and seq under the other kind: the proof does not check.
+    const md = wire(c.seal(new Uint8Array([8])));
+    expect(p.open('peer-1', { ...md, kind: 'loc' })).toMatchObject({ refuse: { code: 'unauthenticated' } });
+    const loc2 = wire(c.seal(new Uint8Array([9]), 'loc'));
+    expect(p.open('peer-1', { ...loc2, kind: 'md' })).toMatchObject({ refuse: { code: 'unauthenticated' } });
+  });
+
   it('a producer with a secret refuses a hello without a proof, with a wrong one, or a stale one', () => {
     const p = sessions(SECRET);
     expect(wire(p.hello('a', wire(new ConsumerSession(null).hello())))).toMatchObject({ kind: 'refuse', code: 'unauthenticated' });

@@ -35,6 +35,7 @@ describe('MooncakeConnector registration and config', () => {
       maxPendingBytesPerPeer: 64 * 1024 * 1024,
       maxSessions: 4096,
       sessionIdleMs: 600_000,
+      localizeHoldMs: 0,
     });
   });
 

@@ -12,8 +12,12 @@ import {
   LIMITS,
   MooncakeProtocolError,
   XferStatusCode,
+  decodeLocalizeReply,
+  decodeLocalizeRequest,
   decodeTransferMetadata,
   decodeTransferResponse,
+  encodeLocalizeReply,
+  encodeLocalizeRequest,
   encodeTransferMetadata,
   encodeTransferResponse,
   type TransferMetadata,
@@ -317,5 +321,50 @@ describe('one set of strict decoders', () => {
     const resp = new Uint8Array(packr.pack(new Map<string, unknown>([['status', 0], ['err_msg', 5]])));
     expect(() => decodeTransferResponse(resp)).toThrow(MooncakeProtocolError);
     expect(() => decodeTransferResponse(resp)).toThrow(/: err_msg: expected a string, got number 5$/);
+  });
+});
+
+describe('localize request and reply (protocol 4)', () => {
+  const query = { rangeTokens: 16, groups: [{ groupId: 0, tokenStart: 16, tokenEnd: 40 }, { groupId: 3, tokenStart: 0, tokenEnd: 0 }] };
+
+  it('a request round-trips; its wire form is the documented map', () => {
+    const bytes = encodeLocalizeRequest({ transferId: 't-1', query });
+    expect(decodeLocalizeRequest(bytes)).toEqual({ transferId: 't-1', query });
+    const m = unpackr.unpack(bytes) as Map<string, unknown>;
+    expect([...m.keys()]).toEqual(['transfer_id', 'range_tokens', 'groups']);
+    expect(m.get('groups')).toEqual([[0, 16, 40], [3, 0, 0]]);
+  });
+
+  it('a malformed request is a MooncakeProtocolError naming the field', () => {
+    const enc = (o: Record<string, unknown>) => new Uint8Array(packr.pack(new Map(Object.entries({ transfer_id: 't', range_tokens: 16, groups: [[0, 0, 16]], ...o }))));
+    const cases: Array<[Record<string, unknown>, RegExp]> = [
+      [{ transfer_id: '' }, /transfer_id/],
+      [{ range_tokens: 0 }, /range_tokens/],
+      [{ range_tokens: (1 << 20) + 1 }, /range_tokens/],
+      [{ groups: [[64, 0, 16]] }, /groups\[0\]\[0\]/],
+      [{ groups: [[0, 0, 16], [0, 16, 32]] }, /repeated/],
+      [{ groups: [[0, 32, 16]] }, /tokenEnd before tokenStart/],
+      [{ groups: [[0, 0, 16 * 1025]] }, /more than 1024 token ranges/],
+      [{ groups: [[0, 0]] }, /groups\[0\]/],
+      [{ groups: Array.from({ length: 65 }, (_, i) => [i, 0, 1]) }, /groups/],
+    ];
+    for (const [o, re] of cases) expect(() => decodeLocalizeRequest(enc(o)), JSON.stringify(o)).toThrow(re);
+    for (const junk of [new Uint8Array([0xc1]), new Uint8Array(packr.pack([1, 2]))]) expect(() => decodeLocalizeRequest(junk)).toThrow(MooncakeProtocolError);
+    const { transfer_id: _t, ...noId } = { transfer_id: 1, range_tokens: 16, groups: [] };
+    expect(() => decodeLocalizeRequest(new Uint8Array(packr.pack(new Map(Object.entries(noId)))))).toThrow(/transfer_id: required/);
+  });
+
+  it('a reply round-trips (held with fine sums and an error, gone); a malformed one is a MooncakeProtocolError', () => {
+    const held = {
+      status: 'held' as const,
+      groups: [
+        { groupId: 0, sums: [{ layer: 1, head: 2, part: 'V' as const, segment: -1, tokenStart: 16, tokenEnd: 32, replicas: 1, replica: 0, value: 0xfedcba9876543210n }] },
+        { groupId: 3, sums: [], error: 'device memory' },
+      ],
+    };
+    expect(decodeLocalizeReply(encodeLocalizeReply(held))).toEqual(held);
+    expect(decodeLocalizeReply(encodeLocalizeReply({ status: 'gone', detail: 'transfer t: unknown transfer' }))).toEqual({ status: 'gone', detail: 'transfer t: unknown transfer' });
+    expect(() => decodeLocalizeReply(new Uint8Array(packr.pack(new Map([['answer', [0, [[0, [[1, 2, 1, 0, 16, 32, 1, 0]], new Uint8Array(7), null]]]]]))))).toThrow(MooncakeProtocolError);
+    expect(() => decodeLocalizeReply(new Uint8Array(packr.pack(new Map([['other', 1]]))))).toThrow(/answer: required/);
   });
 });

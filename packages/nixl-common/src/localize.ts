@@ -5,16 +5,17 @@
  * process; the scheduler half merges the workers' results (producer.ts).
  * @module
  */
-import { planGroup, type GroupPlan } from '@kvconnect/checksum';
-import { localizeOnRank, type LocalizeStepEntry, type WorkerKVCaches } from '@kvconnect/core';
+import { mergeFineSums, planGroup, type GroupPlan } from '@kvconnect/checksum';
+import { localizeOnRank, type DeviceRegionReader, type LocalizeAnswer, type LocalizeQuery, type LocalizeStepEntry, type WorkerKVCaches } from '@kvconnect/core';
 import type { LocalizeOrder, LocalizeResult } from './producer.js';
 
 /**
  * The fine sums of `order` on the rank of `caches`. `plans` caches this rank's producer plans
  * (group index -> plan) between orders. A group this rank cannot sum, or whose blocks the order
- * does not name (a null block among them), reports its error instead of sums.
+ * does not name (a null block among them), reports its error instead of sums. Device KV is read
+ * through `readDevice` (`@kvconnect/transfer` `readDeviceBytes`): only the blocks summed.
  */
-export function localizeOrderOnRank(caches: WorkerKVCaches, plans: Map<number, GroupPlan>, order: LocalizeOrder): LocalizeResult {
+export function localizeOrderOnRank(caches: WorkerKVCaches, plans: Map<number, GroupPlan>, order: LocalizeOrder, readDevice?: DeviceRegionReader): LocalizeResult {
   const planOf = (gi: number): GroupPlan => {
     let p = plans.get(gi);
     if (!p) plans.set(gi, (p = planGroup(caches.groups[gi], { tpRank: caches.rank.tpRank, tpSize: caches.rank.tpSize, role: 'producer' })));
@@ -50,6 +51,24 @@ export function localizeOrderOnRank(caches: WorkerKVCaches, plans: Map<number, G
     },
     caches.regions,
     entry,
+    readDevice,
   );
   return { ticket: order.ticket, groups: [...got.groups, ...[...errors].map(([groupId, error]) => ({ groupId, sums: [], error }))] };
+}
+
+/**
+ * The producer's answer to a drill-down from every rank's result ({@link localizeOrderOnRank}):
+ * per group of `query`, the ranks' fine sums merged (`mergeFineSums`: equal keys added mod 2^64)
+ * and their errors joined (`; `). Used by NIXL's producer channel and Mooncake's consumer, which
+ * merges the answers of the producer's workers.
+ */
+export function mergeLocalizeResults(query: LocalizeQuery, results: Iterable<LocalizeResult['groups']>): LocalizeAnswer & { status: 'held' } {
+  const all = [...results];
+  const groups = query.groups.map((g) => {
+    const parts = all.map((x) => x.find((y) => y.groupId === g.groupId));
+    const errors = parts.filter((x) => x?.error).map((x) => x!.error!);
+    const sums = mergeFineSums(parts.map((x) => x?.sums ?? []));
+    return errors.length > 0 ? { groupId: g.groupId, sums, error: errors.join('; ') } : { groupId: g.groupId, sums };
+  });
+  return { status: 'held', groups };
 }

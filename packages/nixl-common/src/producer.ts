@@ -18,11 +18,12 @@
  * or halves through process-global state.
  * @module
  */
-import { mergeFineSums, type FineSum } from '@kvconnect/checksum';
+import type { FineSum } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
 import { checkBindHost } from '@kvconnect/transfer';
 import type { NixlConfig } from './config.js';
 import { LeaseTable } from './lease.js';
+import { mergeLocalizeResults } from './localize.js';
 import type { NixlMetrics } from './metrics.js';
 import { NIXL_PROTOCOL_VERSION, compatHash, encodeEngineInfo, encodeLeaseBody, encodeLocalizeBody, type EngineInfo, type PushRegistration, type RankInfo, type SideRequest, type TransferMode } from './protocol.js';
 import { SideChannelServer, type HandlerResult, type SideChannelServerStats } from './side-channel.js';
@@ -167,13 +168,7 @@ export class NixlProducerChannel {
     if (!p) return;
     p.results.set(worker, r);
     if (p.results.size < this.o.workers) return;
-    const groups = p.order.query.groups.map((g) => {
-      const parts = [...p.results.values()].map((x) => x.groups.find((y) => y.groupId === g.groupId));
-      const errors = parts.filter((x) => x?.error).map((x) => x!.error!);
-      const sums = mergeFineSums(parts.map((x) => x?.sums ?? []));
-      return errors.length > 0 ? { groupId: g.groupId, sums, error: errors.join('; ') } : { groupId: g.groupId, sums };
-    });
-    p.resolve({ status: 'held', groups });
+    p.resolve(mergeLocalizeResults(p.order.query, [...p.results.values()].map((x) => x.groups)));
   }
 
   /** Serves `LOCALIZE`: see the module comment. */

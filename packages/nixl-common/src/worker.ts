@@ -14,7 +14,7 @@
 import { randomBytes } from 'node:crypto';
 import type { KVConnectorWorker, KVTransferConfig, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import { loadBlockIds, silentLogger, type Logger } from '@kvconnect/core';
-import { toMemoryRegion, type TransferAgent, type XferOp } from '@kvconnect/transfer';
+import { readDeviceBytes, toMemoryRegion, type TransferAgent, type XferOp } from '@kvconnect/transfer';
 import { createAgent } from './agent.js';
 import { parseNixlConfig, type NixlConfig } from './config.js';
 import { type Pair } from './mapping.js';
@@ -143,7 +143,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
     if (this.meta.leasesHeld !== undefined) this.leasesHeld = this.meta.leasesHeld;
     for (const id of this.meta.finished?.[this.key] ?? []) this.toReport.add(id);
     // LOCALIZE (docs/localize.md): the held blocks' fine sums, before this step's forward pass.
-    for (const o of this.meta.localize ?? []) if (this.caches) this.localized.push(localizeOrderOnRank(this.caches, this.localizePlans, o));
+    for (const o of this.meta.localize ?? []) if (this.caches) this.localized.push(localizeOrderOnRank(this.caches, this.localizePlans, o, readDeviceBytes));
     this.onMeta(this.meta);
   }
 

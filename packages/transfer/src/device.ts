@@ -569,3 +569,17 @@ export class StagingPool {
     if (buf.buffer.byteLength === this.chunkBytes && buf.byteOffset === 0 && this.free.length < this.keep) this.free.push(new Uint8Array(buf.buffer, 0, this.chunkBytes));
   }
 }
+
+/**
+ * Copies `bytes` bytes at byte `offset` of a device region into a new host buffer (a synchronous
+ * device-to-host copy through the {@link DeviceMemory} that holds the address: emulated or CUDA).
+ * Used to localize a mismatch in device KV (`docs/localize.md`: fine sums of the mismatched
+ * blocks only).
+ * @throws DeviceMemoryError `range` when the range is outside the region; the copy's errors.
+ */
+export function readDeviceBytes(region: DeviceMemoryRegion, offset: number, bytes: number): Uint8Array {
+  if (!Number.isSafeInteger(offset) || offset < 0 || !Number.isSafeInteger(bytes) || bytes < 0 || offset + bytes > region.bytes) throw new DeviceMemoryError('range', `read of ${bytes} bytes at ${offset} outside a device region of ${region.bytes} bytes`);
+  const out = new Uint8Array(bytes);
+  if (bytes > 0) deviceMemoryFor(region.address).copy(region.device, 'd2h', out, region.address + BigInt(offset), bytes);
+  return out;
+}

@@ -27,6 +27,7 @@ export {
   cudaDeviceMemory,
   emulatedDeviceMemory,
   deviceMemoryFor,
+  readDeviceBytes,
   deviceMemoryOf,
   DeviceMemoryError,
   EmulatedDeviceMemory,
