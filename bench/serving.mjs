@@ -28,7 +28,7 @@ try {
   process.exit(2);
 }
 const { Engine, startEngineServer, startProxyServer } = engine;
-const { IN_PROCESS_CONNECTOR, registerInProcessConnector } = testing;
+const { IN_PROCESS_CONNECTOR, inProcessRegistry } = testing;
 const QUICK = process.env.KVC_BENCH_QUICK === '1';
 const LONG = Number(process.env.KVC_BENCH_LONG_TOKENS ?? (QUICK ? 1500 : 4000));
 
@@ -62,9 +62,10 @@ async function longPrefill(threshold, tokens = LONG) {
 }
 
 function pd() {
-  registerInProcessConnector();
+  // One in-process bus for the pair (the connector's halves meet only through it: no globals).
+  const { registry } = inProcessRegistry();
   const side = (role, id) =>
-    new Engine({ model: 'dense-gqa', numBlocks: 1024, maxNumBatchedTokens: 256, engineId: `${id}-${process.pid}`, kvTransferConfig: { kv_connector: IN_PROCESS_CONNECTOR, kv_role: role, enable_kv_checksum: true } });
+    new Engine({ model: 'dense-gqa', numBlocks: 1024, maxNumBatchedTokens: 256, engineId: `${id}-${process.pid}`, registry, kvTransferConfig: { kv_connector: IN_PROCESS_CONNECTOR, kv_role: role, enable_kv_checksum: true } });
   return { producer: side('kv_producer', 'bench-p'), consumer: side('kv_consumer', 'bench-d') };
 }
 
