@@ -49,8 +49,6 @@ export {
   closeGracefully,
   createJsonHttpServer,
   listenOn,
-  methodNotAllowed,
-  readBody,
   readJson,
   replyAndShutdown,
   requestIdHeader,
@@ -59,7 +57,6 @@ export {
   sendText,
   urlOf,
   type ErrorBody,
-  type Routes,
 } from '@kvconnect/transfer';
 
 /** Which endpoint a request came in on. */
