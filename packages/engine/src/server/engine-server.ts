@@ -29,12 +29,12 @@ import { KV_TRANSFER_PARAMS_ERROR } from '@kvconnect/core';
 import type { FinishReason } from '../contracts.js';
 import type { Engine, GenerateResult } from '../engine.js';
 import type { Request } from '../request.js';
-import { KVCONNECT_VERSION } from './version.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
   HttpError,
   RouteTable,
   closeGracefully,
+  servingRoutes,
   findStop,
   parseCompletionRequest,
   readJson,
@@ -378,15 +378,15 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
     sendText(res, 200, text, engine.metricsRegistry.contentType);
   }
 
-  const routes = new RouteTable({
-    '/v1/completions': { POST: (req, res) => completions(req, res, 'completion') },
-    '/v1/chat/completions': { POST: (req, res) => completions(req, res, 'chat') },
-    '/v1/models': { GET: (_req, res) => models(res) },
-    '/version': { GET: (_req, res) => sendJson(res, 200, { version: KVCONNECT_VERSION }) },
-    '/health': { GET: (_req, res) => health(res) },
-    '/metrics': { GET: (_req, res) => metrics(res) },
-    ...(options.allowShutdown === false ? {} : { '/shutdown': { POST: (_req: IncomingMessage, res: ServerResponse) => replyAndShutdown(res, { status: 'shutting-down', engine_id: engine.engineId }, close, options.onShutdown) } }),
-  });
+  const routes = new RouteTable(
+    servingRoutes({
+      completions,
+      models,
+      health,
+      metrics,
+      shutdown: options.allowShutdown === false ? undefined : (res) => replyAndShutdown(res, { status: 'shutting-down', engine_id: engine.engineId }, close, options.onShutdown),
+    }),
+  );
 
   const server: Server = createJsonHttpServer((req, res) => routes.handle(req, res));
 

@@ -35,10 +35,11 @@
  *   and listed in {@link CompletionRequest.ignored} (the servers log a warning), as vLLM does.
  * @module
  */
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { FinishReason, KVTransferParams } from '../contracts.js';
 import { isPlainObject, kindOf, z, zodProblems } from '@kvconnect/core';
-import { HttpError, REQUEST_ID_PATTERN, type ErrorBody } from '@kvconnect/transfer';
+import { HttpError, REQUEST_ID_PATTERN, sendJson, type ErrorBody, type Routes } from '@kvconnect/transfer';
+import { KVCONNECT_VERSION } from './version.js';
 
 // The HTTP server layer both servers stand on (`packages/transfer/src/http.ts`), re-exported here
 // so that the servers import their protocol from one place.
@@ -521,4 +522,31 @@ export function sseSend(res: ServerResponse, data: unknown): void {
 export function sseDone(res: ServerResponse): void {
   if (res.destroyed || res.writableEnded) return;
   res.end('data: [DONE]\n\n');
+}
+
+/** What the engine and the proxy server each answer on the routes they share (see {@link servingRoutes}). */
+export interface ServingHandlers {
+  completions(req: IncomingMessage, res: ServerResponse, kind: CompletionKind): Promise<void>;
+  models(res: ServerResponse): void;
+  health(res: ServerResponse): void | Promise<void>;
+  metrics(res: ServerResponse): Promise<void>;
+  /** `POST /shutdown` (absent: no such route, a 404). */
+  shutdown?: (res: ServerResponse) => void;
+}
+
+/**
+ * The route table of the engine and the proxy server (their module documentation lists the API):
+ * `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /version`,
+ * `GET /health`, `GET /metrics` and, with a `shutdown` handler, `POST /shutdown`.
+ */
+export function servingRoutes(h: ServingHandlers): Routes {
+  return {
+    '/v1/completions': { POST: (req, res) => h.completions(req, res, 'completion') },
+    '/v1/chat/completions': { POST: (req, res) => h.completions(req, res, 'chat') },
+    '/v1/models': { GET: (_req, res) => h.models(res) },
+    '/version': { GET: (_req, res) => sendJson(res, 200, { version: KVCONNECT_VERSION }) },
+    '/health': { GET: (_req, res) => h.health(res) },
+    '/metrics': { GET: (_req, res) => h.metrics(res) },
+    ...(h.shutdown ? { '/shutdown': { POST: (_req: IncomingMessage, res: ServerResponse) => h.shutdown!(res) } } : {}),
+  };
 }

@@ -48,6 +48,7 @@ import {
   HttpError,
   RouteTable,
   closeGracefully,
+  servingRoutes,
   parseCompletionRequest,
   readJson,
   sendJson,
@@ -63,7 +64,6 @@ import {
   listenOn,
   replyAndShutdown,
 } from './protocol.js';
-import { KVCONNECT_VERSION } from './version.js';
 
 /** Options of {@link startProxyServer}. */
 export interface ProxyServerOptions {
@@ -416,20 +416,18 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     sendJson(res, ok ? 200 : 503, { status: closing ? 'shutting-down' : ok ? 'ok' : 'degraded', mode, prefill: ps, decode: ds });
   }
 
-  const routes = new RouteTable({
-    '/v1/completions': { POST: (req, res) => completions(req, res, 'completion') },
-    '/v1/chat/completions': { POST: (req, res) => completions(req, res, 'chat') },
-    '/v1/models': { GET: (_req, res) => models(res) },
-    '/version': { GET: (_req, res) => sendJson(res, 200, { version: KVCONNECT_VERSION }) },
-    '/health': { GET: (_req, res) => health(res) },
-    '/metrics': {
-      GET: async (_req, res) => {
+  const routes = new RouteTable(
+    servingRoutes({
+      completions,
+      models,
+      health,
+      metrics: async (res) => {
         res.writeHead(200, { 'content-type': registry.contentType });
         res.end(await registry.metrics());
       },
-    },
-    ...(options.allowShutdown === false ? {} : { '/shutdown': { POST: (_req: IncomingMessage, res: ServerResponse) => replyAndShutdown(res, { status: 'shutting-down' }, close, options.onShutdown) } }),
-  });
+      shutdown: options.allowShutdown === false ? undefined : (res) => replyAndShutdown(res, { status: 'shutting-down' }, close, options.onShutdown),
+    }),
+  );
 
   /** The route table's `handle` with the access log line and the request metrics, once the response ended (or the client left). */
   async function handleLogged(req: IncomingMessage, res: ServerResponse): Promise<void> {
