@@ -33,8 +33,7 @@
  */
 import { createHash } from 'node:crypto';
 import * as http from 'node:http';
-import type { AddressInfo } from 'node:net';
-import { checkBindHost, checkProof, makeNonce, makeProof } from '@kvconnect/transfer';
+import { HttpError, RouteTable, checkBindHost, checkProof, listenOn, makeNonce, makeProof, readBody } from '@kvconnect/transfer';
 
 /** Limits of the bootstrap server and client. */
 export const BOOTSTRAP_LIMITS = Object.freeze({
@@ -249,13 +248,9 @@ export class BootstrapServer {
     server.requestTimeout = 10_000;
     server.keepAliveTimeout = 5_000;
     server.maxConnections = 1024;
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen({ host, port: o.port ?? 8998 }, () => resolve());
-    });
-    const a = server.address() as AddressInfo;
+    const port = await listenOn(server, o.port ?? 8998, host);
     const shown = host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host;
-    self = new BootstrapServer(server, `${shown.includes(':') ? `[${shown}]` : shown}:${a.port}`, secret);
+    self = new BootstrapServer(server, `${shown.includes(':') ? `[${shown}]` : shown}:${port}`, secret);
     return self;
   }
 
@@ -324,12 +319,17 @@ export class BootstrapServer {
     }
   }
 
+  /** The routes, each answering a request {@link handle} read and proved: `(res, url, body, nonce)`. */
+  private readonly routes = new RouteTable<(res: http.ServerResponse, url: URL, body: Buffer, nonce: Buffer | null) => void>({
+    '/query': { GET: (res, url, _body, nonce) => this.answerQuery(res, url, nonce) },
+    '/register': { POST: (res, _url, body, nonce) => this.answerRegister(res, body, nonce) },
+  });
+
   private handle(req: http.IncomingMessage, res: http.ServerResponse): void {
     req.on('error', () => {});
     const target = req.url ?? '/';
-    const url = new URL(target, 'http://bootstrap');
-    const isQuery = req.method === 'GET' && url.pathname === '/query';
-    const isRegister = req.method === 'POST' && url.pathname === '/register';
+    const route = this.routes.match(req);
+    const isRegister = 'handler' in route && req.method === 'POST';
     // 1. The proof's header, before anything is read.
     let nonce: Buffer | null = null;
     let ts = '';
@@ -350,45 +350,37 @@ export class BootstrapServer {
       // while the first one's body is still arriving is a replay too.
       this.seen.set(m[2], Number(ts) + BOOTSTRAP_LIMITS.authWindowMs);
     }
-    if (!isQuery && !isRegister && !this.secret) return this.refuse(req, res, 404, 'not found (POST /register, GET /query)', nonce);
-    // 2. The body, bounded while it is read.
+    if ('error' in route && !this.secret) return this.refuse(req, res, 404, 'not found (POST /register, GET /query)', nonce);
+    // 2. The body, bounded while it is read (a 413 as soon as it passes the limit).
     const limit = isRegister ? BOOTSTRAP_MAX_BODY : 0;
-    const declared = Number(req.headers['content-length'] ?? 0);
-    if (declared > limit) return this.refuse(req, res, 413, `body over ${limit} bytes`, nonce);
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let over = false;
-    req.on('data', (c: Buffer) => {
-      if (over) return;
-      size += c.length;
-      if (size > limit) {
-        over = true;
+    readBody(req, limit).then(
+      (raw) => {
+        // 3. The proof, before the body is parsed.
+        if (this.secret) {
+          if (!checkProof(proof, this.secret, 'mooncake-bootstrap/request', req.method ?? '', target, ts, nonce!, sha256(raw))) {
+            this.seen.delete(nonce!.toString('hex')); // unproven requests hold no replay-cache entry past their body
+            return this.reply(res, 401, { error: 'wrong proof (another cluster secret?)' }, nonce);
+          }
+        }
+        if ('error' in route) return this.reply(res, 404, { error: 'not found (POST /register, GET /query)' }, nonce);
+        route.handler(res, route.url, raw, nonce);
+      },
+      (e: unknown) => {
+        if (!(e instanceof HttpError) || e.status !== 413) return; // the client went away mid-body: nobody to answer
         if (nonce) this.seen.delete(nonce.toString('hex'));
         this.refuse(req, res, 413, `body over ${limit} bytes`, nonce);
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on('end', () => {
-      if (over) return;
-      const raw = Buffer.concat(chunks);
-      // 3. The proof, before the body is parsed.
-      if (this.secret) {
-        if (!checkProof(proof, this.secret, 'mooncake-bootstrap/request', req.method ?? '', target, ts, nonce!, sha256(raw))) {
-          this.seen.delete(nonce!.toString('hex')); // unproven requests hold no replay-cache entry past their body
-          return this.reply(res, 401, { error: 'wrong proof (another cluster secret?)' }, nonce);
-        }
-      }
-      if (isQuery) return this.answerQuery(res, url, nonce);
-      if (!isRegister) return this.reply(res, 404, { error: 'not found (POST /register, GET /query)' }, nonce);
-      try {
-        const r = parseRegistration(JSON.parse(raw.toString('utf8')));
-        this.register(r, this.secret !== null);
-        this.reply(res, 200, { ok: true }, nonce);
-      } catch (e) {
-        this.reply(res, e instanceof BootstrapError && e.status ? e.status : 400, { error: e instanceof Error ? e.message : String(e) }, nonce);
-      }
-    });
+      },
+    );
+  }
+
+  private answerRegister(res: http.ServerResponse, raw: Buffer, nonce: Buffer | null): void {
+    try {
+      const r = parseRegistration(JSON.parse(raw.toString('utf8')));
+      this.register(r, this.secret !== null);
+      this.reply(res, 200, { ok: true }, nonce);
+    } catch (e) {
+      this.reply(res, e instanceof BootstrapError && e.status ? e.status : 400, { error: e instanceof Error ? e.message : String(e) }, nonce);
+    }
   }
 
   private answerQuery(res: http.ServerResponse, url: URL, nonce: Buffer | null): void {

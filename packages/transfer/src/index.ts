@@ -8,6 +8,7 @@
 export * from './types.js';
 export { TransferError, ProtocolError, isTransferError } from './errors.js';
 export * from './auth.js';
+export * from './http.js';
 export { takeBytes } from './wire.js';
 export { EmbeddedAgent, decodeMetadata as decodeEmbeddedMetadata, type EmbeddedAgentOptions, type PeerInfo as EmbeddedPeerInfo } from './embedded.js';
 export { SharedHostArena, sameHostKey, lookupShared } from './shared-memory.js';

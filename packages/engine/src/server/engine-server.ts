@@ -29,12 +29,13 @@ import { KV_TRANSFER_PARAMS_ERROR } from '@kvconnect/core';
 import type { FinishReason } from '../contracts.js';
 import type { Engine, GenerateResult } from '../engine.js';
 import type { Request } from '../request.js';
-import { KVCONNECT_VERSION } from './version.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
   HttpError,
+  RouteTable,
+  closeGracefully,
+  servingRoutes,
   findStop,
-  methodNotAllowed,
   parseCompletionRequest,
   readJson,
   sendError,
@@ -377,39 +378,17 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
     sendText(res, 200, text, engine.metricsRegistry.contentType);
   }
 
-  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = (req.url ?? '/').split('?')[0];
-    const method = req.method ?? 'GET';
-    switch (path) {
-      case '/v1/completions':
-        if (method !== 'POST') throw methodNotAllowed('POST');
-        return completions(req, res, 'completion');
-      case '/v1/chat/completions':
-        if (method !== 'POST') throw methodNotAllowed('POST');
-        return completions(req, res, 'chat');
-      case '/v1/models':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
-        return models(res);
-      case '/version':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
-        return sendJson(res, 200, { version: KVCONNECT_VERSION });
-      case '/health':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
-        return health(res);
-      case '/metrics':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
-        return metrics(res);
-      case '/shutdown':
-        if (options.allowShutdown === false) throw new HttpError(404, `no route ${path}`, 'not_found_error');
-        if (method !== 'POST') throw methodNotAllowed('POST');
-        replyAndShutdown(res, { status: 'shutting-down', engine_id: engine.engineId }, close, options.onShutdown);
-        return;
-      default:
-        throw new HttpError(404, `no route ${method} ${path}`, 'not_found_error');
-    }
-  }
+  const routes = new RouteTable(
+    servingRoutes({
+      completions,
+      models,
+      health,
+      metrics,
+      shutdown: options.allowShutdown === false ? undefined : (res) => replyAndShutdown(res, { status: 'shutting-down', engine_id: engine.engineId }, close, options.onShutdown),
+    }),
+  );
 
-  const server: Server = createJsonHttpServer(handle);
+  const server: Server = createJsonHttpServer((req, res) => routes.handle(req, res));
 
   let closedResolve!: () => void;
   const closed = new Promise<void>((r) => (closedResolve = r));
@@ -417,23 +396,15 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
   function close(): Promise<void> {
     closeP ??= (async () => {
       closing = true;
-      const serverClosed = new Promise<void>((r) => server.close(() => r()));
-      server.closeIdleConnections();
-      const running = [...inflight.values()].map((f) => f.done);
-      if (running.length > 0) {
-        let t: NodeJS.Timeout | undefined;
-        const grace = new Promise<'timeout'>((r) => (t = setTimeout(() => r('timeout'), graceMs)));
-        const which = await Promise.race([Promise.all(running).then(() => 'done' as const), grace]);
-        clearTimeout(t);
-        if (which === 'timeout') {
+      await closeGracefully(server, {
+        running: [...inflight.values()].map((f) => f.done),
+        graceMs,
+        onGraceExpired: async () => {
+          const running = [...inflight.values()].map((f) => f.done);
           for (const id of inflight.keys()) engine.abort(id);
           await Promise.race([Promise.all(running), new Promise((r) => setTimeout(r, 1000))]);
-        }
-      }
-      // Let the last responses flush, then drop whatever connection is left.
-      await new Promise((r) => setImmediate(r));
-      server.closeAllConnections();
-      await serverClosed;
+        },
+      });
       for (const e of loadEvents) events?.off(e, onLoad);
       events?.off('checksum-payload-sent', onSent);
       events?.off('checksum-payload-not-sent', onNotSent);

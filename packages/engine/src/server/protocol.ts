@@ -1,8 +1,9 @@
 /**
  * The HTTP protocol of kvconnect's engine and proxy servers: the OpenAI-compatible
  * `/v1/completions` and `/v1/chat/completions` requests (validated into a {@link CompletionRequest}),
- * the response and stream chunk bodies, errors as JSON, Server-Sent Events, and small `node:http`
- * helpers (bounded body reading, JSON replies) shared by both servers.
+ * the response and stream chunk bodies and Server-Sent Events. The HTTP server layer under both
+ * servers (route table, bounded body reading, JSON replies and errors, graceful close) is
+ * `@kvconnect/transfer`'s `http.ts`, re-exported here.
  *
  * Request body (JSON object; `null` for an optional field means "absent"), as vLLM's
  * `vllm/entrypoints/openai/protocol.py` reads it:
@@ -34,23 +35,30 @@
  *   and listed in {@link CompletionRequest.ignored} (the servers log a warning), as vLLM does.
  * @module
  */
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { FinishReason, KVTransferParams } from '../contracts.js';
 import { isPlainObject, kindOf, z, zodProblems } from '@kvconnect/core';
+import { HttpError, REQUEST_ID_PATTERN, sendJson, type ErrorBody, type Routes } from '@kvconnect/transfer';
+import { KVCONNECT_VERSION } from './version.js';
 
-/** An error with the HTTP status it answers with (`type` names its class in the JSON body). */
-export class HttpError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-    readonly type: string = status >= 500 ? 'server_error' : 'invalid_request_error',
-    readonly headers: Record<string, string> = {},
-  ) {
-    super(message);
-    this.name = 'HttpError';
-  }
-}
+// The HTTP server layer both servers stand on (`packages/transfer/src/http.ts`), re-exported here
+// so that the servers import their protocol from one place.
+export {
+  DEFAULT_MAX_BODY_BYTES,
+  HttpError,
+  RouteTable,
+  closeGracefully,
+  createJsonHttpServer,
+  listenOn,
+  readJson,
+  replyAndShutdown,
+  requestIdHeader,
+  sendError,
+  sendJson,
+  sendText,
+  urlOf,
+  type ErrorBody,
+} from '@kvconnect/transfer';
 
 /** Which endpoint a request came in on. */
 export type CompletionKind = 'completion' | 'chat';
@@ -102,7 +110,6 @@ export interface CompletionLimits {
   servedModels?: readonly string[];
 }
 
-const REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 const MAX_STOP = 4;
 const MAX_STOP_LENGTH = 256;
 const MAX_STOP_TOKEN_IDS = 64;
@@ -131,15 +138,6 @@ export { isPlainObject };
  */
 export function applyChatTemplate(messages: readonly ChatMessage[]): string {
   return messages.map((m) => `<|${m.role}|>\n${m.content}\n`).join('') + '<|assistant|>\n';
-}
-
-/** The id a request asked for in its `X-Request-Id` header, checked. @throws HttpError 400 when malformed. */
-export function requestIdHeader(req: IncomingMessage): string | undefined {
-  const h = req.headers['x-request-id'];
-  if (h === undefined) return undefined;
-  const v = Array.isArray(h) ? h[0] : h;
-  if (!REQUEST_ID.test(v)) throw new HttpError(400, 'X-Request-Id: expected 1 to 128 characters of [A-Za-z0-9._:-]');
-  return v;
 }
 
 /** Checks a request's `model` against the served names. @throws HttpError 404 when it is not served. */
@@ -250,7 +248,7 @@ function completionSchema(kind: CompletionKind, limits: CompletionLimits, greedy
       if (iu !== undefined && iu !== null && typeof iu !== 'boolean') fail(ctx, `expected a boolean, got ${kindOf(iu)}`, ['include_usage']);
     }),
     kv_transfer_params: optional(limits.allowKvTransferParams === false ? refused : (kv, ctx) => (isPlainObject(kv) ? undefined : fail(ctx, `expected an object, got ${kindOf(kv)}`))),
-    request_id: optional(limits.allowRequestId === false ? refused : (rid, ctx) => (typeof rid === 'string' && REQUEST_ID.test(rid) ? undefined : fail(ctx, 'expected 1 to 128 characters of [A-Za-z0-9._:-]'))),
+    request_id: optional(limits.allowRequestId === false ? refused : (rid, ctx) => (typeof rid === 'string' && REQUEST_ID_PATTERN.test(rid) ? undefined : fail(ctx, 'expected 1 to 128 characters of [A-Za-z0-9._:-]'))),
     model: optional((m, ctx) => (typeof m === 'string' ? undefined : fail(ctx, `expected a string, got ${kindOf(m)}`))),
     n: optional(noop((v) => v === 1, 'only 1 choice per request')),
     best_of: optional(noop((v) => v === 1, 'only 1')),
@@ -526,146 +524,29 @@ export function sseDone(res: ServerResponse): void {
   res.end('data: [DONE]\n\n');
 }
 
-/** The body of an error response. */
-export interface ErrorBody {
-  error: { message: string; type: string; code: number };
-}
-
-/** Default largest request body (1 MiB). */
-export const DEFAULT_MAX_BODY_BYTES = 1 << 20;
-
-/**
- * Reads a request body of at most `limit` bytes.
- * @throws HttpError 413 when it is larger (checked on `content-length` first, then while reading),
- *   400 when the client goes away mid-body.
- */
-export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
-  const declared = req.headers['content-length'];
-  if (declared !== undefined && Number(declared) > limit) {
-    req.resume();
-    return Promise.reject(new HttpError(413, `request body larger than ${limit} bytes`, 'invalid_request_error', { connection: 'close' }));
-  }
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let done = false;
-    const fail = (e: HttpError) => {
-      if (done) return;
-      done = true;
-      reject(e);
-    };
-    req.on('data', (c: Buffer) => {
-      if (done) return;
-      size += c.length;
-      if (size > limit) {
-        fail(new HttpError(413, `request body larger than ${limit} bytes`, 'invalid_request_error', { connection: 'close' }));
-        req.resume();
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on('end', () => {
-      if (done) return;
-      done = true;
-      resolve(Buffer.concat(chunks, size));
-    });
-    req.on('error', (e) => fail(new HttpError(400, `reading the request body failed: ${e.message}`)));
-    req.on('aborted', () => fail(new HttpError(400, 'the client aborted the request body')));
-  });
+/** What the engine and the proxy server each answer on the routes they share (see {@link servingRoutes}). */
+export interface ServingHandlers {
+  completions(req: IncomingMessage, res: ServerResponse, kind: CompletionKind): Promise<void>;
+  models(res: ServerResponse): void;
+  health(res: ServerResponse): void | Promise<void>;
+  metrics(res: ServerResponse): Promise<void>;
+  /** `POST /shutdown` (absent: no such route, a 404). */
+  shutdown?: (res: ServerResponse) => void;
 }
 
 /**
- * Reads and parses a JSON request body.
- * @throws HttpError 415 for a non-JSON content type, 413 for a large body, 400 for bad JSON.
+ * The route table of the engine and the proxy server (their module documentation lists the API):
+ * `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /version`,
+ * `GET /health`, `GET /metrics` and, with a `shutdown` handler, `POST /shutdown`.
  */
-export async function readJson(req: IncomingMessage, limit: number): Promise<unknown> {
-  const ct = req.headers['content-type'];
-  if (ct !== undefined && !/^application\/([\w.+-]*\+)?json\b/i.test(ct.trim())) {
-    throw new HttpError(415, `content-type must be application/json, got ${JSON.stringify(ct)}`);
-  }
-  const buf = await readBody(req, limit);
-  if (buf.length === 0) throw new HttpError(400, 'request body is empty (expected a JSON object)');
-  try {
-    return JSON.parse(buf.toString('utf8')) as unknown;
-  } catch (e) {
-    throw new HttpError(400, `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`);
-  }
-}
-
-/** Sends `body` as JSON with `status` (no-op when the response was already sent or the socket closed). */
-export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  if (res.headersSent || res.destroyed) return;
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(text), ...headers });
-  res.end(text);
-}
-
-/** Sends an error as `{ error: { message, type, code } }`. */
-export function sendError(res: ServerResponse, e: unknown): void {
-  const he = e instanceof HttpError ? e : new HttpError(500, e instanceof Error ? e.message : String(e));
-  const body: ErrorBody = { error: { message: he.message, type: he.type, code: he.status } };
-  sendJson(res, he.status, body, he.headers);
-}
-
-/** Sends a plain-text body. */
-export function sendText(res: ServerResponse, status: number, text: string, contentType: string): void {
-  if (res.headersSent || res.destroyed) return;
-  res.writeHead(status, { 'content-type': contentType, 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
-
-/** 405 with an `allow` header. */
-export function methodNotAllowed(allow: string): HttpError {
-  return new HttpError(405, `method not allowed (allow: ${allow})`, 'invalid_request_error', { allow });
-}
-
-/** The URL of a listening server address (IPv6 hosts bracketed). */
-export function urlOf(host: string, port: number): string {
-  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-}
-
-/**
- * An HTTP server for a JSON API: `handle` serves each request, and anything it throws is answered
- * by {@link sendError} (an {@link HttpError} with its status, anything else 500). Malformed HTTP
- * gets a bare 400 and the connection closes; nothing a client sends can throw out of the server.
- */
-export function createJsonHttpServer(handle: (req: IncomingMessage, res: ServerResponse) => Promise<void>): Server {
-  const server = createServer((req, res) => {
-    handle(req, res).catch((e: unknown) => sendError(res, e));
-  });
-  server.keepAliveTimeout = 5000;
-  server.on('clientError', (_err, socket) => {
-    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
-    else socket.destroy();
-  });
-  return server;
-}
-
-/**
- * Listens on `host:port` (0: any free port). @returns the bound port.
- * @throws the listen error (address in use, permission); later server errors are ignored.
- */
-export async function listenOn(server: Server, port: number, host: string): Promise<number> {
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  server.on('error', () => {});
-  return (server.address() as AddressInfo).port;
-}
-
-/**
- * Answers `POST /shutdown` with `body`, then (after the reply is sent) runs `close` and
- * `onShutdown`. Errors of either are ignored: the process is going away.
- */
-export function replyAndShutdown(res: ServerResponse, body: unknown, close: () => Promise<void>, onShutdown?: () => void): void {
-  sendJson(res, 200, body);
-  setImmediate(() => {
-    void close()
-      .then(() => onShutdown?.())
-      .catch(() => {});
-  });
+export function servingRoutes(h: ServingHandlers): Routes {
+  return {
+    '/v1/completions': { POST: (req, res) => h.completions(req, res, 'completion') },
+    '/v1/chat/completions': { POST: (req, res) => h.completions(req, res, 'chat') },
+    '/v1/models': { GET: (_req, res) => h.models(res) },
+    '/version': { GET: (_req, res) => sendJson(res, 200, { version: KVCONNECT_VERSION }) },
+    '/health': { GET: (_req, res) => h.health(res) },
+    '/metrics': { GET: (_req, res) => h.metrics(res) },
+    ...(h.shutdown ? { '/shutdown': { POST: (_req: IncomingMessage, res: ServerResponse) => h.shutdown!(res) } } : {}),
+  };
 }

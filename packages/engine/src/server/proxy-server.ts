@@ -46,7 +46,9 @@ import { EngineClient, EngineClientError, type RemoteGenerateResult } from './en
 import {
   DEFAULT_MAX_BODY_BYTES,
   HttpError,
-  methodNotAllowed,
+  RouteTable,
+  closeGracefully,
+  servingRoutes,
   parseCompletionRequest,
   readJson,
   sendJson,
@@ -62,7 +64,6 @@ import {
   listenOn,
   replyAndShutdown,
 } from './protocol.js';
-import { KVCONNECT_VERSION } from './version.js';
 
 /** Options of {@link startProxyServer}. */
 export interface ProxyServerOptions {
@@ -135,7 +136,8 @@ function proxyMetrics(registry: Registry) {
   };
 }
 
-const ROUTES = new Set(['/v1/completions', '/v1/chat/completions', '/v1/models', '/version', '/health', '/metrics', '/shutdown']);
+/** The `route` label values of the request metrics (every route, `/shutdown` even when it is off; anything else is `other`). */
+const ROUTE_LABELS = new Set(['/v1/completions', '/v1/chat/completions', '/v1/models', '/version', '/health', '/metrics', '/shutdown']);
 
 /** A running proxy server. */
 export interface ProxyServer {
@@ -414,45 +416,24 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     sendJson(res, ok ? 200 : 503, { status: closing ? 'shutting-down' : ok ? 'ok' : 'degraded', mode, prefill: ps, decode: ds });
   }
 
-  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = (req.url ?? '/').split('?')[0];
-    const method = req.method ?? 'GET';
-    switch (path) {
-      case '/v1/completions':
-        if (method !== 'POST') throw methodNotAllowed('POST');
-        return completions(req, res, 'completion');
-      case '/v1/chat/completions':
-        if (method !== 'POST') throw methodNotAllowed('POST');
-        return completions(req, res, 'chat');
-      case '/v1/models':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
-        return models(res);
-      case '/version':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
-        return sendJson(res, 200, { version: KVCONNECT_VERSION });
-      case '/health':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
-        return health(res);
-      case '/metrics':
-        if (method !== 'GET' && method !== 'HEAD') throw methodNotAllowed('GET');
+  const routes = new RouteTable(
+    servingRoutes({
+      completions,
+      models,
+      health,
+      metrics: async (res) => {
         res.writeHead(200, { 'content-type': registry.contentType });
         res.end(await registry.metrics());
-        return;
-      case '/shutdown':
-        if (options.allowShutdown === false) throw new HttpError(404, `no route ${path}`, 'not_found_error');
-        if (method !== 'POST') throw methodNotAllowed('POST');
-        replyAndShutdown(res, { status: 'shutting-down' }, close, options.onShutdown);
-        return;
-      default:
-        throw new HttpError(404, `no route ${method} ${path}`, 'not_found_error');
-    }
-  }
+      },
+      shutdown: options.allowShutdown === false ? undefined : (res) => replyAndShutdown(res, { status: 'shutting-down' }, close, options.onShutdown),
+    }),
+  );
 
-  /** {@link handle} with the access log line and the request metrics, once the response ended (or the client left). */
+  /** The route table's `handle` with the access log line and the request metrics, once the response ended (or the client left). */
   async function handleLogged(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const t0 = performance.now();
     const path = (req.url ?? '/').split('?')[0];
-    const route = ROUTES.has(path) ? path : 'other';
+    const route = ROUTE_LABELS.has(path) ? path : 'other';
     res.once('close', () => {
       const seconds = (performance.now() - t0) / 1000;
       const status = res.headersSent ? res.statusCode : 499; // 499: the client left before an answer
@@ -461,7 +442,7 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
       const header = res.getHeader('x-request-id') ?? req.headers['x-request-id'];
       log?.info({ requestId: typeof header === 'string' ? header : null, method: req.method, path, status, latencyMs: Math.round(seconds * 1e4) / 10 }, 'request');
     });
-    return handle(req, res);
+    return routes.handle(req, res);
   }
 
   const server: Server = createJsonHttpServer(handleLogged);
@@ -472,16 +453,7 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
   function close(): Promise<void> {
     closeP ??= (async () => {
       closing = true;
-      const serverClosed = new Promise<void>((r) => server.close(() => r()));
-      server.closeIdleConnections();
-      if (running.size > 0) {
-        let t: NodeJS.Timeout | undefined;
-        await Promise.race([Promise.all(running), new Promise((r) => (t = setTimeout(r, graceMs)))]);
-        clearTimeout(t);
-      }
-      await new Promise((r) => setImmediate(r));
-      server.closeAllConnections();
-      await serverClosed;
+      await closeGracefully(server, { running, graceMs });
       for (const c of [...prefill, ...decode]) c.close();
       for (const r of reach) r.close();
       closedResolve();
