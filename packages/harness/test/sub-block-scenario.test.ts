@@ -5,7 +5,7 @@
  */
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { loadScenarioFile, runScenario } from '../src/index.js';
+import { loadScenarioFile, runFiles, runScenario } from '../src/index.js';
 import { extensionLines, summarize } from '../src/report.js';
 
 const FILE = fileURLToPath(new URL('../scenarios/sub-block-prefix-hit.json', import.meta.url));
@@ -19,5 +19,12 @@ describe('scenario sub-block-prefix-hit', () => {
     const run = r.runs[0];
     expect(run.requests.map((q) => q.verdict?.subBlockGroups)).toEqual([[0], [0]]);
     expect(extensionLines(summarize(run))).toEqual(['unaligned prefix hits verified with sub-block values: 2']);
+  });
+
+  it('kvconnect run prints the sub-block line', async () => {
+    const lines: string[] = [];
+    const r = await runFiles([FILE], (l) => lines.push(l));
+    expect(r.failed).toBe(0);
+    expect(lines).toContain('  unaligned prefix hits verified with sub-block values: 2');
   });
 });
