@@ -77,6 +77,7 @@ import type {
 import { decodeReport, isReport, REPORT_JSON_FORMAT, type ChecksumStepMeta, type KVChecksumReport, type ReportEntry, type ReportGroup, type StepEntry, type StepGroupEntry } from './checksum-report.js';
 import { ChecksumLocalizer, type LocalizeOptions } from './checksum-localize.js';
 import { KVChecksumObservability, type LoadEvent, type NotSentReason } from './observability.js';
+import { subBlockSizeFits } from './checksum-block-sizes.js';
 
 /** The `kv_transfer_params` key of the NIXL pull carrier (SPEC 7): standard base64 of the payload. */
 export const KV_CHECKSUMS_PARAM = 'kv_checksums';
@@ -347,8 +348,8 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
     for (const g of entry.groups) {
       const cfg = this.groupConfigs.find((c) => c.groupId === g.groupId);
       const bd = (sizes as Record<string, unknown>)[String(g.groupId)];
-      if (!cfg || isStateKind(cfg.kind) || typeof bd !== 'number' || !Number.isSafeInteger(bd) || bd <= 0) continue;
-      if (bd < cfg.blockSize && cfg.blockSize % bd === 0) g.subBlockSize = bd;
+      if (!cfg || isStateKind(cfg.kind)) continue;
+      if (subBlockSizeFits(cfg.blockSize, bd)) g.subBlockSize = bd;
     }
   }
 

@@ -18,3 +18,4 @@ export { KVChecksumWorker, type KVChecksumWorkerOptions } from './checksum-worke
 export * from './checksum-scheduler.js';
 export * from './unusable-params.js';
 export * from './checksum-localize.js';
+export * from './checksum-block-sizes.js';

@@ -6,9 +6,15 @@
  * - `concurrent` (Mooncake style): the proxy sends to both at once with a shared `transfer_id`
  *   (producer: `do_remote_decode`, consumer: `do_remote_prefill` and `remote_engine_id`); the
  *   connector pairs the two sides.
+ *
+ * In both modes, when the producer's block size of a KV cache group is a larger multiple of the
+ * consumer's and both endpoints name their groups (`groupConfigs`), the producer's request also
+ * carries `kv_checksum_block_sizes` (docs/checksum-extensions.md section 1), so a consumer prefix
+ * hit that ends inside a producer block is verified with sub-block values.
  * @module
  */
 import { randomUUID } from 'node:crypto';
+import { KV_CHECKSUM_BLOCK_SIZES_PARAM, kvChecksumBlockSizes, type BlockSizeGroup } from '@kvconnect/core';
 import type { KVTransferParams } from './contracts.js';
 import type { GenerateResult } from './engine.js';
 import type { SamplingParams } from './request.js';
@@ -20,6 +26,11 @@ export interface PDEndpoint {
   generate(prompt: string | readonly number[], sampling?: SamplingParams, kvTransferParams?: KVTransferParams, requestId?: string, call?: PDCallOptions): Promise<GenerateResult>;
   /** Aborts request `requestId` (an in-process `Engine`, whose `generate` takes no signal). */
   abort?(requestId: string): unknown;
+  /**
+   * The engine's KV cache groups (an in-process `Engine`; an `EngineClient` learns them from
+   * `/health`'s `kv_cache_groups`). Absent: unknown, no `kv_checksum_block_sizes` is added.
+   */
+  readonly groupConfigs?: readonly BlockSizeGroup[];
 }
 
 /** Per-request options of {@link PDProxy.generate} and {@link PDEndpoint.generate}. */
@@ -52,6 +63,11 @@ export interface PDProxyOptions {
   decode: PDEndpoint;
   /** Default `sequential`. */
   mode?: 'sequential' | 'concurrent';
+  /**
+   * Adds `kv_checksum_block_sizes` to the producer's `kv_transfer_params` when the two endpoints'
+   * block sizes call for it (see the module doc); default true.
+   */
+  kvChecksumBlockSizes?: boolean;
 }
 
 /** The consumer's result plus the producer's. */
@@ -64,9 +80,20 @@ export interface PDResult extends GenerateResult {
 export class PDProxy {
   readonly mode: 'sequential' | 'concurrent';
   private n = 0;
+  private blockSizes: Record<string, number> | undefined | null = null;
 
   constructor(private readonly o: PDProxyOptions) {
     this.mode = o.mode ?? 'sequential';
+  }
+
+  /** The producer's `kv_transfer_params` additions (`kv_checksum_block_sizes` or nothing), computed once. */
+  private producerExtras(): KVTransferParams {
+    if (this.blockSizes === null) {
+      const p = this.o.prefill.groupConfigs;
+      const d = this.o.decode.groupConfigs;
+      this.blockSizes = this.o.kvChecksumBlockSizes !== false && p && d ? kvChecksumBlockSizes(p, d) : undefined;
+    }
+    return this.blockSizes ? { [KV_CHECKSUM_BLOCK_SIZES_PARAM]: this.blockSizes } : {};
   }
 
   /**
@@ -88,12 +115,12 @@ export class PDProxy {
     if (this.mode === 'concurrent') {
       const transferId = randomUUID();
       const [p, d] = await Promise.all([
-        side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, transfer_id: transferId }, `${id}-p`),
+        side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, transfer_id: transferId, ...this.producerExtras() }, `${id}-p`),
         side(this.o.decode, prompt, sampling, { do_remote_prefill: true, transfer_id: transferId, remote_engine_id: this.o.prefill.engineId }, `${id}-d`, call.onDelta),
       ]);
       return { ...d, prefill: p };
     }
-    const p = await side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true }, `${id}-p`);
+    const p = await side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, ...this.producerExtras() }, `${id}-p`);
     if (p.finishReason === 'error' || p.finishReason === 'abort') return { ...p, tokenIds: [], text: '', prefill: p };
     // The client went away during the prefill: the consumer is not asked (the producer's blocks
     // wait for their lease to expire, as for any consumer that never reads).

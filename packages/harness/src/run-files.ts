@@ -5,6 +5,7 @@
 import { loadScenarioFile } from './scenario.js';
 import { runScenario, type RunScenarioOptions, type ScenarioResult } from './runner.js';
 import { ValidationError } from './validate.js';
+import { extensionLines, summarize } from './report.js';
 
 /** Totals of {@link runFiles}. */
 export interface RunFilesResult {
@@ -16,7 +17,9 @@ export interface RunFilesResult {
 
 /**
  * Runs scenario files in order, printing one line per expectation (`PASS ...` / `FAIL ...`), a
- * `SKIP` line per scenario that cannot run here, and last `N passed, N failed`. A file that does
+ * `SKIP` line per scenario that cannot run here, the report's lines of the checksum extensions in
+ * use (`  unaligned prefix hits verified with sub-block values: N`, report.ts `extensionLines`, one
+ * set per run), and last `N passed, N failed`. A file that does
  * not validate prints its problems and counts as one failure.
  */
 export async function runFiles(files: readonly string[], print: (line: string) => void = console.log, o: Omit<RunScenarioOptions, 'file'> = {}): Promise<RunFilesResult> {
@@ -55,6 +58,7 @@ export async function runFiles(files: readonly string[], print: (line: string) =
       else failed++;
       print(x.line);
     }
+    for (const run of r.runs) for (const l of extensionLines(summarize(run))) print(`  ${l}`);
   }
   if (skipped > 0) print(`${skipped} scenario(s) skipped`);
   print(`${passed} passed, ${failed} failed`);

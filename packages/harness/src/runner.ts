@@ -376,6 +376,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
   // (faults/records.ts requestIndexOf reads the index back): no shared cursor.
   const indexed = (ep: PDEndpoint, i: number, prompt?: readonly number[]): PDEndpoint => ({
     engineId: ep.engineId,
+    groupConfigs: ep.groupConfigs, // PDProxy: kv_checksum_block_sizes (docs/checksum-extensions.md section 1)
     generate: (p, sampling, params, requestId, call) => ep.generate(prompt ?? p, sampling, params, `r${i}.${requestId ?? 'x'}`, call),
     abort: ep.abort ? (requestId) => ep.abort!(`r${i}.${requestId}`) : undefined,
   });

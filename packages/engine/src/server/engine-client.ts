@@ -11,6 +11,8 @@ import type { GenerateResult } from '../engine.js';
 import type { PDEndpoint } from '../proxy.js';
 import type { SamplingParams } from '../request.js';
 import { isPlainObject, type CompletionResponse } from './protocol.js';
+import { parseHealthKVCacheGroups } from './kv-cache-groups.js';
+import type { BlockSizeGroup } from '@kvconnect/core';
 
 /** Options of an {@link EngineClient}. */
 export interface EngineClientOptions {
@@ -97,6 +99,7 @@ export class EngineClient implements PDEndpoint {
   readonly url: string;
   private _engineId: string;
   private _models: string[] = [];
+  private _groupConfigs: BlockSizeGroup[] | undefined;
   private readonly o: EngineClientOptions;
   /** Keep-alive connections of this client (idle sockets are unref'd by Node's agent). */
   private readonly agent: HttpAgent;
@@ -126,7 +129,16 @@ export class EngineClient implements PDEndpoint {
     c._engineId = h.engine_id;
     const served = Array.isArray(h.served_models) ? h.served_models.filter((x): x is string => typeof x === 'string') : [];
     c._models = served.length > 0 ? served : typeof h.model === 'string' ? [h.model] : [];
+    c._groupConfigs = parseHealthKVCacheGroups(h);
     return c;
+  }
+
+  /**
+   * The engine's KV cache groups, as learned by {@link connect} from `/health`'s `kv_cache_groups`
+   * (undefined otherwise); `PDProxy` derives `kv_checksum_block_sizes` from them.
+   */
+  get groupConfigs(): readonly BlockSizeGroup[] | undefined {
+    return this._groupConfigs;
   }
 
   /** The model names the engine serves, as learned by {@link connect} (empty otherwise). */

@@ -29,6 +29,7 @@ import { KV_TRANSFER_PARAMS_ERROR } from '@kvconnect/core';
 import type { FinishReason } from '../contracts.js';
 import type { Engine, GenerateResult } from '../engine.js';
 import type { Request } from '../request.js';
+import { healthKVCacheGroups } from './kv-cache-groups.js';
 import {
   DEFAULT_MAX_BODY_BYTES,
   HttpError,
@@ -349,7 +350,7 @@ export async function startEngineServer(engine: Engine, options: EngineServerOpt
   }
 
   function health(res: ServerResponse): void {
-    const base = { engine_id: engine.engineId, model: engine.model.name, served_models: served(), tp_size: engine.tpSize, pp_size: engine.ppSize, block_size: engine.blockSize };
+    const base = { engine_id: engine.engineId, model: engine.model.name, served_models: served(), tp_size: engine.tpSize, pp_size: engine.ppSize, block_size: engine.blockSize, kv_cache_groups: healthKVCacheGroups(engine.groupConfigs) };
     if (setupError !== null) return sendJson(res, 503, { status: 'error', error: `engine setup failed: ${setupError}`, ...base });
     if (engine.failure) return sendJson(res, 503, { status: 'error', error: engine.failure.message, ...base });
     if (closing) return sendJson(res, 503, { status: 'shutting-down', ...base });
