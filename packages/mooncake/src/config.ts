@@ -2,7 +2,7 @@
  * `kv_connector_extra_config` of `MooncakeConnector`, validated into {@link MooncakeOptions}.
  * @module
  */
-import { KVTransferConfigError, type ConfigProblem } from '@kvconnect/core';
+import { KVTransferConfigError, int, strictObject, z, zodProblems, type ConfigProblem } from '@kvconnect/core';
 import { resolveClusterSecret } from '@kvconnect/transfer';
 
 /** The transfer backends `MooncakeConnector` can move bytes with. */
@@ -65,26 +65,38 @@ export interface MooncakeOptions {
   localizeHoldMs: number;
 }
 
-const KEYS = [
-  'backend',
-  'bootstrap_host',
-  'bootstrap_port',
-  'bootstrap_addr',
-  'remote_bootstrap_addr',
-  'side_channel_host',
-  'abort_timeout_ms',
-  'transfer_timeout_ms',
-  'bootstrap_timeout_ms',
-  'max_message_bytes',
-  'cluster_secret',
-  'max_waiters',
-  'max_waiters_per_peer',
-  'max_pending_bytes',
-  'max_pending_bytes_per_peer',
-  'max_sessions',
-  'session_idle_ms',
-  'localize_hold_ms',
-] as const;
+const text = () => z.string({ error: 'expected a non-empty string' }).min(1, { error: 'expected a non-empty string' });
+
+/**
+ * The zod schema of `MooncakeConnector`'s `kv_connector_extra_config` (one schema library for
+ * every config: `@kvconnect/core`'s building blocks, as the NIXL connectors' extra config). The
+ * bounds are the ones {@link MooncakeOptions} documents; `cluster_secret` is resolved apart
+ * (`resolveClusterSecret`, which also reads the environment).
+ */
+export const mooncakeExtraConfigSchema = strictObject({
+  backend: z
+    .unknown()
+    .refine((v) => v === 'embedded' || v === 'mooncake', { error: (iss) => (typeof iss.input === 'string' && iss.input.length > 0 ? `expected "embedded" or "mooncake", got ${JSON.stringify(iss.input)}` : 'expected a non-empty string') })
+    .transform((v) => v as MooncakeBackend)
+    .optional(),
+  bootstrap_host: text().optional(),
+  bootstrap_port: int(0, 65535).optional(),
+  bootstrap_addr: text().optional(),
+  remote_bootstrap_addr: text().optional(),
+  side_channel_host: text().optional(),
+  abort_timeout_ms: int(1, 86_400_000).optional(),
+  transfer_timeout_ms: int(1, 86_400_000).optional(),
+  bootstrap_timeout_ms: int(1, 86_400_000).optional(),
+  max_message_bytes: int(1024, 1024 * 1024 * 1024).optional(),
+  cluster_secret: z.unknown().optional(),
+  max_waiters: int(1, 1 << 24).optional(),
+  max_waiters_per_peer: int(1, 1 << 24).optional(),
+  max_pending_bytes: int(1024, 2 ** 40).optional(),
+  max_pending_bytes_per_peer: int(1024, 2 ** 40).optional(),
+  max_sessions: int(1, 1 << 20).optional(),
+  session_idle_ms: int(1, 86_400_000).optional(),
+  localize_hold_ms: int(0, 3600 * 1000).optional(),
+});
 
 /**
  * Validates `MooncakeConnector`'s extra config. Unknown keys are rejected (a typo would otherwise
@@ -94,55 +106,35 @@ const KEYS = [
  *   a bad cluster secret is one).
  */
 export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): MooncakeOptions {
-  const problems: ConfigProblem[] = [];
-  const path = (k: string) => `kv_connector_extra_config.${k}`;
-  for (const k of Object.keys(extra)) if (!(KEYS as readonly string[]).includes(k)) problems.push({ path: path(k), message: `unknown key (known: ${KEYS.join(', ')})` });
-  const str = (k: string): string | undefined => {
-    const v = extra[k];
-    if (v === undefined) return undefined;
-    if (typeof v !== 'string' || v.length === 0) {
-      problems.push({ path: path(k), message: 'expected a non-empty string' });
-      return undefined;
-    }
-    return v;
-  };
-  const int = (k: string, dflt: number, min: number, max: number): number => {
-    const v = extra[k];
-    if (v === undefined) return dflt;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) {
-      problems.push({ path: path(k), message: `expected an integer in ${min}..${max}` });
-      return dflt;
-    }
-    return v;
-  };
-  const backend = str('backend') ?? 'embedded';
-  if (backend !== 'embedded' && backend !== 'mooncake') problems.push({ path: path('backend'), message: `expected "embedded" or "mooncake", got ${JSON.stringify(backend)}` });
-  const abortTimeoutMs = int('abort_timeout_ms', 480_000, 1, 86_400_000);
-  const o: MooncakeOptions = {
-    backend: backend as MooncakeBackend,
-    bootstrapHost: str('bootstrap_host') ?? '127.0.0.1',
-    bootstrapPort: int('bootstrap_port', 8998, 0, 65535),
-    bootstrapAddr: str('bootstrap_addr'),
-    remoteBootstrapAddr: str('remote_bootstrap_addr'),
-    host: str('side_channel_host') ?? '127.0.0.1',
-    abortTimeoutMs,
-    transferTimeoutMs: int('transfer_timeout_ms', abortTimeoutMs + 60_000, 1, 86_400_000),
-    bootstrapTimeoutMs: int('bootstrap_timeout_ms', 30_000, 1, 86_400_000),
-    maxMessageBytes: int('max_message_bytes', 64 * 1024 * 1024, 1024, 1024 * 1024 * 1024),
-    clusterSecret: null,
-    maxWaiters: int('max_waiters', 65_536, 1, 1 << 24),
-    maxWaitersPerPeer: int('max_waiters_per_peer', 16_384, 1, 1 << 24),
-    maxPendingBytes: int('max_pending_bytes', 256 * 1024 * 1024, 1024, 2 ** 40),
-    maxPendingBytesPerPeer: int('max_pending_bytes_per_peer', 64 * 1024 * 1024, 1024, 2 ** 40),
-    maxSessions: int('max_sessions', 4096, 1, 1 << 20),
-    sessionIdleMs: int('session_idle_ms', 600_000, 1, 86_400_000),
-    localizeHoldMs: int('localize_hold_ms', 0, 0, 3600 * 1000),
-  };
+  const r = mooncakeExtraConfigSchema.safeParse(extra);
+  const problems: ConfigProblem[] = r.success ? [] : zodProblems(r.error, 'kv_connector_extra_config');
+  let clusterSecret: Buffer | null = null;
   try {
-    o.clusterSecret = resolveClusterSecret(extra.cluster_secret, env);
+    clusterSecret = resolveClusterSecret(extra.cluster_secret, env);
   } catch (e) {
-    problems.push({ path: path('cluster_secret'), message: e instanceof Error ? e.message : String(e) });
+    problems.push({ path: 'kv_connector_extra_config.cluster_secret', message: e instanceof Error ? e.message : String(e) });
   }
-  if (problems.length) throw new KVTransferConfigError(problems);
-  return o;
+  if (!r.success || problems.length) throw new KVTransferConfigError(problems);
+  const x = r.data;
+  const abortTimeoutMs = x.abort_timeout_ms ?? 480_000;
+  return {
+    backend: x.backend ?? 'embedded',
+    bootstrapHost: x.bootstrap_host ?? '127.0.0.1',
+    bootstrapPort: x.bootstrap_port ?? 8998,
+    bootstrapAddr: x.bootstrap_addr,
+    remoteBootstrapAddr: x.remote_bootstrap_addr,
+    host: x.side_channel_host ?? '127.0.0.1',
+    abortTimeoutMs,
+    transferTimeoutMs: x.transfer_timeout_ms ?? abortTimeoutMs + 60_000,
+    bootstrapTimeoutMs: x.bootstrap_timeout_ms ?? 30_000,
+    maxMessageBytes: x.max_message_bytes ?? 64 * 1024 * 1024,
+    clusterSecret,
+    maxWaiters: x.max_waiters ?? 65_536,
+    maxWaitersPerPeer: x.max_waiters_per_peer ?? 16_384,
+    maxPendingBytes: x.max_pending_bytes ?? 256 * 1024 * 1024,
+    maxPendingBytesPerPeer: x.max_pending_bytes_per_peer ?? 64 * 1024 * 1024,
+    maxSessions: x.max_sessions ?? 4096,
+    sessionIdleMs: x.session_idle_ms ?? 600_000,
+    localizeHoldMs: x.localize_hold_ms ?? 0,
+  };
 }

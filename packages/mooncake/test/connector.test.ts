@@ -78,6 +78,20 @@ describe('MooncakeConnector registration and config', () => {
     expect(() => mooncakeConnectorFactory.createScheduler(cfg({ typo: 1 }), ctx)).toThrow(KVTransferConfigError);
   });
 
+  it('states each problem as the other configs do (one schema library: zod through @kvconnect/core)', () => {
+    try {
+      parseMooncakeOptions({ backend: 'rdma', bootstrap_port: 70000, bootstrap_host: '', localize_hold_ms: 1.5, typo: 1 }, {});
+      expect.unreachable();
+    } catch (e) {
+      const got = Object.fromEntries((e as KVTransferConfigError).problems.map((p) => [p.path.replace('kv_connector_extra_config.', ''), p.message]));
+      expect(got.backend).toBe('expected "embedded" or "mooncake", got "rdma"');
+      expect(got.bootstrap_port).toBe('expected an integer in 0..65535');
+      expect(got.bootstrap_host).toBe('expected a non-empty string');
+      expect(got.localize_hold_ms).toBe('expected an integer in 0..3600000');
+      expect(got.typo).toMatch(/^unknown key \(known: backend, bootstrap_host, bootstrap_port, /);
+    }
+  });
+
   const hasAgent = mooncakeUnavailableReason() === null;
   it.skipIf(hasAgent)(`backend 'mooncake' without a Mooncake agent: a clear error from both halves and from createAgent${hasAgent ? ' (skipped: this build has the Mooncake agent)' : ''}`, async () => {
     expect(() => mooncakeConnectorFactory.createScheduler(cfg({ backend: 'mooncake' }), ctx)).toThrow(/^Mooncake Transfer Engine not available: /);
