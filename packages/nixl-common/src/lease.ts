@@ -140,7 +140,11 @@ export class LeaseTable {
   blocksHeld(requestId: string): boolean {
     this.sweep();
     const l = this.leases.get(requestId);
-    return !!l && l.reported.size === 0 && (l.state === 'held' || l.state === 'done');
+    if (!l || l.reported.size > 0 || l.holdEnded) return false;
+    if (l.state === 'held') return true;
+    // done: only within localize_hold_ms of the end of the reads, so that LOCALIZE requests kept in
+    // flight cannot pin the blocks past the hold (a running one still delays the free, see take()).
+    return l.state === 'done' && l.doneAt !== null && this.now() < l.doneAt + (this.o.holdAfterDoneMs ?? 0);
   }
 
   /** A `LOCALIZE` of `requestId` started (+1) or ended (-1); while one runs, no worker reports the request. */

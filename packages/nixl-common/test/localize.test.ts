@@ -85,6 +85,19 @@ describe('lease hold for LOCALIZE', () => {
     expect(t.take('0:0')).toEqual(['a']);
   });
 
+  it('LOCALIZE requests kept in flight cannot pin a done lease past its hold: no new one is served after it (hostile trial)', () => {
+    let now = 1000;
+    const t = new LeaseTable({ leaseMs: 10_000, workers: 1, holdAfterDoneMs: 200, now: () => now });
+    t.add('a');
+    t.readerDone('a', 'c0', 1);
+    t.localizing('a', 1); // a LOCALIZE runs across the end of the hold
+    now += 201;
+    expect(t.blocksHeld('a')).toBe(false); // the next LOCALIZE is answered gone
+    expect(t.take('0:0')).toEqual([]); // the running one still reads the blocks
+    t.localizing('a', -1);
+    expect(t.take('0:0')).toEqual(['a']);
+  });
+
   it('push: held until every producer worker wrote, then the hold', () => {
     let now = 0;
     const t = new LeaseTable({ leaseMs: 10_000, workers: 2, holdAfterDoneMs: 100, now: () => now });

@@ -214,16 +214,29 @@ export function urlOf(host: string, port: number): string {
 /**
  * An HTTP server for a JSON API: `handle` serves each request (a {@link RouteTable}'s `handle`
  * fits), and anything it throws is answered by {@link sendError} (an {@link HttpError} with its
- * status, anything else 500). Idle keep-alive connections close after 5 s. Malformed HTTP gets a
+ * status, anything else 500; a handler that throws synchronously too). Idle keep-alive connections
+ * close after 5 s; a request must arrive whole within `requestTimeoutMs` (default 30 s; headers
+ * within `headersTimeoutMs`, default 10 s), else 408. Malformed HTTP gets a
  * bare 400 and the connection closes; nothing a client sends can throw out of the server.
  */
-export function createJsonHttpServer(handle: (req: IncomingMessage, res: ServerResponse) => Promise<void>): Server {
-  const server = createServer((req, res) => {
-    handle(req, res).catch((e: unknown) => sendError(res, e));
+export function createJsonHttpServer(
+  handle: (req: IncomingMessage, res: ServerResponse) => Promise<void>,
+  o: { requestTimeoutMs?: number; headersTimeoutMs?: number } = {},
+): Server {
+  const requestTimeout = o.requestTimeoutMs ?? 30_000;
+  const headersTimeout = Math.min(o.headersTimeoutMs ?? 10_000, requestTimeout);
+  // Node checks the two deadlines every connectionsCheckingInterval (default 30 s).
+  const server = createServer({ requestTimeout, headersTimeout, connectionsCheckingInterval: Math.max(100, Math.min(5000, Math.floor(requestTimeout / 4))) }, (req, res) => {
+    Promise.resolve()
+      .then(() => handle(req, res))
+      .catch((e: unknown) => sendError(res, e));
   });
   server.keepAliveTimeout = 5000;
-  server.on('clientError', (_err, socket) => {
-    if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+  // A client trickling its headers or body cannot hold a connection for Node's defaults (60 s /
+  // 300 s): the whole request must arrive within requestTimeoutMs (Node answers 408 and closes).
+  server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
+    const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+    if (socket.writable) socket.end(`HTTP/1.1 ${timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
     else socket.destroy();
   });
   return server;

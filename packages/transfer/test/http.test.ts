@@ -159,3 +159,36 @@ describe('graceful close', () => {
     expect(expired).toBe(1);
   });
 });
+
+describe('slow clients', () => {
+  it('a body trickled past requestTimeoutMs gets 408 and the connection closes (no connection held for minutes)', async () => {
+    const table = new RouteTable({ '/echo': echo });
+    const server = createJsonHttpServer((req, res) => table.handle(req, res), { requestTimeoutMs: 400, headersTimeoutMs: 400 });
+    servers.push(server);
+    const port = await listenOn(server, 0, '127.0.0.1');
+    const t0 = Date.now();
+    const got = await new Promise<{ status: number; closedAfterMs: number }>((resolve, reject) => {
+      const req = http.request({ host: '127.0.0.1', port, method: 'POST', path: '/echo', headers: { 'content-type': 'application/json', 'content-length': '1000' }, agent: false }, (res) => {
+        res.resume();
+        res.on('end', () => resolve({ status: res.statusCode!, closedAfterMs: Date.now() - t0 }));
+      });
+      req.on('error', reject);
+      req.write('{');
+      const trickle = setInterval(() => req.write(' '), 50);
+      req.on('close', () => clearInterval(trickle));
+      setTimeout(() => clearInterval(trickle), 5000).unref();
+    });
+    expect(got.status).toBe(408);
+    expect(got.closedAfterMs).toBeLessThan(3000);
+  });
+
+  it('a handler that throws synchronously is answered 500; the server stays up', async () => {
+    const server = createJsonHttpServer((() => {
+      throw new Error('sync throw');
+    }) as unknown as (req: http.IncomingMessage, res: http.ServerResponse) => Promise<void>);
+    servers.push(server);
+    const port = await listenOn(server, 0, '127.0.0.1');
+    expect((await request(port, 'GET', '/x')).status).toBe(500);
+    expect((await request(port, 'GET', '/x')).status).toBe(500);
+  });
+});
