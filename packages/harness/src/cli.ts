@@ -65,7 +65,7 @@ export function buildProgram(print: (line: string) => void = (l) => console.log(
     .option('--no-checksums', 'turn KV checksums off (faults then go undetected)')
     .option('--fail-open', 'use loads that do not verify (default: fail-closed)')
     .option('--policy <policy>', 'what a fail-closed consumer does with a load that does not verify: recompute | fail', policyArg, 'recompute')
-    .option('--sample-rate <r>', 'multi-process: kv_checksum_sample_rate of both engines, in (0, 1] (docs/checksum-extensions.md; default 1: every block)', sampleRateArg)
+    .option('--sample-rate <r>', 'multi-process: kv_checksum_sample_rate of both engines, in (0, 1] (docs/checksum-extensions.md; default 1: every block). Below 1, a fault that falls outside the sample is not seen: its load is used and the demo\'s fault checks FAIL by design (--faults 0 shows the sampling alone)', sampleRateArg)
     .option('--transfer <engine>', `transfer engine the connectors move KV with: ${TRANSFER_ENGINES.join(' | ')} (default embedded: the embedded agent over TCP; nixl: NIXL, for pull and push, found through NIXL_PREFIX; mooncake: the Mooncake Transfer Engine, for --connector mooncake, found through MOONCAKE_PREFIX)`, 'embedded')
     .option('--workers <kind>', 'multi-process: processes (one worker process per TP rank) | inprocess, for both engines (default: processes)')
     .option('--verbose', 'copy the engine and proxy processes\' stderr to this stderr')
