@@ -180,6 +180,10 @@ export class NixlProducerChannel {
       const why = state === 'held' || state === 'done' ? 'blocks being freed' : state !== undefined ? `lease ${state}` : ended !== undefined ? `blocks freed (lease ${ended})` : 'unknown request';
       return { ok: encodeLocalizeBody({ status: 'gone', detail: `request ${requestId}: ${why}` }) };
     }
+    // One LOCALIZE per request at a time: a peer cannot fill the queue with copies of one order.
+    for (const p of this.localizing.values()) {
+      if (p.order.requestId === requestId) return { refuse: 'busy', message: `engine ${this.o.engineId}: a LOCALIZE of request ${requestId} is already being served` };
+    }
     if (this.localizing.size >= MAX_PENDING_LOCALIZE) return { refuse: 'busy', message: `engine ${this.o.engineId}: ${MAX_PENDING_LOCALIZE} LOCALIZE requests wait for the workers` };
     const order: LocalizeOrder = { ticket: this.nextTicket++, requestId, blocks: held.blocks, numTokens: held.numTokens, query };
     this.leases.localizing(requestId, 1);

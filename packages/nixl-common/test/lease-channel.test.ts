@@ -19,6 +19,7 @@ import {
   decodeEmptyBody,
   decodeLeaseBody,
   parseNixlConfig,
+  decodeLocalizeBody,
 } from '../src/index.js';
 
 describe('LeaseTable', () => {
@@ -237,5 +238,34 @@ describe('extra config', () => {
     expect(problems({ backends: 'UCX' })).toEqual([{ path: 'kv_connector_extra_config.backends', message: 'expected an array of NIXL backend names, e.g. ["UCX"]' }]);
     expect(problems({ kv_lease_duration: 0 })).toEqual([{ path: 'kv_connector_extra_config.kv_lease_duration', message: 'expected a number of seconds in (0, 86400]' }]);
     expect(problems({ kv_lease_duration: 30, lease_ms: 30_000 })).toEqual([{ path: 'kv_connector_extra_config.kv_lease_duration', message: 'give kv_lease_duration (seconds, vLLM) or lease_ms, not both' }]);
+  });
+});
+
+describe('LOCALIZE over the side channel (hostile trial)', () => {
+  it('one LOCALIZE per request at a time: copies sent while one waits for the workers are refused busy, another request is still served', async () => {
+    const registry = new Registry();
+    const producer = new NixlProducerChannel({ engineId: 'loc-producer', mode: 'pull', workers: 1, config: parseNixlConfig(cfg('kv_producer', { lease_ms: 10_000 })), metrics: nixlMetrics(registry) });
+    const a = await producer.listen();
+    for (const id of ['r1', 'r2']) {
+      producer.leases.add(id);
+      producer.heldBlocks(id, [[0]], 16);
+    }
+    const c = new SideChannelClient(a.host, a.port);
+    const query = { rangeTokens: 16, groups: [{ groupId: 0, tokenStart: 0, tokenEnd: 16 }] };
+    try {
+      const first = c.request({ type: 'localize', requestId: 'r1', query }, decodeLocalizeBody, 5_000);
+      first.catch(() => {});
+      await new Promise((r) => setTimeout(r, 50));
+      const copies = await Promise.allSettled(Array.from({ length: 5 }, () => c.request({ type: 'localize', requestId: 'r1', query }, decodeLocalizeBody, 5_000)));
+      expect(copies.every((x) => x.status === 'rejected' && /already being served/.test(String((x as PromiseRejectedResult).reason)))).toBe(true);
+      const other = c.request({ type: 'localize', requestId: 'r2', query }, decodeLocalizeBody, 5_000);
+      other.catch(() => {});
+      await new Promise((r) => setTimeout(r, 50));
+      // two orders wait for the workers (one per request), not six
+      expect(producer.takeLocalizeOrders().map((o) => o.requestId).sort()).toEqual(['r1', 'r2']);
+    } finally {
+      c.close();
+      await producer.close();
+    }
   });
 });
