@@ -27,6 +27,9 @@ import { MOONCAKE_COMPAT_HASH, MOONCAKE_PROTOCOL_VERSION, type RefuseCode, type 
 /** How far a hello's timestamp may be from the producer's clock, ms. */
 export const SIDE_CHANNEL_AUTH_WINDOW_MS = 30_000;
 
+/** Accepted hellos remembered for replay detection, at most (the oldest go first). */
+const MAX_SEEN_HELLOS = 65_536;
+
 /** A side-channel peer failed authentication or the handshake (`code` says how). */
 export class SideChannelAuthError extends Error {
   constructor(
@@ -84,6 +87,8 @@ export interface ProducerSessionOptions {
 /** The producer worker's sessions, by peer (the DEALER's routing id, hex). */
 export class ProducerSessions {
   private readonly sessions = new Map<string, ProducerSession>();
+  /** Hellos accepted within the auth window (nonce and timestamp -> when it may be forgotten): a replayed one is refused. */
+  private readonly seenHellos = new Map<string, number>();
   private readonly now: () => number;
 
   constructor(
@@ -112,6 +117,14 @@ export class ProducerSessions {
       if (!e.proof) return refuse('unauthenticated', 'this producer requires the cluster secret (set cluster_secret or KVCONNECT_CLUSTER_SECRET)');
       if (Math.abs(now - e.ts!) > SIDE_CHANNEL_AUTH_WINDOW_MS) return refuse('unauthenticated', `stale hello (timestamp ${e.ts}, producer clock ${now})`);
       if (!checkProof(e.proof, this.secret, `${CTX}hello`, ...V(), e.cn!, String(e.ts))) return refuse('unauthenticated', 'wrong hello proof (another cluster secret?)');
+      // A captured hello replayed from other connections must not open sessions (and evict real ones).
+      for (const [k, until] of this.seenHellos) {
+        if (until > now && this.seenHellos.size < MAX_SEEN_HELLOS) break; // oldest first
+        this.seenHellos.delete(k);
+      }
+      const key = `${Buffer.from(e.cn!).toString('hex')}:${e.ts}`;
+      if (this.seenHellos.has(key)) return refuse('unauthenticated', 'replayed hello (this nonce and timestamp opened a session already)');
+      this.seenHellos.set(key, e.ts! + 2 * SIDE_CHANNEL_AUTH_WINDOW_MS);
     }
     this.sweep(now);
     this.sessions.delete(peer);

@@ -93,6 +93,16 @@ describe('handshake and proofs', () => {
     expect(p.size).toBe(0);
   });
 
+  it('a replayed hello opens no session and evicts none (hostile trial); a fresh hello of the same consumer does', () => {
+    const p = new ProducerSessions(SECRET, { maxSessions: 2, idleMs: 60_000 });
+    const c = new ConsumerSession(SECRET);
+    const h = wire(c.hello(Date.now() - 10));
+    expect(wire(p.hello('genuine', h))).toMatchObject({ kind: 'welcome' });
+    for (const peer of ['x1', 'x2', 'x3']) expect(wire(p.hello(peer, h))).toMatchObject({ kind: 'refuse', code: 'unauthenticated', message: expect.stringMatching(/replayed hello/) });
+    expect(p.size).toBe(1);
+    expect(wire(p.hello('genuine', wire(c.hello(Date.now()))))).toMatchObject({ kind: 'welcome' });
+  });
+
   it('a consumer with a secret sends nothing to a producer that cannot prove it (no proof, another secret)', () => {
     for (const producerSecret of [null, OTHER]) {
       const c = new ConsumerSession(SECRET);
