@@ -285,17 +285,11 @@ export function mergeFineSums(lists: Iterable<readonly FineSum[]>): FineSum[] {
   return [...out.values()];
 }
 
-/** One key where a consumer copy differs from the producer. */
-export interface FineDifference {
-  layer: number;
-  head: number;
-  part: FinePart;
-  segment: number;
-  tokenStart: number;
-  tokenEnd: number;
-  /** The consumer copy's replica key. */
-  replicas: number;
-  replica: number;
+/**
+ * One key where a consumer copy differs from the producer: the {@link FineSum} key (its
+ * `replicas`/`replica` are the consumer copy's) with both sides' values (uint64).
+ */
+export interface FineDifference extends Omit<FineSum, 'value'> {
   producer: bigint;
   consumer: bigint;
 }
