@@ -47,4 +47,10 @@ if [ -d .carry/node_modules/zeromq/build ]; then
   find .carry/node_modules/zeromq/build -mindepth 2 -maxdepth 2 -type d | grep -v "/build/$plat\$" | xargs rm -rf
   find .carry/node_modules/zeromq/build -type d -name 'musl-*' | xargs rm -rf
 fi
+# bench/openai-stream.mjs drives the engine with the official client, a dev dependency: its
+# runtime files only (no TypeScript sources, which are most of its size).
+if [ -d node_modules/openai ]; then
+  cp -r node_modules/openai .carry/node_modules/
+  find .carry/node_modules/openai -type f ! -name '*.js' ! -name '*.mjs' ! -name package.json -delete
+fi
 du -sh .carry .carry/node.xz .carry/node_modules
