@@ -366,6 +366,80 @@ static void test_random_attn() {
   CHECK(bad == 0, "%d of %d random ATTN cases differ from the reference", bad, cases);
 }
 
+// Strided layouts whose heads of one token lie closer than the tokens of one head (NHD): the
+// kernel walks them token by token over all heads at once (checksum_kernel.inc, wsum_heads_v, up
+// to 32 heads). Odd head counts, 32 and 33 heads (the limit and past it), 1 valid token, kernel
+// blocks, parts that cut pieces, heads in reverse order (negative head stride), every vector
+// width's loop; on 1..8 threads, with fewer rows than threads too, against the naive reference.
+static void test_token_major() {
+  Rng rng(4242);
+  const uint32_t head_counts[] = {2, 3, 5, 7, 8, 31, 32, 33};
+  int bad = 0, cases = 0;
+  for (int it = 0; it < 96; ++it) {
+    const uint32_t heads = head_counts[it % 8];
+    const uint32_t P = 1 + (it % 3 == 0 ? rng.below(4) : rng.below(40)), cell = 8 * P;
+    const uint32_t kbt = it % 4 == 1 ? 1 + rng.below(3) : 4 + rng.below(13), nkb = it % 4 == 1 ? 1 + rng.below(3) : 1;
+    const uint32_t bt = kbt * nkb, nblocks = 1 + rng.below(5);
+    uint32_t bs = 0, bc = cell;
+    switch (rng.below(3)) {
+      case 1: bs = 8 * rng.below(P); bc = 8 * (1 + rng.below(P - bs / 8)); break;
+      case 2: bs = rng.below(cell); bc = 1 + rng.below(cell - bs); break;
+      default: break;
+    }
+    const uint32_t pad = rng.below(2) * (1 + rng.below(9));
+    const int64_t os = (int64_t)(bc + pad), ts = os * heads, kbs = ts * kbt, bstr = kbs * nkb;
+    const uint32_t lead = rng.below(9);
+    std::vector<uint8_t> buf((uint64_t)bstr * nblocks + lead + 8);
+    for (auto& x : buf) x = (uint8_t)rng.next();
+    kvc_entry e = blank();
+    e.kind = KVC_ENTRY_ATTN;
+    e.factor_base = rng.below(4) * 65536ull + rng.below(100);
+    e.outer_count = heads;
+    e.outer_stride = os;
+    e.offset = lead;
+    if (rng.below(3) == 0) {  // heads in reverse order
+      e.outer_stride = -os;
+      e.offset = lead + (uint64_t)os * (heads - 1);
+    }
+    e.token_stride = ts;
+    e.kblock_tokens = kbt;
+    e.kblock_stride = kbs;
+    e.block_tokens = bt;
+    e.block_stride = bstr;
+    e.byte_start = bs;
+    e.byte_count = bc;
+    e.cell_pieces = P;
+    e.num_blocks = nblocks;
+    Call c;
+    c.entries = {e};
+    c.group_start = {0, 1};
+    c.regions = {buf.data()};
+    c.region_bytes = {buf.size()};
+    const uint32_t n_rows = 1 + rng.below(it % 2 ? 3 : 12);  // often fewer rows than threads
+    std::vector<uint64_t> want(4, 0);
+    for (uint32_t i = 0; i < n_rows; ++i) {
+      const uint32_t valid = rng.below(4) == 0 ? 1 : rng.below(bt + 1);
+      kvc_row r = row(0, rng.below(nblocks), rng.below(1000) * bt, valid, rng.below(4));
+      c.rows.push_back(r);
+      want[r.out_offset] += ref_attn(e, buf.data(), r);
+    }
+    const unsigned saved = g_threads;
+    for (unsigned th = 1; th <= 8; ++th) {
+      g_threads = th;
+      c.out.assign(4, 0);
+      const int rc = c.run();
+      ++cases;
+      if (rc != KVC_OK || c.out != want) {
+        if (++bad <= 3)
+          std::printf("  token-major case %d, %u threads: rc %d (%s) heads=%u P=%u kbt=%u nkb=%u bs=%u bc=%u rows=%u\n", it, th, rc,
+                      c.diag.reason, heads, P, kbt, nkb, bs, bc, n_rows);
+      }
+    }
+    g_threads = saved;
+  }
+  CHECK(bad == 0, "%d of %d token-major ATTN cases differ from the reference", bad, cases);
+}
+
 static void test_random_rows() {
   Rng rng(777);
   int bad = 0, cases = 0;
@@ -743,6 +817,7 @@ int main() {
     test_extent();
     test_plain_weighted();
     test_long_and_parallel();
+    test_token_major();
   }
   CHECK(ran >= 1, "at least the generic instruction set ran");
   CHECK(kvc_set_cpu_isa("sse9") == KVC_EINVAL && kvc_set_cpu_isa(nullptr) == KVC_EINVAL, "unknown instruction sets refused");

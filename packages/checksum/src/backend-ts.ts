@@ -1,8 +1,9 @@
 /**
  * The TypeScript reference backend: sums a step's rows over packed tables exactly as SPEC 2-3
- * define it, in plain BigInt arithmetic mod 2^64. It is the readable definition the native and
- * CUDA backends are tested against (besides the conformance vectors), and the fallback where the
- * addon is not built.
+ * define it, mod 2^64. It is the readable definition the native and CUDA backends are tested
+ * against (besides the conformance vectors), and the fallback where the addon is not built.
+ * Attention parts of whole pieces at 4-aligned addresses (the common case) are summed with
+ * numbers only (`sumAttnWhole`); everything else in plain BigInt arithmetic.
  * @module
  */
 import { ENTRY_ATTN, ENTRY_BYTES, ENTRY_ROWS, ENTRY_STREAM, ROW_WORDS, type ChecksumBackend, type PackedTables } from './backend.js';
@@ -152,7 +153,156 @@ export function weightedPieces(mem: Mem, addr: number, from: number, count: numb
   return acc;
 }
 
-function sumAttn(e: Entry, mem: Mem, block: number, firstToken: number, valid: number): bigint {
+const TWO32_N = 4294967296;
+
+/**
+ * Pieces one chunk of {@link sumAttnWhole} sums in doubles. A chunk holds each piece index
+ * `r < SPAN` (counted from the chunk's first piece) at most once, so its sums stay exact integers:
+ * the weighted ones below `(2^32 - 1) * SPAN * (SPAN - 1) / 2 < 2^53`, the plain ones below
+ * `2^32 * SPAN = 2^43`.
+ */
+const SPAN = 2048;
+
+/**
+ * `acc[o]` (low 32 bits) and `acc[o + 1]` (high 32 bits) += a * b mod 2^64, with a and b given as
+ * 32-bit halves (numbers in [0, 2^32)). `aLo * bLo` is formed exactly from two products of at
+ * most 48 bits; the cross terms only reach the high word, so `Math.imul` (mod 2^32) suffices.
+ */
+function mulAdd64(acc: Uint32Array, o: number, aLo: number, aHi: number, bLo: number, bHi: number): void {
+  const x = aLo * (bLo & 0xffff); // < 2^48
+  const y = aLo * (bLo >>> 16); // < 2^48
+  const y0 = y % 65536;
+  const t = x + y0 * 65536; // aLo * bLo = t + (y - y0) * 2^16, t < 2^49
+  const tLo = t % TWO32_N;
+  const lo = acc[o] + tLo;
+  // Every term is an exact integer below 2^35 in magnitude; the Uint32Array stores reduce mod 2^32.
+  acc[o + 1] = acc[o + 1] + (t - tLo) / TWO32_N + (y - y0) / 65536 + Math.imul(aLo, bHi) + Math.imul(aHi, bLo) + (lo >= TWO32_N ? 1 : 0);
+  acc[o] = lo;
+}
+
+/** `acc[o], acc[o + 1]` += the 64-bit value `lo + 2^32 * hi` given as two exact doubles below 2^53. */
+function mulAddSplit(acc: Uint32Array, o: number, lo: number, hi: number, bLo: number, bHi: number): void {
+  const l = lo % TWO32_N;
+  mulAdd64(acc, o, l, ((lo - l) / TWO32_N + hi) % TWO32_N, bLo, bHi);
+}
+
+/**
+ * {@link sumAttn} for a part of whole pieces at 4-aligned addresses of a region with a 32-bit view:
+ * the same value with no BigInt in the loop. Per head, the pieces of up to {@link SPAN}
+ * consecutive piece numbers form a chunk with sums `S = sum x` and `Q = sum r x` (`r`: piece
+ * number minus the chunk's first piece number `jc`), each split by 32-bit half of x: the low
+ * halves' sums as exact doubles, the high halves' (worth 2^32 each) mod 2^32 in int32 arithmetic.
+ * The chunk adds `(2 jc + 1) S + 2 Q` (SPEC 2: `sum x (2j + 1)`), and the head's total is
+ * multiplied by its slice factor once, as the native kernel does (native/src/checksum_kernel.inc).
+ * Arithmetic mod 2^64 is on 32-bit halves in `sc` (scratch: words 0-1 the result, 2-3 the head,
+ * 4-5 the chunk weight). Edges are tested in test/ts-backend.test.ts.
+ */
+function sumAttnWhole(e: Entry, u32: Uint32Array, block: number, firstToken: number, valid: number, sc: Uint32Array): void {
+  const P = e.cellPieces;
+  const n = e.byteCount / 8;
+  const p0 = e.byteStart / 8;
+  const kbt = e.kblockTokens;
+  const kbs = e.kblockStride;
+  const ts = e.tokenStride;
+  const base = e.offset + block * e.blockStride; // address of the part (byte byteStart of the cell)
+  // Tokens per chunk and pieces of a token's part per chunk: whole parts of floor(SPAN / P)
+  // tokens, or (a cell longer than SPAN pieces) one token's part in runs of SPAN pieces.
+  const per = P <= SPAN ? Math.floor(SPAN / P) : 1;
+  const sub = P <= SPAN ? n : SPAN;
+  const twoP = 2 * P; // < 2^33
+  const twoPLo = twoP % TWO32_N;
+  const twoPHi = (twoP - twoPLo) / TWO32_N;
+  const fbLo = Number(e.factorBase & 0xffffffffn);
+  const fbHi = Number(e.factorBase >> 32n);
+  sc[0] = 0;
+  sc[1] = 0;
+  for (let h = 0; h < e.outerCount; h++) {
+    sc[2] = 0;
+    sc[3] = 0;
+    const hb = base + h * e.outerStride;
+    for (let t0 = 0; t0 < valid; t0 += per) {
+      const t1 = Math.min(valid, t0 + per);
+      for (let c = 0; c < n; c += sub) {
+        const m = Math.min(sub, n - c);
+        let sLo = 0;
+        let sHi = 0;
+        let qLo = 0;
+        let qHi = 0;
+        for (let t = t0; t < t1; t++) {
+          const kb = Math.floor(t / kbt);
+          let i = (hb + kb * kbs + (t - kb * kbt) * ts) / 4 + 2 * c;
+          // Two pieces per iteration, no multiplication: after K iterations a piece 2k (in a0/a1)
+          // has been added K - k times to b0/b1, so sum 2k x = 2 (K a0 - b0); likewise the odd
+          // pieces 2k + 1: sum (2k + 1) x = 2 (K c0 - d0) + c0. The high halves count 2^32 times,
+          // so only their sums mod 2^32 matter: int32 arithmetic (| 0, Math.imul) for them.
+          const K = m >>> 1;
+          const pairsEnd = i + 4 * K;
+          let a0 = 0;
+          let a1 = 0;
+          let b0 = 0;
+          let b1 = 0;
+          let c0 = 0;
+          let c1 = 0;
+          let d0 = 0;
+          let d1 = 0;
+          for (; i < pairsEnd; i += 4) {
+            a0 += u32[i];
+            a1 = (a1 + u32[i + 1]) | 0;
+            c0 += u32[i + 2];
+            c1 = (c1 + u32[i + 3]) | 0;
+            b0 += a0;
+            b1 = (b1 + a1) | 0;
+            d0 += c0;
+            d1 = (d1 + c1) | 0;
+          }
+          let lo = a0 + c0;
+          let hi = (a1 + c1) | 0;
+          let wLo = 2 * (K * a0 - b0) + 2 * (K * c0 - d0) + c0;
+          let wHi = (2 * ((Math.imul(K, a1) - b1 + Math.imul(K, c1) - d1) | 0) + c1) | 0;
+          if (m & 1) {
+            const xLo = u32[i];
+            const xHi = u32[i + 1] | 0;
+            lo += xLo;
+            hi = (hi + xHi) | 0;
+            wLo += (m - 1) * xLo;
+            wHi = (wHi + Math.imul(m - 1, xHi)) | 0;
+          }
+          // the token's pieces are r = rt .. rt + m - 1 of the chunk
+          const rt = (t - t0) * P;
+          sLo += lo;
+          sHi = (sHi + hi) | 0;
+          qLo += rt * lo + wLo;
+          qHi = (qHi + Math.imul(rt, hi) + wHi) | 0;
+        }
+        // weight 2 jc + 1 with jc = (firstToken + t0) * P + p0 + c, mod 2^64
+        const a = firstToken + t0; // < 2^33
+        const aLo = a % TWO32_N;
+        const wb = 2 * (p0 + c) + 1; // < 2^34
+        const wbLo = wb % TWO32_N;
+        sc[4] = wbLo;
+        sc[5] = (wb - wbLo) / TWO32_N;
+        mulAdd64(sc, 4, aLo, (a - aLo) / TWO32_N, twoPLo, twoPHi);
+        mulAddSplit(sc, 2, sLo, sHi >>> 0, sc[4], sc[5]);
+        mulAddSplit(sc, 2, qLo, qHi >>> 0, 2, 0);
+      }
+    }
+    // slice factor m = 2 (factorBase + h) + 1, mod 2^64
+    const mLo = 2 * fbLo + 2 * h + 1; // < 2^34
+    const mLo32 = mLo % TWO32_N;
+    mulAdd64(sc, 0, sc[2], sc[3], mLo32, (2 * fbHi + (mLo - mLo32) / TWO32_N) % TWO32_N);
+  }
+}
+
+/** True when {@link sumAttnWhole} can read entry `e`'s parts: whole pieces at 4-aligned addresses. */
+function wholePieces(e: Entry, mem: Mem): boolean {
+  return mem.u32 !== null && e.byteStart % 8 === 0 && e.byteCount % 8 === 0 && (e.offset % 4 | e.blockStride % 4 | e.outerStride % 4 | e.kblockStride % 4 | e.tokenStride % 4) === 0;
+}
+
+function sumAttn(e: Entry, mem: Mem, block: number, firstToken: number, valid: number, sc: Uint32Array): bigint {
+  if (wholePieces(e, mem)) {
+    sumAttnWhole(e, mem.u32!, block, firstToken, valid, sc);
+    return (BigInt(sc[1]) << 32n) | BigInt(sc[0]);
+  }
   let total = 0n;
   const P = e.cellPieces;
   const base = e.offset + block * e.blockStride;
@@ -202,6 +352,7 @@ export const tsBackend: ChecksumBackend = {
     validateStep(tables, regions, rows, out);
     const entries = tableEntries(tables);
     const mems = regions.map(memOf);
+    const sc = new Uint32Array(6);
     for (let i = 0; i < rows.length; i += ROW_WORDS) {
       const g = rows[i];
       const block = rows[i + 1];
@@ -211,7 +362,7 @@ export const tsBackend: ChecksumBackend = {
       for (let k = tables.groupStart[g]; k < tables.groupStart[g + 1]; k++) {
         const e = entries[k];
         const mem = mems[e.region];
-        const v = e.kind === ENTRY_ATTN ? sumAttn(e, mem, block, first, valid) : e.kind === ENTRY_ROWS ? sumRows_(e, mem, block) : e.kind === ENTRY_STREAM ? sumStream(e, mem, block) : 0n;
+        const v = e.kind === ENTRY_ATTN ? sumAttn(e, mem, block, first, valid, sc) : e.kind === ENTRY_ROWS ? sumRows_(e, mem, block) : e.kind === ENTRY_STREAM ? sumStream(e, mem, block) : 0n;
         out[o + e.column] = BigInt.asUintN(64, out[o + e.column] + v);
       }
     }

@@ -105,10 +105,25 @@ export class StepRows {
         const { numTokens, group } = run;
         let first = run.start * B;
         let out = slot.outOffset;
-        for (let i = 0; i < end; i++, first += B, out += columns) {
+        if (mask === undefined) {
+          // Every block: all but the last one of the positions hold B valid tokens (end's definition).
+          for (let i = 0; i < end; i++, first += B, out += columns) {
+            const id = ids[i];
+            if (id >>> 0 !== id) throw new RangeError(`block id ${id} at position ${run.start + i} is not a uint32`);
+            b[k] = group;
+            b[k + 1] = id;
+            b[k + 2] = first;
+            b[k + 3] = B;
+            b[k + 4] = out;
+            b[k + 5] = 0;
+            k += 6; // ROW_WORDS, literal in the hot loop
+          }
+          const left = numTokens - (first - B); // valid tokens of the last row written
+          if (end > 0 && left < B) b[k - 3] = left;
+        } else for (let i = 0; i < end; i++, first += B, out += columns) {
           const id = ids[i];
           if (id >>> 0 !== id) throw new RangeError(`block id ${id} at position ${run.start + i} is not a uint32`);
-          if (mask !== undefined && mask[i] === 0) continue;
+          if (mask[i] === 0) continue;
           const left = numTokens - first;
           b[k] = group;
           b[k + 1] = id;

@@ -24,7 +24,7 @@ describe.skipIf(why !== null)(`native kernel variants and threads${why ? ` (skip
   const sections = { attention: vectors.attention, state: vectors.state, stateLocal: vectors.stateLocal };
 
   for (const isa of ISAS) {
-    for (const threads of [1, 3]) {
+    for (const threads of [1, 2, 3, 4, 8]) {
       it(`${isa}, ${threads} thread(s): every checksum vector`, (ctx) => {
         if (!A().setCpuIsa(isa)) ctx.skip(`this CPU does not run ${isa}`);
         expect(nativeCpuIsa()).toBe(isa);
