@@ -67,8 +67,6 @@ namespace {
  */
 constexpr uint32_t kInlineTiers[2] = {64, 128};
 constexpr uint32_t kInlineMax = 128;
-/** Up to this many groups travel inside the launch header (no dependent load of the group table). */
-constexpr uint32_t kGroupsInline = 8;
 
 /** The kernel's parameters, less the rows. */
 struct LaunchHeader {
@@ -80,9 +78,6 @@ struct LaunchHeader {
   FastDiv per_row;      // work items per row (the most any row's group has)
   uint32_t n_rows;
   uint32_t n_work;      // n_rows * per_row.d
-  uint32_t n_grp;       // groups in grp[] (0: more than kGroupsInline, read from `groups`)
-  uint32_t pad;
-  DevGroup grp[kGroupsInline];
 };
 
 /** The kernel's parameters: CAP inline rows (compact), or CAP == 1: rows in device memory. */
@@ -106,18 +101,10 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
 /**
  * One launch per step. Warp w of the grid sums work item w % per_row of row w / per_row (warps
  * past their row's group's items exit); warps are independent (no block-wide barrier).
- * SETUP 1 (the default): the group from the launch header, then one read of the work item (its
- * dispatch code in the entry index's top bits), then the entry's fields in one burst, so a warp
- * issues its first data load after two dependent reads. SETUP 2: the same, but the entry's lines
- * prefetched into L1 and its fields read where used (fewer registers); SETUP 3: 2 on the ATTN
- * pairs-inner paths, 1 elsewhere. SETUP 0 (the previous setup): group table, item and entry
- * fields read in turn, the fields behind each branch on the entry's mode and path. Kept as
- * variants for the benchmark's comparison: 102 (0), 202 / 208 (2), 302 (3).
  */
-template <int AU, int MIN_BLOCKS, int CAP, int SETUP>
+template <int AU, int MIN_BLOCKS, int CAP, bool ROT = false>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __grid_constant__ LaunchParams<CAP> p) {
   const uint32_t lane = threadIdx.x & (kLanes - 1);
-  const DevGroup* groups = SETUP && p.h.n_grp ? p.h.grp : p.h.groups;
   for (uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5); w < p.h.n_work; w += gridDim.x * kWarps) {
     const uint32_t ri = fdiv(p.h.per_row, w), bx = w - ri * p.h.per_row.d;
     kvc_row r;
@@ -131,19 +118,12 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __g
       r.out_offset = p.out_offset[ri];
       r.reserved = 0;
     }
-    if (SETUP) {
-      uint32_t entry, chunk, fn, column = 0;
-      if (!item_ref(groups, p.h.items, r, bx, &entry, &chunk, &fn)) continue;  // uniform per warp
-      const uint64_t s = warp_sum(item_lane<AU, SETUP>(fn, p.h.entries + entry, r, chunk, lane, &column));
-      if (lane == 0 && s != 0) atomicAdd(p.h.out + r.out_offset + column, (unsigned long long)s);
-    } else {
-      const DevEntry* e;
-      uint64_t blk;
-      uint32_t chunk;
-      if (!item_of(p.h.entries, p.h.groups, p.h.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
-      const uint64_t s = warp_sum(lane_partial<AU>(*e, blk, r, chunk, lane));
-      if (lane == 0 && s != 0) atomicAdd(p.h.out + r.out_offset + e->column, (unsigned long long)s);
-    }
+    const DevEntry* e;
+    uint64_t blk;
+    uint32_t chunk;
+    if (!item_of(p.h.entries, p.h.groups, p.h.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
+    const uint64_t s = warp_sum(lane_partial<AU, ROT>(*e, blk, r, chunk, lane));
+    if (lane == 0 && s != 0) atomicAdd(p.h.out + r.out_offset + e->column, (unsigned long long)s);
   }
 }
 
@@ -162,21 +142,22 @@ __global__ void kvc_copy_out_kernel(unsigned long long* d_out, unsigned long lon
 /**
  * The kernel variants (they differ on the ATTN vector paths only): 1 = pairs inner where it applies,
  * 4 pairs in flight per lane, up to 80 registers (3 blocks per SM); 2 = pairs inner, 2 pairs x 2
- * tokens in flight, 64 registers (4 blocks per SM); 4 / 8 = tokens inner with 4 / 8 loads in flight.
+ * tokens in flight, 64 registers (4 blocks per SM); 4 / 8 = tokens inner with 4 / 8 loads in flight;
+ * 12 / 18 = 2 / 8 with each item's token walk starting at a hashed round (ROT, kvc_cuda_kernel.cuh);
+ * 41 = 1 held to 64 registers (4 blocks per SM).
  */
 constexpr int kAttnVariantDefault = 2;
 
 template <int CAP>
 const void* kernel_of(int variant) {
   switch (variant) {
-    case 1: return (const void*)kvc_sum_kernel<1, 3, CAP, 1>;
-    case 4: return (const void*)kvc_sum_kernel<4, 4, CAP, 1>;
-    case 8: return (const void*)kvc_sum_kernel<8, 4, CAP, 1>;
-    case 102: return (const void*)kvc_sum_kernel<2, 4, CAP, 0>;  // V2 with the previous setup chain
-    case 202: return (const void*)kvc_sum_kernel<2, 4, CAP, 2>;  // V2, entry prefetched, fields read where used
-    case 208: return (const void*)kvc_sum_kernel<8, 4, CAP, 2>;
-    case 302: return (const void*)kvc_sum_kernel<2, 4, CAP, 3>;  // V2, 202's setup on the pairs-inner paths only
-    default: return (const void*)kvc_sum_kernel<2, 4, CAP, 1>;
+    case 1: return (const void*)kvc_sum_kernel<1, 3, CAP>;
+    case 4: return (const void*)kvc_sum_kernel<4, 4, CAP>;
+    case 8: return (const void*)kvc_sum_kernel<8, 4, CAP>;
+    case 12: return (const void*)kvc_sum_kernel<2, 4, CAP, true>;  // V2, token walks rotated
+    case 18: return (const void*)kvc_sum_kernel<8, 4, CAP, true>;  // V8, token walks rotated
+    case 41: return (const void*)kvc_sum_kernel<1, 4, CAP>;        // V1 held to 64 registers
+    default: return (const void*)kvc_sum_kernel<2, 4, CAP>;
   }
 }
 
@@ -261,7 +242,6 @@ struct kvc_cuda_ctx {
   DevGroup* d_groups = nullptr;
   uint2* d_items = nullptr;
   std::vector<HostGroup> groups;
-  std::vector<DevGroup> dev_groups;  // the device group table, copied into the launch header when small
   bool have_tables = false;
   // The last launch (for kvc_cuda_debug_relaunch).
   int variant = kAttnVariantDefault;
@@ -354,7 +334,6 @@ void free_tables(kvc_cuda_ctx* ctx) {
   ctx->d_groups = nullptr;
   ctx->d_items = nullptr;
   ctx->groups.clear();
-  ctx->dev_groups.clear();
   ctx->have_tables = false;
   ctx->last_grid = dim3(0, 0, 0);
 }
@@ -534,7 +513,6 @@ int kvc_cuda_set_tables(kvc_cuda_ctx* ctx, const kvc_tables* tables, const uint6
   ctx->d_groups = d_groups;
   ctx->d_items = d_items;
   ctx->groups = std::move(prep.host);
-  ctx->dev_groups = std::move(prep.groups);
   ctx->have_tables = true;
   return KVC_OK;
 }
@@ -591,9 +569,6 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   p.items = ctx->d_items;
   p.out = s.d_out;
   p.n_rows = (uint32_t)n_rows;
-  p.n_grp = ctx->dev_groups.size() <= kGroupsInline ? (uint32_t)ctx->dev_groups.size() : 0u;
-  for (uint32_t g = 0; g < p.n_grp; ++g) p.grp[g] = ctx->dev_groups[g];
-  p.pad = 0;
   cudaError_t e = cudaSuccess;
   int cap = 1;
   if (inline_rows) {
@@ -747,8 +722,9 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream) {
 }
 
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
-  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 102 && variant != 202 &&
-               variant != 208 && variant != 302)) return KVC_EINVAL;
+  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 12 && variant != 18 &&
+               variant != 41))
+    return KVC_EINVAL;
   if (variant != ctx->variant) {  // load the variant's module now, not in a timed launch
     DeviceGuard guard(ctx->device);
     KVC_CU(warm_variant(variant, ctx->side, ctx->slots[0].d_out), "warm-up");

@@ -18,10 +18,8 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream);
 /**
  * Selects the kernel variant of the ATTN vector paths (kvc_checksum_cuda.cu, launch()): 1 or 2 =
  * pairs inner where the layout suits it (4 pairs, 80 registers / 2 pairs x 2 tokens, 64 registers),
- * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane. Per-warp setup (all paths): 1, 2, 4,
- * 8 read the entry in one burst into registers; 202 / 208 = 2 / 8 with the entry prefetched into L1
- * and its fields read where used; 302 = 2 with 202's setup on the pairs-inner paths only; 102 = 2
- * with the previous setup (group, item, entry fields in turn), for the benchmark's comparison.
+ * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane; 12 / 18 = 2 / 8 with each item's
+ * token walk starting at a hashed round (rot_start in kvc_cuda_kernel.cuh); 41 = 1 at 64 registers.
  */
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
 

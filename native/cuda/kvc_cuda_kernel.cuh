@@ -75,9 +75,8 @@ KVC_HD uint32_t fdiv(const FastDiv& f, uint32_t n) {
 #endif
 }
 
-/** An entry as the kernel reads it (derived from kvc_entry at set_tables). 208 bytes, 16-aligned, so
- *  that load_entry() fetches it with independent 16-byte loads in one go. */
-struct alignas(16) DevEntry {
+/** An entry as the kernel reads it (derived from kvc_entry at set_tables). */
+struct DevEntry {
   uint64_t base;       // device address of (block 0, head/row 0, token 0, line byte 0)
   int64_t s_block;     // block stride
   int64_t s_outer;     // ATTN: head stride; ROWS: row stride
@@ -101,7 +100,6 @@ struct alignas(16) DevEntry {
   uint32_t units_total;  // ROWS unit mode: units per row; STREAM: K
   uint32_t pair_inner;   // ATTN: more than 32 pairs per chunk and heads closer than tokens (NHD-like)
 };
-static_assert(sizeof(DevEntry) % 16 == 0, "DevEntry is loaded as 16-byte words");
 
 /** Per group: its work items in the device map. */
 struct DevGroup {
@@ -142,10 +140,20 @@ KVC_HD uint64_t gather_piece(uint64_t line, uint32_t bs, uint32_t bc, uint64_t p
 // ATTN
 
 /**
- * Lane `lane`'s partial of ATTN work item `c` for row r (block base blk): pairs of the item's pair
- * chunk, tokens of its token chunk below the row's valid tokens.
+ * The round a ROT lane starts its tokens at (of n rounds): a hash of the item's block address, row
+ * and chunk, so that the warps in flight together read different token offsets of their items
+ * instead of all the same one (their items are often a fixed stride apart).
  */
-template <int P, int UNROLL>
+KVC_HD uint32_t rot_start(uint64_t blk, const kvc_row& r, uint32_t c, uint32_t n) {
+  return n > 1 ? ((uint32_t)(blk >> 13) + r.block_id * 5u + c * 3u) % n : 0u;
+}
+
+/**
+ * Lane `lane`'s partial of ATTN work item `c` for row r (block base blk): pairs of the item's pair
+ * chunk, tokens of its token chunk below the row's valid tokens. ROT: the lane walks its tokens
+ * from round rot_start() to the end, then from its first token up to there (the same tokens).
+ */
+template <int P, int UNROLL, bool ROT = false>
 KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uint32_t c, uint32_t lane) {
   const uint32_t pc = fdiv(e.d_ic, c), tcn = c - pc * e.d_ic.d;
   const uint32_t t0 = tcn * e.tc;
@@ -170,18 +178,26 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
   for (uint32_t pair = p0 + lane % G; pair < p1; pair += G) {
     const uint32_t h = fdiv(e.d_k, pair), k = pair - h * e.k_units;
     const uint64_t hbase = blk + (uint64_t)((int64_t)h * e.s_outer);
-    uint32_t t = t0 + tl;
+    uint64_t A = 0, B = 0, C = 0;
+    // segments of the lane's tokens: [ts, t1) then [t0 + tl, ts) (ROT), else [t0 + tl, t1)
+    uint32_t ts = t0 + tl;
+    if (ROT && ts < t1) {
+      const uint32_t n_tok = (t1 - ts + TL - 1) / TL, rounds = (n_tok + U - 1) / U;
+      ts += rot_start(blk, r, c, rounds) * (uint32_t)U * TL;
+    }
+    for (int seg = 0; seg < (ROT ? 2 : 1); ++seg) {
+    const uint32_t t_end = seg == 0 ? t1 : ts;
+    uint32_t t = seg == 0 ? ts : t0 + tl;
     const uint32_t kb0 = fdiv(e.d_b, t);
     uint32_t tin = t - kb0 * kbt;
     uint64_t off = (uint64_t)((int64_t)kb0 * e.s_kb + (int64_t)tin * e.s_tok);
-    uint64_t A = 0, B = 0, C = 0;
-    while (t < t1) {
+    while (t < t_end) {
       uint4 v[U];
       const uint32_t tb = t;  // token of v[0]; v[q] is token tb + q * TL
       KVC_UNROLL
       for (int q = 0; q < U; ++q) {
         v[q] = make_uint4(0, 0, 0, 0);
-        if (t < t1) {
+        if (t < t_end) {
           const uint64_t line = hbase + off;
           if (P == kV16) {
             v[q] = ld16(line + 16u * k);
@@ -216,6 +232,7 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
         }
       }
     }
+    }
     const uint64_t piece = P == kV16 ? 2u * (uint64_t)k : (uint64_t)k;  // piece index past byte_start / 8
     const uint64_t m = 2u * (e.factor_base + h) + 1u;
     acc += m * ((c_row + 2u * piece) * A + 2u * cp * B + 2u * C);
@@ -228,9 +245,10 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
  * chunk has more than 32 pairs): the lane's pairs are lane + 32 i (i < kMaxPairs / 32), taken NP at
  * a time; for each pass the lane walks the tokens, TU tokens at a time, with the loads of its NP
  * pairs and TU tokens in flight together, so a warp reads each token's heads as contiguous runs,
- * like a plain sequential read. Accumulators per pair.
+ * like a plain sequential read. Accumulators per pair. ROT: each pass walks the tokens from round
+ * rot_start() to the end, then from t0 up to there.
  */
-template <int P, int NP, int TU>
+template <int P, int NP, int TU, bool ROT = false>
 KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, uint32_t c, uint32_t lane) {
   const uint32_t pc = fdiv(e.d_ic, c), tcn = c - pc * e.d_ic.d;
   const uint32_t t0 = tcn * e.tc;
@@ -244,6 +262,14 @@ KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, 
   const uint32_t tin0 = t0 - kb0 * kbt;
   const uint64_t off0 = (uint64_t)((int64_t)kb0 * e.s_kb + (int64_t)tin0 * e.s_tok);
   const int64_t d_carry = e.s_kb - (int64_t)(kbt - 1) * e.s_tok;
+  uint32_t ts = t0, tin_s = tin0;  // ROT: where the first segment starts
+  uint64_t off_s = off0;
+  if (ROT) {
+    ts = t0 + rot_start(blk, r, c, (t1 - t0 + TU - 1) / TU) * (uint32_t)TU;
+    const uint32_t kbs = fdiv(e.d_b, ts);
+    tin_s = ts - kbs * kbt;
+    off_s = (uint64_t)((int64_t)kbs * e.s_kb + (int64_t)tin_s * e.s_tok);
+  }
   const uint64_t cp = e.cell_pieces;
   const uint64_t c_row = 2u * (uint64_t)r.first_token * cp + 2u * (e.byte_start / 8u) + 1u;
   uint64_t acc = 0;
@@ -257,16 +283,18 @@ KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, 
       base[i] = blk + (uint64_t)((int64_t)h * e.s_outer) + kUB * k;
       A[i] = B[i] = C[i] = 0;
     }
-    uint32_t tin = tin0;
-    uint64_t off = off0;
-    for (uint32_t t = t0; t < t1; t += TU) {
+    for (int seg = 0; seg < (ROT ? 2 : 1); ++seg) {
+    const uint32_t t_end = seg == 0 ? t1 : ts;
+    uint32_t tin = seg == 0 ? tin_s : tin0;
+    uint64_t off = seg == 0 ? off_s : off0;
+    for (uint32_t t = seg == 0 ? ts : t0; t < t_end; t += TU) {
       uint4 v[TU][NP];
       KVC_UNROLL
       for (int q = 0; q < TU; ++q) {
         KVC_UNROLL
         for (int i = 0; i < NP; ++i) {
           v[q][i] = make_uint4(0, 0, 0, 0);
-          if (t + q < t1 && p0 + lane + kLanes * (pass + i) < p1) {
+          if (t + q < t_end && p0 + lane + kLanes * (pass + i) < p1) {
             if (P == kV16) {
               v[q][i] = ld16(base[i] + off);
             } else {
@@ -299,6 +327,7 @@ KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, 
           }
         }
       }
+    }
     }
     KVC_UNROLL
     for (int i = 0; i < NP; ++i) {
@@ -494,133 +523,6 @@ KVC_HD uint64_t stream_lane(const DevEntry& e, uint64_t blk, uint32_t c, uint32_
 // Dispatch
 
 /**
- * Which per-lane function sums an entry's items (fn_of(), from mode, path, elem_bytes and
- * pair_inner; the same choice lane_partial() makes from the entry's fields). Stored at set_tables in
- * the top 8 bits of each work item's entry index, so the kernel knows the path as soon as it has
- * read the item, and fetches the entry's fields in one burst (load_entry) instead of field by field
- * behind each branch.
- */
-enum Fn : uint32_t {
-  kFnAttnV16 = 0, kFnAttnV16Pi, kFnAttnV8, kFnAttnV8Pi, kFnAttnGen,
-  kFnLineV16W2, kFnLineV8W2, kFnLineV16W4, kFnLineV8W4,
-  kFnUnitV16W2, kFnUnitV8W2, kFnUnitGenW2, kFnUnitV16W4, kFnUnitV8W4, kFnUnitGenW4,
-  kFnStreamV16, kFnStreamV8, kFnStreamGen,
-};
-constexpr uint32_t kItemEntryBits = 24;  // work item .x = entry | fn << 24
-constexpr uint32_t kItemEntryMask = (1u << kItemEntryBits) - 1u;
-
-inline uint32_t fn_of(const DevEntry& e) {
-  const uint32_t pv = e.path == kV16 ? 0u : e.path == kV8 ? 1u : 2u;
-  switch (e.mode) {
-    case kAttn:
-      if (pv == 2) return kFnAttnGen;
-      return (pv == 0 ? kFnAttnV16 : kFnAttnV8) + (e.pair_inner ? 1u : 0u);
-    case kRowsLine: return (e.elem_bytes == 2 ? kFnLineV16W2 : kFnLineV16W4) + (pv == 0 ? 0u : 1u);
-    case kRowsUnit: return (e.elem_bytes == 2 ? kFnUnitV16W2 : kFnUnitV16W4) + pv;
-    default: return kFnStreamV16 + pv;
-  }
-}
-
-/** The entry at p, every field fetched at once (independent 16-byte read-only loads on the GPU). */
-KVC_HD DevEntry load_entry(const DevEntry* p) {
-#ifdef __CUDA_ARCH__
-  DevEntry e;
-  const uint4* s = reinterpret_cast<const uint4*>(p);
-  uint4* d = reinterpret_cast<uint4*>(&e);
-  KVC_UNROLL
-  for (int i = 0; i < (int)(sizeof(DevEntry) / 16); ++i) d[i] = __ldg(s + i);
-  return e;
-#else
-  return *p;
-#endif
-}
-
-/**
- * The work item (row r, item bx of its group) as stored: false when bx is past the group's items;
- * else its entry index, chunk and dispatch code.
- */
-KVC_HD bool item_ref(const DevGroup* groups, const uint2* items, const kvc_row& r, uint32_t bx, uint32_t* entry,
-                     uint32_t* chunk, uint32_t* fn) {
-  const DevGroup g = groups[r.group];
-  if (bx >= g.n_items) return false;
-#ifdef __CUDA_ARCH__
-  const uint2 it = __ldg(items + g.map_off + bx);
-#else
-  const uint2 it = items[g.map_off + bx];
-#endif
-  *entry = it.x & kItemEntryMask;
-  *fn = it.x >> kItemEntryBits;
-  *chunk = it.y;
-  return true;
-}
-
-/**
- * Lane `lane`'s partial sum of chunk c of the entry at ep for row r, by dispatch code fn (the
- * kernel's per-warp work; AU as in lane_partial); *column gets the entry's output column.
- * SETUP 1: the entry's fields are fetched in one burst (load_entry) inside the chosen path and kept
- * in registers; 2: its lines are prefetched into L1 and the fields read through ep where used
- * (fewer registers; the reads behind the path's branches hit L1); 3: 2 on the ATTN pairs-inner
- * paths (the ones short of registers), 1 elsewhere.
- */
-template <int AU = 1, int SETUP = 1>
-KVC_HD uint64_t item_lane(uint32_t fn, const DevEntry* ep, const kvc_row& r, uint32_t c, uint32_t lane, uint32_t* column) {
-#define KVC_ITEM_BODY(call)                                                          \
-  *column = e.column;                                                                \
-  const uint64_t blk = e.base + (uint64_t)((int64_t)r.block_id * e.s_block);         \
-  return call;
-#define KVC_ITEM(call) KVC_ITEM_AS(SETUP == 1 || SETUP == 3, call)
-#define KVC_ITEM_PI(call) KVC_ITEM_AS(SETUP == 1, call)
-#define KVC_ITEM_AS(BURST, call)             \
-  {                                          \
-    if constexpr (BURST) {                   \
-      const DevEntry e = load_entry(ep);     \
-      KVC_ITEM_BODY(call)                    \
-    } else {                                 \
-      const DevEntry& e = *ep;               \
-      KVC_ITEM_BODY(call)                    \
-    }                                        \
-  }
-#ifdef __CUDA_ARCH__
-  if (SETUP == 2 || (SETUP == 3 && (AU == 1 || AU == 2) && (fn == kFnAttnV16Pi || fn == kFnAttnV8Pi))) {
-    const char* a = reinterpret_cast<const char*>(ep);
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(a + 128));
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(a + sizeof(DevEntry) - 1));
-  }
-#endif
-  switch (fn) {
-    case kFnAttnV16Pi:
-      if (AU == 1) KVC_ITEM_PI((attn_lane_pi<kV16, 4, 1>(e, r, blk, c, lane)))
-      if (AU == 2) KVC_ITEM_PI((attn_lane_pi<kV16, 2, 2>(e, r, blk, c, lane)))
-      KVC_ITEM((attn_lane<kV16, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane)))
-    case kFnAttnV16: KVC_ITEM((attn_lane<kV16, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane)))
-    case kFnAttnV8Pi:
-      if (AU == 1) KVC_ITEM_PI((attn_lane_pi<kV8, 4, 1>(e, r, blk, c, lane)))
-      if (AU == 2) KVC_ITEM_PI((attn_lane_pi<kV8, 2, 2>(e, r, blk, c, lane)))
-      KVC_ITEM((attn_lane<kV8, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane)))
-    case kFnAttnV8: KVC_ITEM((attn_lane<kV8, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane)))
-    case kFnAttnGen: KVC_ITEM((attn_lane<kGen, 1>(e, r, blk, c, lane)))
-    case kFnLineV16W2: KVC_ITEM((rows_line_lane<kV16, 2>(e, blk, c, lane)))
-    case kFnLineV8W2: KVC_ITEM((rows_line_lane<kV8, 2>(e, blk, c, lane)))
-    case kFnLineV16W4: KVC_ITEM((rows_line_lane<kV16, 4>(e, blk, c, lane)))
-    case kFnLineV8W4: KVC_ITEM((rows_line_lane<kV8, 4>(e, blk, c, lane)))
-    case kFnUnitV16W2: KVC_ITEM((rows_unit_lane<kV16, 2>(e, blk, c, lane)))
-    case kFnUnitV8W2: KVC_ITEM((rows_unit_lane<kV8, 2>(e, blk, c, lane)))
-    case kFnUnitGenW2: KVC_ITEM((rows_unit_lane<kGen, 2>(e, blk, c, lane)))
-    case kFnUnitV16W4: KVC_ITEM((rows_unit_lane<kV16, 4>(e, blk, c, lane)))
-    case kFnUnitV8W4: KVC_ITEM((rows_unit_lane<kV8, 4>(e, blk, c, lane)))
-    case kFnUnitGenW4: KVC_ITEM((rows_unit_lane<kGen, 4>(e, blk, c, lane)))
-    case kFnStreamV16: KVC_ITEM((stream_lane<kV16>(e, blk, c, lane)))
-    case kFnStreamV8: KVC_ITEM((stream_lane<kV8>(e, blk, c, lane)))
-    default: KVC_ITEM((stream_lane<kGen>(e, blk, c, lane)))
-  }
-#undef KVC_ITEM_BODY
-#undef KVC_ITEM_PI
-#undef KVC_ITEM_AS
-#undef KVC_ITEM
-}
-
-/**
  * The work item (row r, item bx of its group): its entry, block base address and chunk index.
  * Returns false when bx is past the group's items.
  */
@@ -629,7 +531,7 @@ KVC_HD bool item_of(const DevEntry* entries, const DevGroup* groups, const uint2
   const DevGroup g = groups[r.group];
   if (bx >= g.n_items) return false;
   const uint2 it = items[g.map_off + bx];
-  const DevEntry& e = entries[it.x & kItemEntryMask];
+  const DevEntry& e = entries[it.x];
   *chunk = it.y;
   *blk = e.base + (uint64_t)((int64_t)r.block_id * e.s_block);
   *e_out = &e;
@@ -640,20 +542,21 @@ KVC_HD bool item_of(const DevEntry* entries, const DevGroup* groups, const uint2
  * Lane `lane`'s partial sum of chunk `c` of entry e for row r (one warp's work item). AU: loads in
  * flight per lane on the ATTN tokens-inner paths; AU = 1 / 2: the pairs-inner path where it
  * applies (4 pairs x 1 token / 2 pairs x 2 tokens in flight per lane; else tokens inner, kUnroll).
+ * ROT: the ATTN vector paths start each item's token walk at a hashed round (rot_start()).
  */
-template <int AU = 1>
+template <int AU = 1, bool ROT = false>
 KVC_HD uint64_t lane_partial(const DevEntry& e, uint64_t blk, const kvc_row& r, uint32_t c, uint32_t lane) {
   switch (e.mode) {
     case kAttn:
       if (e.path == kV16) {
-        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV16, 4, 1>(e, r, blk, c, lane);
-        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV16, 2, 2>(e, r, blk, c, lane);
-        return attn_lane<kV16, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane);
+        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV16, 4, 1, ROT>(e, r, blk, c, lane);
+        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV16, 2, 2, ROT>(e, r, blk, c, lane);
+        return attn_lane<kV16, AU <= 2 ? kUnroll : AU, ROT>(e, r, blk, c, lane);
       }
       if (e.path == kV8) {
-        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV8, 4, 1>(e, r, blk, c, lane);
-        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV8, 2, 2>(e, r, blk, c, lane);
-        return attn_lane<kV8, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane);
+        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV8, 4, 1, ROT>(e, r, blk, c, lane);
+        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV8, 2, 2, ROT>(e, r, blk, c, lane);
+        return attn_lane<kV8, AU <= 2 ? kUnroll : AU, ROT>(e, r, blk, c, lane);
       }
       return attn_lane<kGen, 1>(e, r, blk, c, lane);
     case kRowsLine:
@@ -874,8 +777,6 @@ inline const char* prepare_tables(const kvc_tables* t, const uint64_t* region_ad
                                   uint32_t* bad_entry) {
   const uint32_t ng = t->n_groups;
   const uint32_t e_first = t->group_start[0], e_end = t->group_start[ng];
-  *bad_entry = e_first;
-  if (e_end - e_first > kItemEntryMask) return "too many entries for the CUDA kernel (>= 2^24)";
   p->entries.assign(e_end - e_first, DevEntry{});
   p->groups.assign(ng, DevGroup{});
   p->host.assign(ng, HostGroup{});
@@ -889,8 +790,7 @@ inline const char* prepare_tables(const kvc_tables* t, const uint64_t* region_ad
       *bad_entry = i;
       if (const char* why = prepare_entry(e, region_addr[e.region], item_bytes, &d, &n)) return why;
       if (p->items.size() + n >= 0x7fffffffull) return "too many work items";
-      const uint32_t ref = (i - e_first) | fn_of(d) << kItemEntryBits;
-      for (uint64_t c = 0; c < n; ++c) p->items.push_back(make_uint2(ref, (uint32_t)c));
+      for (uint64_t c = 0; c < n; ++c) p->items.push_back(make_uint2(i - e_first, (uint32_t)c));
       HostGroup& h = p->host[g];
       h.has_entries = true;
       h.min_blocks = std::min(h.min_blocks, e.num_blocks);

@@ -44,7 +44,7 @@ bool g_emulate = false;
 uint64_t g_paths[4][3] = {};  // emulation: entries seen per (mode, path)
 uint32_t g_item_bytes = 32768;  // emulation: work item size (the context's chunk_bytes, default)
 int g_emu_unroll = 2;          // emulation: the kernel variant (kvc_cuda_debug_set_variant)
-int g_emu_setup = 1;           // emulation: the kernel's per-warp setup (item_lane<AU, SETUP> for 1-3; 0: item_of + lane_partial)
+bool g_emu_rot = false;        // emulation: rotated token walks (variants 12, 18)
 
 void report(bool ok, const std::string& name, const std::string& detail = "") {
   if (ok) ++g_pass;
@@ -185,37 +185,15 @@ int emu_sum(const Case& c, std::vector<uint64_t>& out, std::string* err) {
   out.assign(c.out_len, 0);
   for (const kvc_row& r : c.rows) {
     for (uint32_t bx = 0; bx < p.groups[r.group].n_items; ++bx) {
-      if (g_emu_setup != 0) {  // the kernel's default setup: item_ref, then item_lane by dispatch code
-        uint32_t entry, chunk, fn;
-        if (!item_ref(p.groups.data(), p.items.data(), r, bx, &entry, &chunk, &fn)) continue;
-        const DevEntry* ep = p.entries.data() + entry;
-        uint64_t acc = 0;
-        uint32_t column = UINT32_MAX;
-        for (uint32_t lane = 0; lane < (uint32_t)kLanes; ++lane) {
-          uint32_t col = 0;
-          acc += g_emu_setup == 2 ? (g_emu_unroll == 8 ? item_lane<8, 2>(fn, ep, r, chunk, lane, &col)
-                                                       : item_lane<2, 2>(fn, ep, r, chunk, lane, &col))
-                 : g_emu_setup == 3 ? item_lane<2, 3>(fn, ep, r, chunk, lane, &col)
-                 : g_emu_unroll == 8 ? item_lane<8>(fn, ep, r, chunk, lane, &col)
-                 : g_emu_unroll == 4 ? item_lane<4>(fn, ep, r, chunk, lane, &col)
-                 : g_emu_unroll == 1 ? item_lane<1>(fn, ep, r, chunk, lane, &col)
-                                     : item_lane<2>(fn, ep, r, chunk, lane, &col);
-          if (column != UINT32_MAX && col != column) {
-            *err = "lanes of one item report different columns";
-            return KVC_EINVAL;
-          }
-          column = col;
-        }
-        out[r.out_offset + column] += acc;
-        continue;
-      }
       const DevEntry* e;
       uint64_t blk;
       uint32_t chunk;
       if (!item_of(p.entries.data(), p.groups.data(), p.items.data(), r, bx, &e, &blk, &chunk)) continue;
       uint64_t acc = 0;
       for (uint32_t lane = 0; lane < (uint32_t)kLanes; ++lane)
-        acc += g_emu_unroll == 8   ? lane_partial<8>(*e, blk, r, chunk, lane)
+        acc += g_emu_rot           ? (g_emu_unroll == 8 ? lane_partial<8, true>(*e, blk, r, chunk, lane)
+                                                        : lane_partial<2, true>(*e, blk, r, chunk, lane))
+               : g_emu_unroll == 8 ? lane_partial<8>(*e, blk, r, chunk, lane)
                : g_emu_unroll == 4 ? lane_partial<4>(*e, blk, r, chunk, lane)
                : g_emu_unroll == 1 ? lane_partial<1>(*e, blk, r, chunk, lane)
                                    : lane_partial<2>(*e, blk, r, chunk, lane);
@@ -1262,20 +1240,16 @@ int main(int argc, char** argv) {
     random_stream_cases(nullptr, nullptr, quick ? 20 : 100, 3);
     big_state_cases(nullptr, nullptr);
     mixed_groups_case(nullptr, nullptr);
-    g_emu_setup = 0;  // the previous per-warp setup (variant 102)
-    random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 28);
-    random_state_cases(nullptr, nullptr, quick ? 10 : 50, 29);
-    g_emu_setup = 2;  // entry prefetched, fields read where used (variants 202, 208)
-    random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 30);
-    random_state_cases(nullptr, nullptr, quick ? 10 : 50, 31);
-    random_stream_cases(nullptr, nullptr, quick ? 10 : 30, 32);
+    g_emu_rot = true;  // rotated token walks: V12 (pairs inner / tokens inner), V18
+    random_attention_cases(nullptr, nullptr, quick ? 20 : 150, 51);
     g_emu_unroll = 8;
-    random_attention_cases(nullptr, nullptr, quick ? 20 : 60, 33);
+    random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 52);
+    g_item_bytes = 4096;  // several token chunks per entry
+    random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 53);
     g_emu_unroll = 2;
-    g_emu_setup = 3;  // variant 302
-    random_attention_cases(nullptr, nullptr, quick ? 20 : 60, 34);
-    random_state_cases(nullptr, nullptr, quick ? 10 : 30, 35);
-    g_emu_setup = 1;
+    random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 54);
+    g_item_bytes = 32768;
+    g_emu_rot = false;
     g_emu_unroll = 8;  // the other variants
     random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 24);
     g_emu_unroll = 1;
@@ -1359,7 +1333,7 @@ int main(int argc, char** argv) {
     }
   }
   // the other kernel variants (ATTN paths: pairs inner with 80 registers; tokens inner, 4 or 8 loads)
-  for (int variant : {1, 4, 8, 102, 202, 208, 302}) {
+  for (int variant : {1, 4, 8, 12, 18, 41}) {
     kvc_cuda_ctx* v = nullptr;
     if (kvc_cuda_create(0, nullptr, &v) == KVC_OK && kvc_cuda_debug_set_variant(v, variant) == KVC_OK) {
       random_attention_cases(v, st, quick ? 10 : 80, 30 + variant);
