@@ -11,8 +11,8 @@
  *     target >= 0.8 of the plain read.
  * Every benchmark first checks its sums against the CPU kernel (kvc_sum_rows_cpu), bit for bit.
  * Kernel variants (kvc_cuda_internal.h): V2 (default) pairs inner, 64 registers; V1 pairs inner,
- * 80 registers (V41: held to 64); V8 tokens inner with 8 loads in flight per lane; V12 / V18 = V2 /
- * V8 with each item's token walk starting at a hashed round (see kvc_checksum_cuda.cu).
+ * 80 registers; V8 tokens inner with 8 loads in flight per lane (see kvc_checksum_cuda.cu). "cap N":
+ * the step's grid capped at N blocks per SM (kvc_cuda_debug_set_grid; warps take items in turn).
  * The plain read is the best of two kernels (4 or 8 loads in flight per thread) x 4 grid sizes.
  * Usage: kvc_bench_cuda [--quick]. Prints a table; the last lines summarize the targets.
  */
@@ -307,10 +307,10 @@ void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
     Tb.group_start.push_back(2);
     std::vector<kvc_row> rows;
     for (uint32_t i = 0; i < nb; ++i) rows.push_back(kvc_row{0, i, i * T, T, i, 0});
-    for (int variant : {2, 12, 1, 41, 8, 18})
+    for (int variant : {2, 1, 8})
     for (uint32_t chunk : {8192u, 16384u, 32768u}) {
-      if (quick && (chunk != 32768u || (variant != 2 && variant != 12))) continue;
-      if (L.hnd && (chunk != 32768u || variant == 1 || variant == 41)) continue;
+      if (quick && (chunk != 32768u || variant != 2)) continue;
+      if (L.hnd && (chunk != 32768u || variant == 1)) continue;
       if (variant != 2 && chunk == 8192u) continue;
       kvc_cuda_options o{};
       o.chunk_bytes = chunk;
@@ -337,6 +337,20 @@ void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
         line((std::string(name) + ": step again (copy-out kernel)").c_str(), bytes, checksum_us(ctx, {rows}, nb, st), plain);
       }
       if (!L.hnd && us < best_nhd) best_nhd = us, best_nhd_kernel = kus, best_name = name;
+      if (chunk == 32768u && variant != 1 && !quick) {  // fewer warps reading at once
+        for (uint32_t cap : {1u, 2u, 3u}) {
+          kvc_cuda_debug_set_grid(ctx, cap);
+          char cn[128];
+          std::snprintf(cn, sizeof cn, "%s cap %u/SM", name, cap);
+          verify(ctx, Tb, rows, nb, st, cn);
+          const double cus = checksum_us(ctx, {rows}, nb, st);
+          const double ckus = kernel_only_us(ctx, st);
+          line((std::string(cn) + ": step").c_str(), bytes, cus, plain);
+          line((std::string(cn) + ": kernel only").c_str(), bytes, ckus, plain);
+          if (!L.hnd && cus < best_nhd) best_nhd = cus, best_nhd_kernel = ckus, best_name = cn;
+        }
+        kvc_cuda_debug_set_grid(ctx, 0);
+      }
       kvc_cuda_destroy(ctx);
     }
   }
@@ -476,10 +490,10 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
     // work-item size sweep (issue 16 part 4): smaller items put more loads in flight at once for a
     // small step; 0 = the default (32 KiB). Each line: the default kernel variant, the default submit.
     for (uint32_t chunk : {0u, 4096u})
-    for (int variant : {2, 12, 8, 18, 1, 41}) {
-    if (quick && variant != 2 && variant != 12) continue;
+    for (int variant : {2, 8, 1}) {
+    if (quick && variant != 2) continue;
     if (chunk != 0 && (variant != 2 || H != 2u)) continue;
-    if (H != 2u && (variant == 1 || variant == 41)) continue;
+    if (H != 2u && variant == 1) continue;
     std::printf("  kernel variant V%d%s, work items of %u bytes\n", variant, variant == 2 ? " (default)" : "", chunk ? chunk : 32768u);
     kvc_cuda_ctx* ctx = nullptr;
     kvc_cuda_options copt{};
@@ -537,10 +551,9 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
       }
       kvc_cuda_debug_set_submit(ctx, 128, 0, 1);
     }
-    double d, hs, w;
-    isolated(&d, &hs, &w);
     // queued step: the stream is busy (a 200 us kernel) when submit() is called, as in an engine
     // step: the device time from an event before submit() to one after it, launch latency hidden
+    auto queued_us = [&] {
     std::vector<double> queued;
     for (int i = 0; i < g_iters; ++i) {
       CK(cudaStreamSynchronize(st));
@@ -556,7 +569,29 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
       CK(cudaEventElapsedTime(&ms, e0, e1));
       queued.push_back(ms * 1000.0);
     }
-    const double qd = median(queued);
+    return median(queued);
+    };
+    if (variant == 2 && chunk == 0 && !quick) {  // the grid capped: fewer warps reading at once
+      for (uint32_t cap : {1u, 2u, 3u}) {
+        kvc_cuda_debug_set_grid(ctx, cap);
+        char cn[64];
+        std::snprintf(cn, sizeof cn, "step28 cap %u/SM", cap);
+        verify(ctx, Tb, rows, n_rows, st, cn);
+        const double cp = checksum_us(ctx, sets, n_rows, st);
+        double cd, chs, cw;
+        isolated(&cd, &chs, &cw);
+        const double cq = queued_us();
+        std::printf("  grid capped at %u blocks per SM: pipelined %.1f us, queued step %.1f us, isolated step %.1f us\n", cap, cp, cq, cd);
+        char cb[200];
+        std::snprintf(cb, sizeof cb, "step28 H=%u V2 grid capped at %u blocks/SM: queued step %.1f us, isolated step %.1f us, pipelined %.1f us",
+                      H, cap, cq, cd, cp);
+        g_summary.push_back(cb);
+      }
+      kvc_cuda_debug_set_grid(ctx, 0);
+    }
+    double d, hs, w;
+    isolated(&d, &hs, &w);
+    const double qd = queued_us();
     std::printf("  queued step (submitted while the stream is busy): device %.1f us\n", qd);
     std::printf("  isolated step: device %.1f us (event before submit -> event after the kernel, GPU idle before: includes the host's\n"
                 "                 row copy and launch), host submit() %.1f us, submit -> results in host memory %.1f us\n",

@@ -102,7 +102,7 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
  * One launch per step. Warp w of the grid sums work item w % per_row of row w / per_row (warps
  * past their row's group's items exit); warps are independent (no block-wide barrier).
  */
-template <int AU, int MIN_BLOCKS, int CAP, bool ROT = false>
+template <int AU, int MIN_BLOCKS, int CAP>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __grid_constant__ LaunchParams<CAP> p) {
   const uint32_t lane = threadIdx.x & (kLanes - 1);
   for (uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5); w < p.h.n_work; w += gridDim.x * kWarps) {
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __g
     uint64_t blk;
     uint32_t chunk;
     if (!item_of(p.h.entries, p.h.groups, p.h.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
-    const uint64_t s = warp_sum(lane_partial<AU, ROT>(*e, blk, r, chunk, lane));
+    const uint64_t s = warp_sum(lane_partial<AU>(*e, blk, r, chunk, lane));
     if (lane == 0 && s != 0) atomicAdd(p.h.out + r.out_offset + e->column, (unsigned long long)s);
   }
 }
@@ -142,9 +142,7 @@ __global__ void kvc_copy_out_kernel(unsigned long long* d_out, unsigned long lon
 /**
  * The kernel variants (they differ on the ATTN vector paths only): 1 = pairs inner where it applies,
  * 4 pairs in flight per lane, up to 80 registers (3 blocks per SM); 2 = pairs inner, 2 pairs x 2
- * tokens in flight, 64 registers (4 blocks per SM); 4 / 8 = tokens inner with 4 / 8 loads in flight;
- * 12 / 18 = 2 / 8 with each item's token walk starting at a hashed round (ROT, kvc_cuda_kernel.cuh);
- * 41 = 1 held to 64 registers (4 blocks per SM).
+ * tokens in flight, 64 registers (4 blocks per SM); 4 / 8 = tokens inner with 4 / 8 loads in flight.
  */
 constexpr int kAttnVariantDefault = 2;
 
@@ -154,9 +152,6 @@ const void* kernel_of(int variant) {
     case 1: return (const void*)kvc_sum_kernel<1, 3, CAP>;
     case 4: return (const void*)kvc_sum_kernel<4, 4, CAP>;
     case 8: return (const void*)kvc_sum_kernel<8, 4, CAP>;
-    case 12: return (const void*)kvc_sum_kernel<2, 4, CAP, true>;  // V2, token walks rotated
-    case 18: return (const void*)kvc_sum_kernel<8, 4, CAP, true>;  // V8, token walks rotated
-    case 41: return (const void*)kvc_sum_kernel<1, 4, CAP>;        // V1 held to 64 registers
     default: return (const void*)kvc_sum_kernel<2, 4, CAP>;
   }
 }
@@ -250,6 +245,10 @@ struct kvc_cuda_ctx {
   uint32_t inline_limit = kInlineMax;
   uint32_t min_tier = 0;
   bool copy_out_kernel = true;
+  // Grid size (kvc_cuda_debug_set_grid): at most grid_cap blocks per SM (0: one warp per work item);
+  // the warps then take several work items each (grid-stride).
+  uint32_t grid_cap = 0;
+  uint32_t sms = 0;
   alignas(16) unsigned char last[sizeof(LaunchParams<kInlineMax>)];  // the last launch's parameters
   int last_cap = 1;
   dim3 last_grid{0, 0, 0};
@@ -406,6 +405,8 @@ int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** 
   ctx->device = device;
   ctx->opt = o;
   DeviceGuard guard(device);
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0) ctx->sms = (uint32_t)sms;
   auto bail = [&](int rc) {
     kvc_cuda_destroy(ctx);
     return rc;
@@ -588,7 +589,9 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   }
   p.per_row = make_fastdiv(grid_x);
   p.n_work = (uint32_t)((uint64_t)n_rows * grid_x);
-  const dim3 grid((p.n_work + kWarps - 1) / kWarps);
+  uint32_t blocks = (p.n_work + kWarps - 1) / kWarps;
+  if (ctx->grid_cap && ctx->sms) blocks = std::min(blocks, ctx->grid_cap * ctx->sms);
+  const dim3 grid(blocks);
   if (e == cudaSuccess) e = launch(ctx->variant, cap, grid, st, ctx->last);
   if (e == cudaSuccess) e = cudaEventRecord(s.ev_compute, st);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->side, s.ev_compute, 0);
@@ -722,15 +725,19 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream) {
 }
 
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
-  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 12 && variant != 18 &&
-               variant != 41))
-    return KVC_EINVAL;
+  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8)) return KVC_EINVAL;
   if (variant != ctx->variant) {  // load the variant's module now, not in a timed launch
     DeviceGuard guard(ctx->device);
     KVC_CU(warm_variant(variant, ctx->side, ctx->slots[0].d_out), "warm-up");
     KVC_CU(KVC_SYNC(cudaStreamSynchronize(ctx->side)), "warm-up");
   }
   ctx->variant = variant;
+  return KVC_OK;
+}
+
+int kvc_cuda_debug_set_grid(kvc_cuda_ctx* ctx, uint32_t blocks_per_sm) {
+  if (!ctx || blocks_per_sm > 64) return KVC_EINVAL;
+  ctx->grid_cap = blocks_per_sm;
   return KVC_OK;
 }
 

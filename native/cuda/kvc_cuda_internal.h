@@ -18,8 +18,7 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream);
 /**
  * Selects the kernel variant of the ATTN vector paths (kvc_checksum_cuda.cu, launch()): 1 or 2 =
  * pairs inner where the layout suits it (4 pairs, 80 registers / 2 pairs x 2 tokens, 64 registers),
- * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane; 12 / 18 = 2 / 8 with each item's
- * token walk starting at a hashed round (rot_start in kvc_cuda_kernel.cuh); 41 = 1 at 64 registers.
+ * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane.
  */
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
 
@@ -32,5 +31,12 @@ int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
  * device-to-host copy and a memset.
  */
 int kvc_cuda_debug_set_submit(kvc_cuda_ctx* ctx, uint32_t inline_limit, uint32_t min_tier, int copy_out_kernel);
+
+/**
+ * Caps the step's grid at blocks_per_sm thread blocks per SM (0, the default: one warp per work
+ * item, every warp resident at once for steps up to the device's capacity); with a cap the warps
+ * take several work items each, in turn (fewer warps reading at once).
+ */
+int kvc_cuda_debug_set_grid(kvc_cuda_ctx* ctx, uint32_t blocks_per_sm);
 
 #endif  // KVC_CUDA_INTERNAL_H

@@ -140,20 +140,10 @@ KVC_HD uint64_t gather_piece(uint64_t line, uint32_t bs, uint32_t bc, uint64_t p
 // ATTN
 
 /**
- * The round a ROT lane starts its tokens at (of n rounds): a hash of the item's block address, row
- * and chunk, so that the warps in flight together read different token offsets of their items
- * instead of all the same one (their items are often a fixed stride apart).
- */
-KVC_HD uint32_t rot_start(uint64_t blk, const kvc_row& r, uint32_t c, uint32_t n) {
-  return n > 1 ? ((uint32_t)(blk >> 13) + r.block_id * 5u + c * 3u) % n : 0u;
-}
-
-/**
  * Lane `lane`'s partial of ATTN work item `c` for row r (block base blk): pairs of the item's pair
- * chunk, tokens of its token chunk below the row's valid tokens. ROT: the lane walks its tokens
- * from round rot_start() to the end, then from its first token up to there (the same tokens).
+ * chunk, tokens of its token chunk below the row's valid tokens.
  */
-template <int P, int UNROLL, bool ROT = false>
+template <int P, int UNROLL>
 KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uint32_t c, uint32_t lane) {
   const uint32_t pc = fdiv(e.d_ic, c), tcn = c - pc * e.d_ic.d;
   const uint32_t t0 = tcn * e.tc;
@@ -178,26 +168,18 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
   for (uint32_t pair = p0 + lane % G; pair < p1; pair += G) {
     const uint32_t h = fdiv(e.d_k, pair), k = pair - h * e.k_units;
     const uint64_t hbase = blk + (uint64_t)((int64_t)h * e.s_outer);
-    uint64_t A = 0, B = 0, C = 0;
-    // segments of the lane's tokens: [ts, t1) then [t0 + tl, ts) (ROT), else [t0 + tl, t1)
-    uint32_t ts = t0 + tl;
-    if (ROT && ts < t1) {
-      const uint32_t n_tok = (t1 - ts + TL - 1) / TL, rounds = (n_tok + U - 1) / U;
-      ts += rot_start(blk, r, c, rounds) * (uint32_t)U * TL;
-    }
-    for (int seg = 0; seg < (ROT ? 2 : 1); ++seg) {
-    const uint32_t t_end = seg == 0 ? t1 : ts;
-    uint32_t t = seg == 0 ? ts : t0 + tl;
+    uint32_t t = t0 + tl;
     const uint32_t kb0 = fdiv(e.d_b, t);
     uint32_t tin = t - kb0 * kbt;
     uint64_t off = (uint64_t)((int64_t)kb0 * e.s_kb + (int64_t)tin * e.s_tok);
-    while (t < t_end) {
+    uint64_t A = 0, B = 0, C = 0;
+    while (t < t1) {
       uint4 v[U];
       const uint32_t tb = t;  // token of v[0]; v[q] is token tb + q * TL
       KVC_UNROLL
       for (int q = 0; q < U; ++q) {
         v[q] = make_uint4(0, 0, 0, 0);
-        if (t < t_end) {
+        if (t < t1) {
           const uint64_t line = hbase + off;
           if (P == kV16) {
             v[q] = ld16(line + 16u * k);
@@ -232,7 +214,6 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
         }
       }
     }
-    }
     const uint64_t piece = P == kV16 ? 2u * (uint64_t)k : (uint64_t)k;  // piece index past byte_start / 8
     const uint64_t m = 2u * (e.factor_base + h) + 1u;
     acc += m * ((c_row + 2u * piece) * A + 2u * cp * B + 2u * C);
@@ -245,10 +226,9 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
  * chunk has more than 32 pairs): the lane's pairs are lane + 32 i (i < kMaxPairs / 32), taken NP at
  * a time; for each pass the lane walks the tokens, TU tokens at a time, with the loads of its NP
  * pairs and TU tokens in flight together, so a warp reads each token's heads as contiguous runs,
- * like a plain sequential read. Accumulators per pair. ROT: each pass walks the tokens from round
- * rot_start() to the end, then from t0 up to there.
+ * like a plain sequential read. Accumulators per pair.
  */
-template <int P, int NP, int TU, bool ROT = false>
+template <int P, int NP, int TU>
 KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, uint32_t c, uint32_t lane) {
   const uint32_t pc = fdiv(e.d_ic, c), tcn = c - pc * e.d_ic.d;
   const uint32_t t0 = tcn * e.tc;
@@ -262,14 +242,6 @@ KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, 
   const uint32_t tin0 = t0 - kb0 * kbt;
   const uint64_t off0 = (uint64_t)((int64_t)kb0 * e.s_kb + (int64_t)tin0 * e.s_tok);
   const int64_t d_carry = e.s_kb - (int64_t)(kbt - 1) * e.s_tok;
-  uint32_t ts = t0, tin_s = tin0;  // ROT: where the first segment starts
-  uint64_t off_s = off0;
-  if (ROT) {
-    ts = t0 + rot_start(blk, r, c, (t1 - t0 + TU - 1) / TU) * (uint32_t)TU;
-    const uint32_t kbs = fdiv(e.d_b, ts);
-    tin_s = ts - kbs * kbt;
-    off_s = (uint64_t)((int64_t)kbs * e.s_kb + (int64_t)tin_s * e.s_tok);
-  }
   const uint64_t cp = e.cell_pieces;
   const uint64_t c_row = 2u * (uint64_t)r.first_token * cp + 2u * (e.byte_start / 8u) + 1u;
   uint64_t acc = 0;
@@ -283,18 +255,16 @@ KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, 
       base[i] = blk + (uint64_t)((int64_t)h * e.s_outer) + kUB * k;
       A[i] = B[i] = C[i] = 0;
     }
-    for (int seg = 0; seg < (ROT ? 2 : 1); ++seg) {
-    const uint32_t t_end = seg == 0 ? t1 : ts;
-    uint32_t tin = seg == 0 ? tin_s : tin0;
-    uint64_t off = seg == 0 ? off_s : off0;
-    for (uint32_t t = seg == 0 ? ts : t0; t < t_end; t += TU) {
+    uint32_t tin = tin0;
+    uint64_t off = off0;
+    for (uint32_t t = t0; t < t1; t += TU) {
       uint4 v[TU][NP];
       KVC_UNROLL
       for (int q = 0; q < TU; ++q) {
         KVC_UNROLL
         for (int i = 0; i < NP; ++i) {
           v[q][i] = make_uint4(0, 0, 0, 0);
-          if (t + q < t_end && p0 + lane + kLanes * (pass + i) < p1) {
+          if (t + q < t1 && p0 + lane + kLanes * (pass + i) < p1) {
             if (P == kV16) {
               v[q][i] = ld16(base[i] + off);
             } else {
@@ -327,7 +297,6 @@ KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, 
           }
         }
       }
-    }
     }
     KVC_UNROLL
     for (int i = 0; i < NP; ++i) {
@@ -542,21 +511,20 @@ KVC_HD bool item_of(const DevEntry* entries, const DevGroup* groups, const uint2
  * Lane `lane`'s partial sum of chunk `c` of entry e for row r (one warp's work item). AU: loads in
  * flight per lane on the ATTN tokens-inner paths; AU = 1 / 2: the pairs-inner path where it
  * applies (4 pairs x 1 token / 2 pairs x 2 tokens in flight per lane; else tokens inner, kUnroll).
- * ROT: the ATTN vector paths start each item's token walk at a hashed round (rot_start()).
  */
-template <int AU = 1, bool ROT = false>
+template <int AU = 1>
 KVC_HD uint64_t lane_partial(const DevEntry& e, uint64_t blk, const kvc_row& r, uint32_t c, uint32_t lane) {
   switch (e.mode) {
     case kAttn:
       if (e.path == kV16) {
-        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV16, 4, 1, ROT>(e, r, blk, c, lane);
-        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV16, 2, 2, ROT>(e, r, blk, c, lane);
-        return attn_lane<kV16, AU <= 2 ? kUnroll : AU, ROT>(e, r, blk, c, lane);
+        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV16, 4, 1>(e, r, blk, c, lane);
+        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV16, 2, 2>(e, r, blk, c, lane);
+        return attn_lane<kV16, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane);
       }
       if (e.path == kV8) {
-        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV8, 4, 1, ROT>(e, r, blk, c, lane);
-        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV8, 2, 2, ROT>(e, r, blk, c, lane);
-        return attn_lane<kV8, AU <= 2 ? kUnroll : AU, ROT>(e, r, blk, c, lane);
+        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV8, 4, 1>(e, r, blk, c, lane);
+        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV8, 2, 2>(e, r, blk, c, lane);
+        return attn_lane<kV8, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane);
       }
       return attn_lane<kGen, 1>(e, r, blk, c, lane);
     case kRowsLine:
