@@ -245,10 +245,6 @@ struct kvc_cuda_ctx {
   uint32_t inline_limit = kInlineMax;
   uint32_t min_tier = 0;
   bool copy_out_kernel = true;
-  // Grid size (kvc_cuda_debug_set_grid): at most grid_cap blocks per SM (0: one warp per work item);
-  // the warps then take several work items each (grid-stride).
-  uint32_t grid_cap = 0;
-  uint32_t sms = 0;
   alignas(16) unsigned char last[sizeof(LaunchParams<kInlineMax>)];  // the last launch's parameters
   int last_cap = 1;
   dim3 last_grid{0, 0, 0};
@@ -405,8 +401,6 @@ int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** 
   ctx->device = device;
   ctx->opt = o;
   DeviceGuard guard(device);
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0) ctx->sms = (uint32_t)sms;
   auto bail = [&](int rc) {
     kvc_cuda_destroy(ctx);
     return rc;
@@ -589,9 +583,7 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   }
   p.per_row = make_fastdiv(grid_x);
   p.n_work = (uint32_t)((uint64_t)n_rows * grid_x);
-  uint32_t blocks = (p.n_work + kWarps - 1) / kWarps;
-  if (ctx->grid_cap && ctx->sms) blocks = std::min(blocks, ctx->grid_cap * ctx->sms);
-  const dim3 grid(blocks);
+  const dim3 grid((p.n_work + kWarps - 1) / kWarps);
   if (e == cudaSuccess) e = launch(ctx->variant, cap, grid, st, ctx->last);
   if (e == cudaSuccess) e = cudaEventRecord(s.ev_compute, st);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->side, s.ev_compute, 0);
@@ -732,12 +724,6 @@ int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
     KVC_CU(KVC_SYNC(cudaStreamSynchronize(ctx->side)), "warm-up");
   }
   ctx->variant = variant;
-  return KVC_OK;
-}
-
-int kvc_cuda_debug_set_grid(kvc_cuda_ctx* ctx, uint32_t blocks_per_sm) {
-  if (!ctx || blocks_per_sm > 64) return KVC_EINVAL;
-  ctx->grid_cap = blocks_per_sm;
   return KVC_OK;
 }
 

@@ -32,11 +32,4 @@ int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
  */
 int kvc_cuda_debug_set_submit(kvc_cuda_ctx* ctx, uint32_t inline_limit, uint32_t min_tier, int copy_out_kernel);
 
-/**
- * Caps the step's grid at blocks_per_sm thread blocks per SM (0, the default: one warp per work
- * item, every warp resident at once for steps up to the device's capacity); with a cap the warps
- * take several work items each, in turn (fewer warps reading at once).
- */
-int kvc_cuda_debug_set_grid(kvc_cuda_ctx* ctx, uint32_t blocks_per_sm);
-
 #endif  // KVC_CUDA_INTERNAL_H

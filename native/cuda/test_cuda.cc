@@ -1303,21 +1303,6 @@ int main(int argc, char** argv) {
       report(false, "create (copied rows path)");
     }
   }
-  // grids capped at 1 and 2 blocks per SM: every warp takes several work items in turn
-  for (uint32_t cap : {1u, 2u}) {
-    kvc_cuda_ctx* g = nullptr;
-    if (kvc_cuda_create(0, nullptr, &g) == KVC_OK && kvc_cuda_debug_set_grid(g, cap) == KVC_OK) {
-      random_attention_cases(g, st, quick ? 10 : 60, 60 + cap);
-      random_state_cases(g, st, quick ? 10 : 40, 62 + cap);
-      random_stream_cases(g, st, quick ? 5 : 20, 64 + cap);
-      big_state_cases(g, st);
-      mixed_groups_case(g, st);
-      ordering_case(g, st, 256, true);
-      kvc_cuda_destroy(g);
-    } else {
-      report(false, "create (grid capped at " + std::to_string(cap) + " blocks per SM)");
-    }
-  }
   ticket_and_validation_cases(ctx, st);
   sync_calls_case(st);
   // the same kernel with a different chunk size (more work items per entry)
