@@ -180,11 +180,12 @@ export function planTransfer(i: PlanInput): RankPlan[] {
       m.set(rank.tpRank, { rank, cache });
     }
   }
-  const out = new Map<RankInfo, Pair[]>();
-  const add = (rank: RankInfo, p: Pair) => {
+  const out = new Map<RankInfo, { pairs: Pair[]; cells: number }>();
+  const add: AddPair = (rank, p, cells = 1) => {
     let l = out.get(rank);
-    if (!l) out.set(rank, (l = []));
-    l.push(p);
+    if (!l) out.set(rank, (l = { pairs: [], cells: 0 }));
+    if (p) l.pairs.push(p);
+    l.cells += cells;
   };
   for (const dc of dst.caches) {
     const holders = byName.get(dc.name);
@@ -195,14 +196,26 @@ export function planTransfer(i: PlanInput): RankPlan[] {
     if (dc.kind === 'attention') planAttention(i, dc, holders, add);
     else planState(i, dc, holders, add);
   }
-  return [...out].map(([src, pairs]) => {
-    const cells = pairs.length;
+  return [...out].map(([src, { pairs, cells }]) => {
     const c = coalesce(pairs);
     return { src, pairs: c, bytes: c.reduce((a, p) => a + p.len, 0), cells };
   });
 }
 
-function planAttention(i: PlanInput, dc: AttentionLayout, holders: Map<number, Holder>, add: (r: RankInfo, p: Pair) => void): void {
+/** Adds pair `p` for producer rank `rank` (null: none, the cells extended a pair already added) and counts `cells` cells (default 1). */
+type AddPair = (rank: RankInfo, p: Pair | null, cells?: number) => void;
+
+/**
+ * The cells of an attention cache: consumer local head x token `[firstToken, numTokens)` x part.
+ * Addresses are computed (and checked) in head, token, part order, so the first error is the same
+ * whatever the layouts. Cells are then emitted in the consumer's memory order where a simple one
+ * exists (token-major when heads are adjacent, NHD; else head-major, HND) and merged on the fly
+ * with the previous cell of the same producer rank and part when contiguous on both sides, which
+ * {@link coalesce} would merge anyway: the plan is the same, but a 1K-token load builds hundreds of
+ * pairs instead of tens of thousands (one object and one sort entry per cell cost ~5-10 ms on the
+ * consumer's TTFT path; issue 16 section 3).
+ */
+function planAttention(i: PlanInput, dc: AttentionLayout, holders: Map<number, Holder>, add: AddPair): void {
   const { dst, producer } = i;
   const any = holders.values().next().value!.cache;
   if (any.kind !== 'attention') throw new PlanError(`${dc.name}: attention on the consumer, state on the producer`);
@@ -216,10 +229,18 @@ function planAttention(i: PlanInput, dc: AttentionLayout, holders: Map<number, H
   const [g0] = headsOfRank(dst.tpRank, dc.localHeads, dc.replicas);
   const dBlocks = i.dstBlocks[dc.group] ?? [];
   const Bd = dc.blockSize;
-  for (let h = 0; h < dc.localHeads; h++) {
+  const H = dc.localHeads;
+  const Q = dc.parts.length;
+  const T = i.numTokens - i.firstToken;
+  // Cell (h, t, q) at (h * T + t) * Q + q; NaN: no cell (a null block, or a head another rank holds).
+  const srcAt = new Float64Array(H * T * Q).fill(NaN);
+  const dstAt = new Float64Array(H * T * Q).fill(NaN);
+  const rankOf: Array<RankInfo | null> = new Array(H).fill(null);
+  for (let h = 0; h < H; h++) {
     const src = sourceOfHead(g0 + h, any.localHeads, any.replicas);
     const holder = holderAt(i, holders, src.tpRank, 'attention', dc.name, ` for head ${g0 + h}`);
     if (!holder) continue;
+    rankOf[h] = holder.rank;
     const sc = holder.cache as AttentionLayout;
     const sBlocks = i.srcBlocks[sc.group] ?? [];
     const Bp = sc.blockSize;
@@ -230,24 +251,47 @@ function planAttention(i: PlanInput, dc: AttentionLayout, holders: Map<number, H
       if (bp === undefined) throw new PlanError(`${dc.name}: the producer has no block for token ${t} (${sBlocks.length} blocks of ${Bp})`);
       if (bd < 0 || bp < 0) continue;
       if (bd >= dc.numBlocks || bp >= sc.numBlocks) throw new PlanError(`${dc.name}: block id out of range`);
-      for (let q = 0; q < dc.parts.length; q++) {
+      for (let q = 0; q < Q; q++) {
         const pd = dc.parts[q];
         const pp = sc.parts[q];
-        add(holder.rank, {
-          src: absolute(holder.rank, pp.region, partOffset(pp, bp, src.head, t % Bp), pp.bytes, dc.name),
-          dst: absolute(dst, pd.region, partOffset(pd, bd, h, t % Bd), pd.bytes, dc.name),
-          len: pd.bytes,
-        });
+        const k = (h * T + (t - i.firstToken)) * Q + q;
+        srcAt[k] = absolute(holder.rank, pp.region, partOffset(pp, bp, src.head, t % Bp), pp.bytes, dc.name);
+        dstAt[k] = absolute(dst, pd.region, partOffset(pd, bd, h, t % Bd), pd.bytes, dc.name);
       }
     }
   }
+  // Emission order: token-major when the consumer's heads of a token are adjacent (NHD), else head-major.
+  const p0 = dc.parts[0];
+  const tokenMajor = H > 1 && p0 !== undefined && p0.headStride === p0.bytes;
+  const last = new Map<RankInfo, Array<Pair | null>>();
+  const emit = (h: number, t: number, q: number) => {
+    const k = (h * T + t) * Q + q;
+    const s = srcAt[k];
+    if (Number.isNaN(s)) return;
+    const rank = rankOf[h]!;
+    const d = dstAt[k];
+    const len = dc.parts[q].bytes;
+    let l = last.get(rank);
+    if (!l) last.set(rank, (l = new Array<Pair | null>(Q).fill(null)));
+    const p = l[q];
+    if (p && p.dst + p.len === d && p.src + p.len === s) {
+      p.len += len;
+      add(rank, null);
+    } else {
+      const np = { src: s, dst: d, len };
+      l[q] = np;
+      add(rank, np);
+    }
+  };
+  if (tokenMajor) for (let t = 0; t < T; t++) for (let h = 0; h < H; h++) for (let q = 0; q < Q; q++) emit(h, t, q);
+  else for (let h = 0; h < H; h++) for (let t = 0; t < T; t++) for (let q = 0; q < Q; q++) emit(h, t, q);
 }
 
 function otherDims(s: StateTensorLayout, axis: number): number[] {
   return s.shape.filter((_, d) => d !== axis);
 }
 
-function planState(i: PlanInput, dc: StateLayoutInfo, holders: Map<number, Holder>, add: (r: RankInfo, p: Pair) => void): void {
+function planState(i: PlanInput, dc: StateLayoutInfo, holders: Map<number, Holder>, add: AddPair): void {
   const { dst, producer } = i;
   const any = holders.values().next().value!.cache;
   if (any.kind !== 'state') throw new PlanError(`${dc.name}: state on the consumer, attention on the producer`);
