@@ -74,8 +74,52 @@ export class EmbeddedRequest extends RequestState {
   }
 }
 
-/** Bytes of an outgoing connection's read buffer. */
-const READ_BUFFER_BYTES = 1 << 20;
+/** Bytes of an agent's socket read buffer ({@link socketReads}). */
+export const READ_BUFFER_BYTES = 1 << 20;
+
+/**
+ * The `onread` option of a socket of `agent` whose received bytes go to `reader`: every read of
+ * the agent's connections, in and out, lands in the agent's one reused buffer of
+ * {@link READ_BUFFER_BYTES} (`EmbeddedAgent.readBuffer`; fewer, larger reads than Node's default
+ * 64 KiB chunks and no allocation per read), and the reader copies out what it keeps unparsed
+ * before the callback returns. One buffer serves every connection because libuv allocates,
+ * reads and calls back for one socket within one synchronous step of the event loop.
+ */
+function socketReads(agent: EmbeddedAgent, reader: () => FrameReader): net.OnReadOpts {
+  return {
+    buffer: agent.readBuffer,
+    callback: (n: number, buf: Uint8Array) => {
+      const r = reader();
+      r.push(Buffer.from(buf.buffer, buf.byteOffset, n));
+      r.copyRetained();
+      return true;
+    },
+  };
+}
+
+/**
+ * Moves an accepted socket (`net.Server` with `pauseOnConnect`, not yet reading) to a new
+ * `net.Socket` on the same libuv handle that reads through `onread` (Node's `net.Server` has no
+ * `onread` option; `net.Socket` takes `handle` and `onread` in its constructor, see
+ * `lib/net.js` of Node). The server's connection count moves to the new socket, so that
+ * `server.close()` still waits for it. Returns null when this Node's socket exposes no `_handle`
+ * (the caller then reads through `data` events).
+ */
+export function adoptWithReads(s: net.Socket, onread: net.OnReadOpts): net.Socket | null {
+  const inner = s as unknown as { _handle: unknown; _server: unknown; server: unknown };
+  const handle = inner._handle;
+  if (handle === null || typeof handle !== 'object' || typeof (handle as { useUserBuffer?: unknown }).useUserBuffer !== 'function') return null;
+  const server = inner._server;
+  inner._handle = null;
+  inner._server = null;
+  inner.server = null;
+  s.destroy(); // without its handle: closes nothing, counts nothing
+  const n = new net.Socket({ handle, onread, readable: true, writable: true } as net.SocketConstructorOpts);
+  const adopted = n as unknown as { _server: unknown; server: unknown };
+  adopted._server = server;
+  adopted.server = server;
+  return n;
+}
 
 /** Outgoing connection to one remote agent. */
 export class OutConn {
@@ -108,22 +152,7 @@ export class OutConn {
     private readonly maxInflight: number,
     connectTimeoutMs: number,
   ) {
-    // Reads land in one reused buffer of READ_BUFFER_BYTES (fewer, larger reads than the default
-    // 64 KiB chunks, no allocation per read); the reader copies out what it keeps unparsed.
-    const readBuf = Buffer.allocUnsafe(READ_BUFFER_BYTES);
-    this.socket = net.connect({
-      host: peer.host,
-      port: peer.port,
-      noDelay: true,
-      onread: {
-        buffer: readBuf,
-        callback: (n: number, buf: Uint8Array) => {
-          this.reader.push(Buffer.from(buf.buffer, buf.byteOffset, n));
-          this.reader.copyRetained();
-          return true;
-        },
-      },
-    });
+    this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true, onread: socketReads(agent, () => this.reader) });
     this.reader = new FrameReader(
       {
         onHeader: (h, n) => this.onHeader(h, n),
@@ -377,6 +406,9 @@ export class OutConn {
 /** Incoming connection from one initiator. */
 export class InConn {
   private readonly reader: FrameReader;
+  readonly socket: net.Socket;
+  /** True when this connection reads through the agent's read buffer ({@link adoptWithReads}), false: `data` events. */
+  readonly userBuffer: boolean;
   private peerName: string | null = null;
   private closed = false;
   private readonly helloTimer: NodeJS.Timeout;
@@ -386,10 +418,15 @@ export class InConn {
   private partial = 0;
   readonly label: string;
 
+  /** `accepted`: a socket of the agent's server (`pauseOnConnect`), not yet reading. */
   constructor(
     private readonly agent: EmbeddedAgent,
-    readonly socket: net.Socket,
+    accepted: net.Socket,
   ) {
+    const adopted = adoptWithReads(accepted, socketReads(agent, () => this.reader));
+    const socket = adopted ?? accepted;
+    this.socket = socket;
+    this.userBuffer = adopted !== null;
     this.label = `${socket.remoteAddress}:${socket.remotePort}`;
     socket.setNoDelay(true);
     this.reader = new FrameReader(
@@ -402,7 +439,10 @@ export class InConn {
     this.helloTimer = setTimeout(() => this.protocolError('no HELLO in time'), agent.connectTimeoutMs);
     this.helloTimer.unref();
     socket.write(encodeFrame([F.CHAL, WIRE_VERSION, this.serverNonce]));
-    socket.on('data', (c: Buffer) => this.reader.push(c));
+    if (!adopted) {
+      socket.on('data', (c: Buffer) => this.reader.push(c));
+      socket.resume();
+    }
     socket.on('error', () => {});
     socket.on('close', () => {
       this.closed = true;

@@ -81,7 +81,7 @@ import type {
   XferStatus,
 } from './types.js';
 import { F, MAX_NAME_LENGTH, MAX_NOTIF_BYTES, MAX_PAYLOAD_BYTES, MAX_SEGMENTS, SECRET_BYTES } from './wire.js';
-import { EmbeddedRequest, InConn, OutConn, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
+import { EmbeddedRequest, InConn, OutConn, READ_BUFFER_BYTES, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
 import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo, type PeerShmRegion } from './embedded-metadata.js';
 import { sameHostKey, sharedMemoryBindings } from './shared-memory.js';
 import type { NativeShm } from '@kvconnect/native';
@@ -162,6 +162,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   readonly regions = new RegionTable();
   /** Protocol errors seen since creation (also emitted as `protocol-error`). */
   protocolErrors = 0;
+  /** @internal The one buffer every socket read of this agent's connections lands in (`socketReads` of `embedded-conn.ts`). */
+  readonly readBuffer = Buffer.allocUnsafe(READ_BUFFER_BYTES);
 
   private readonly secret = randomBytes(SECRET_BYTES);
   private readonly peers = new Map<string, PeerInfo>();
@@ -258,7 +260,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_LENGTH) throw new TransferError('invalid', `agent name must be 1..${MAX_NAME_LENGTH} characters`);
     // Loopback unless a host is configured; another host only with a cluster secret.
     const host = checkBindHost(options.host, checkClusterSecret(options.clusterSecret), 'embedded agent');
-    const server = net.createServer({ noDelay: true });
+    const server = net.createServer({ noDelay: true, pauseOnConnect: true }); // InConn adopts the socket before it reads
     await new Promise<void>((resolve, reject) => {
       server.once('error', (e) => reject(new TransferError('backend', `cannot listen on ${host}:${options.port ?? 0}: ${e.message}`, { cause: e })));
       server.listen({ host, port: options.port ?? 0 }, () => resolve());

@@ -216,6 +216,48 @@ describe('embedded agent', () => {
     p.socket.destroy();
   });
 
+  it('lands WRITE frames that arrive in small pieces through the shared read buffer, and writes no byte of one that exceeds its grant', async () => {
+    const t = await agent();
+    const MiB = 1 << 20;
+    // The region is the middle of a larger buffer: a write past its grant would land in the guards.
+    const whole = pattern(3 * MiB, 31);
+    const before = whole.slice();
+    const reg = await t.registerMemory([{ bytes: whole.subarray(MiB, 2 * MiB) }]);
+    const base = reg.regions[0]!.addr;
+    const p = await RawPeer.connect(t);
+    await p.hello(t);
+    // Every incoming connection reads into the agent's one reused buffer (not 64 KiB `data` chunks).
+    const inConns = (t as unknown as { inConns: Set<{ userBuffer: boolean }> }).inConns;
+    expect([...inConns].map((c) => c.userBuffer)).toEqual([true]);
+    /** Sends `bytes` in pieces of `piece` bytes, pausing now and then so that they arrive as separate reads. */
+    const trickle = async (bytes: Buffer, piece: number) => {
+      for (let i = 0, k = 0; i < bytes.length; i += piece, k++) {
+        p.socket.write(bytes.subarray(i, i + piece));
+        if (k % 64 === 0) await sleep(1);
+      }
+    };
+    const frame = (id: number, segs: number[], payload: Uint8Array) => Buffer.concat([encodeFrame([F.WRITE, id, segs], payload.length), payload]);
+    // 1. Longer than its grant (1 MiB + 4 KiB from the region's start), in 3001-byte pieces: refused.
+    await trickle(frame(1, [base, MiB + 4096], pattern(MiB + 4096, 32)), 3001);
+    // 2. First segment inside, second past the end: refused before any byte lands, also the first segment's.
+    await trickle(frame(2, [base, 65536, base + MiB - 100, 200], pattern(65536 + 200, 33)), 7);
+    const e1 = await p.until((f) => f.h.t === F.ERR && f.h.id === 1);
+    const e2 = await p.until((f) => f.h.t === F.ERR && f.h.id === 2, 10_000);
+    expect((e1.h as { message: string }).message).toMatch(/outside/);
+    expect((e2.h as { message: string }).message).toMatch(/segment 1 .* outside/);
+    expect(Buffer.compare(whole, before)).toBe(0);
+    // 3. Inside its grant, larger than the read buffer, headers split across reads: lands exactly.
+    const good = pattern(MiB, 34);
+    await trickle(frame(3, [base + MiB / 2, MiB / 2, base, MiB / 2], good), 65_537);
+    await p.until((f) => f.h.t === F.WACK && f.h.id === 3);
+    expect(Buffer.compare(whole.subarray(0, MiB), before.subarray(0, MiB))).toBe(0);
+    expect(Buffer.compare(whole.subarray(2 * MiB), before.subarray(2 * MiB))).toBe(0);
+    expect(Buffer.compare(whole.subarray(1.5 * MiB, 2 * MiB), good.subarray(0, MiB / 2))).toBe(0);
+    expect(Buffer.compare(whole.subarray(MiB, 1.5 * MiB), good.subarray(MiB / 2))).toBe(0);
+    expect(p.closed).toBe(false);
+    p.socket.destroy();
+  });
+
   it('refuses frames before HELLO and a wrong secret, with a typed error', async () => {
     const t = await agent();
     const errors: ProtocolError[] = [];
