@@ -74,27 +74,84 @@ export class EmbeddedRequest extends RequestState {
   }
 }
 
-/** Bytes of an agent's socket read buffer ({@link socketReads}). */
+/** Bytes of an agent's socket read buffer ({@link SocketReads}). */
 export const READ_BUFFER_BYTES = 1 << 20;
+/** Fewest payload bytes received straight into their destination by one read ({@link SocketReads}). */
+export const DIRECT_READ_MIN_BYTES = 64 * 1024;
 
 /**
- * The `onread` option of a socket of `agent` whose received bytes go to `reader`: every read of
- * the agent's connections, in and out, lands in the agent's one reused buffer of
- * {@link READ_BUFFER_BYTES} (`EmbeddedAgent.readBuffer`; fewer, larger reads than Node's default
- * 64 KiB chunks and no allocation per read), and the reader copies out what it keeps unparsed
- * before the callback returns. One buffer serves every connection because libuv allocates,
- * reads and calls back for one socket within one synchronous step of the event loop.
+ * How one connection of `agent` reads (the socket's `onread` option, {@link opts}): into the
+ * agent's one reused buffer of {@link READ_BUFFER_BYTES} (`EmbeddedAgent.readBuffer`; fewer,
+ * larger reads than Node's default 64 KiB chunks, no allocation per read), from which the reader
+ * copies out what it keeps unparsed before the callback returns (one buffer serves every
+ * connection: libuv allocates, reads and calls back for one socket within one synchronous step
+ * of the event loop); or, while a payload is being received and its sink offers its
+ * destination ({@link FrameReader.directTarget}: the rest of a segment of a READ answer's local
+ * memory or of a WRITE's granted region, at least {@link DIRECT_READ_MIN_BYTES}), straight into
+ * that memory: no user copy. Node asks for the next read's buffer right after a read, so the
+ * destination is armed until the next read: whoever ends that memory's use by the frame (a
+ * transfer that completes, a deregistration, a protocol error) calls {@link disarm} first,
+ * which points the socket back at the agent's buffer before anything else can run. Sockets whose
+ * handle cannot be re-pointed (no `useUserBuffer`) never read in place.
  */
-function socketReads(agent: EmbeddedAgent, reader: () => FrameReader): net.OnReadOpts {
-  return {
-    buffer: agent.readBuffer,
-    callback: (n: number, buf: Uint8Array) => {
-      const r = reader();
-      r.push(Buffer.from(buf.buffer, buf.byteOffset, n));
+export class SocketReads {
+  private armed: Uint8Array | null = null;
+  private socket: net.Socket | null = null;
+  /** In-place reads done (tests and metrics). */
+  directReads = 0;
+
+  constructor(
+    private readonly agent: EmbeddedAgent,
+    private readonly reader: () => FrameReader | undefined,
+  ) {}
+
+  /** The `onread` option of the connection's socket; {@link attach} the socket once made. */
+  get opts(): net.OnReadOpts {
+    return { buffer: () => this.next(), callback: (n: number) => this.onRead(n) };
+  }
+
+  attach(socket: net.Socket): void {
+    this.socket = socket;
+  }
+
+  /** Points the socket's next read at the agent's buffer, if a destination is armed. */
+  disarm(): void {
+    if (this.armed === null) return;
+    this.armed = null;
+    handleOf(this.socket)?.useUserBuffer(this.agent.readBuffer);
+  }
+
+  private next(): Uint8Array {
+    const r = this.reader();
+    const t = r && handleOf(this.socket) ? r.directTarget() : null;
+    this.armed = null;
+    if (t === null || t.seg.length < DIRECT_READ_MIN_BYTES) return this.agent.readBuffer;
+    const rest = t.seg.length - t.off;
+    // The tail of a large segment: read just up to its end, so that the next segment is read in place.
+    if (rest < DIRECT_READ_MIN_BYTES) return this.agent.readBuffer.subarray(0, rest);
+    this.armed = t.seg.subarray(t.off);
+    return this.armed;
+  }
+
+  private onRead(n: number): boolean {
+    const r = this.reader()!;
+    if (this.armed !== null) {
+      this.armed = null;
+      this.directReads++;
+      r.pushDirect(n);
+    } else {
+      const b = this.agent.readBuffer;
+      r.push(Buffer.from(b.buffer, b.byteOffset, n));
       r.copyRetained();
-      return true;
-    },
-  };
+    }
+    return true;
+  }
+}
+
+/** A socket's libuv handle where it can re-point reads (`useUserBuffer` of Node's stream base), else null. */
+function handleOf(s: net.Socket | null): { useUserBuffer(b: Uint8Array): void } | null {
+  const h = (s as unknown as { _handle?: { useUserBuffer?: unknown } } | null)?._handle;
+  return h && typeof h.useUserBuffer === 'function' ? (h as { useUserBuffer(b: Uint8Array): void }) : null;
 }
 
 /**
@@ -125,6 +182,8 @@ export function adoptWithReads(s: net.Socket, onread: net.OnReadOpts): net.Socke
 export class OutConn {
   readonly socket: net.Socket;
   private readonly reader: FrameReader;
+  /** @internal How the socket reads (in place into a READ answer's local memory where it can). */
+  readonly reads: SocketReads;
   private ready = false;
   private closed = false;
   private blocked = false;
@@ -152,7 +211,9 @@ export class OutConn {
     private readonly maxInflight: number,
     connectTimeoutMs: number,
   ) {
-    this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true, onread: socketReads(agent, () => this.reader) });
+    this.reads = new SocketReads(agent, () => this.reader as FrameReader | undefined);
+    this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true, onread: this.reads.opts });
+    this.reads.attach(this.socket);
     this.reader = new FrameReader(
       {
         onHeader: (h, n) => this.onHeader(h, n),
@@ -316,6 +377,15 @@ export class OutConn {
         let seg = 0;
         let off = 0;
         return {
+          // In place only while the transfer is current; the agent disarms when it completes.
+          direct: () => (isCurrent(f.req, f.gen) ? { seg: f.locals[seg]!, off } : null),
+          advance: (n: number) => {
+            off += n;
+            if (off === f.locals[seg]!.length) {
+              seg++;
+              off = 0;
+            }
+          },
           write: (chunk: Buffer) => {
             // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
             // post), its memory is the caller's again and late bytes are dropped.
@@ -409,6 +479,8 @@ export class InConn {
   readonly socket: net.Socket;
   /** True when this connection reads through the agent's read buffer ({@link adoptWithReads}), false: `data` events. */
   readonly userBuffer: boolean;
+  /** @internal How the socket reads (in place into a WRITE's granted region where it can). */
+  readonly reads: SocketReads;
   private peerName: string | null = null;
   private closed = false;
   private readonly helloTimer: NodeJS.Timeout;
@@ -423,8 +495,10 @@ export class InConn {
     private readonly agent: EmbeddedAgent,
     accepted: net.Socket,
   ) {
-    const adopted = adoptWithReads(accepted, socketReads(agent, () => this.reader));
+    this.reads = new SocketReads(agent, () => this.reader as FrameReader | undefined);
+    const adopted = adoptWithReads(accepted, this.reads.opts);
     const socket = adopted ?? accepted;
+    if (adopted) this.reads.attach(adopted);
     this.socket = socket;
     this.userBuffer = adopted !== null;
     this.label = `${socket.remoteAddress}:${socket.remotePort}`;
@@ -466,6 +540,7 @@ export class InConn {
   private protocolError(message: string): void {
     if (this.closed) return;
     this.closed = true;
+    this.reads.disarm(); // the socket stays open a moment for the FATAL: no byte in place any more
     const err = new ProtocolError(this.peerName ? `${this.peerName} (${this.label})` : this.label, message);
     try {
       this.socket.end(encodeFrame([F.FATAL, 'invalid', message.slice(0, 4000)]));
@@ -596,6 +671,15 @@ export class InConn {
         let off = 0;
         let lost = false;
         return {
+          // In place only into a live region (deregistration disarms first) or the frame's staging.
+          direct: () => (!lost && r.regions[seg]!.alive && !this.closed ? { seg: r.views[seg]!, off } : null),
+          advance: (n: number) => {
+            off += n;
+            if (off === r.views[seg]!.length) {
+              seg++;
+              off = 0;
+            }
+          },
           write: (chunk: Buffer) => {
             let c = 0;
             while (c < chunk.length) {

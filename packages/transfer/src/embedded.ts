@@ -25,6 +25,12 @@
  *   byte of a late RDATA lands in its local memory: liveness is checked per received chunk.
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
+ * - Receiving (READ answers at the initiator, WRITE payloads at the target), every connection of
+ *   the agent reads into its one reused 1 MiB buffer, or, for the body of a segment of 64 KiB and
+ *   more, straight into the segment's memory, already bounds-checked (`SocketReads` of
+ *   `embedded-conn.ts`). Before a transfer completes or a region is deregistered, the socket is
+ *   pointed back at the agent's buffer, so that no byte lands in memory that is no longer the
+ *   frame's.
  *
  * Same-host host memory (`shared-memory.ts`): a registered host region that lies in a shared
  * mapping of this process (a memfd of the addon, e.g. from `SharedHostArena`) is advertised in the
@@ -323,6 +329,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const hosts = this.registrations.get(registration);
     if (!hosts) throw new TransferError('not-found', 'not a live registration of this agent');
     this.registrations.delete(registration);
+    for (const c of this.inConns) c.reads.disarm(); // no in-place read into memory that is no longer granted
     for (const h of hosts) {
       this.regions.remove(h.addr);
       this.revokeShared(h);
@@ -538,6 +545,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   private finish(req: EmbeddedRequest, state: XferStatus, message: string | null): XferStatus {
     if (!endRequest(req, state, message)) return requestStatus(req);
+    // Its local memory is the caller's again: no in-place read of a late answer into it.
+    this.conns.get(req.remoteAgent)?.reads.disarm();
     this.active.delete(req);
     return state;
   }

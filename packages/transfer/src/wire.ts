@@ -191,6 +191,20 @@ export function decodeHeader(bytes: Uint8Array, payloadBytes: number): Header | 
 export interface PayloadSink {
   write(chunk: Buffer): void;
   end(): void;
+  /**
+   * Optional, for {@link FrameReader.directTarget}: the memory where the payload's next bytes go,
+   * as the current segment's view and the offset in it of the next byte, or null when they must
+   * come through {@link write} (e.g. the memory is no longer the frame's).
+   */
+  direct?(): DirectTarget | null;
+  /** With {@link direct}: the next `n` payload bytes were received straight into its view. */
+  advance?(n: number): void;
+}
+
+/** Where a payload's next bytes go: byte `off` of `seg` and on (the rest of the current segment). */
+export interface DirectTarget {
+  readonly seg: Uint8Array;
+  readonly off: number;
 }
 
 /** What the reader calls: a header (return a sink for its payload, or null to drop the payload), or a protocol error. */
@@ -263,6 +277,27 @@ export class FrameReader {
    */
   copyRetained(): void {
     for (let i = 0; i < this.chunks.length; i++) this.chunks[i] = Buffer.from(this.chunks[i]!);
+  }
+
+  /**
+   * Where the socket may receive the next payload bytes in place (no user copy), or null: while a
+   * payload is being received, nothing is buffered and the sink offers its memory
+   * ({@link PayloadSink.direct}; the rest of its current segment, which the payload's remaining
+   * bytes cover). After a read into `seg.subarray(off)`, call {@link pushDirect} with the bytes
+   * received (at most that view's length).
+   */
+  directTarget(): DirectTarget | null {
+    if (this.dead || this.state !== 'payload' || this.avail !== 0 || this.payloadLeft === 0 || !this.sink?.direct) return null;
+    const t = this.sink.direct();
+    return t !== null && t.seg.length - t.off <= this.payloadLeft && t.off < t.seg.length ? t : null;
+  }
+
+  /** `n` payload bytes arrived in the view of the last {@link directTarget}; parses on. */
+  pushDirect(n: number): void {
+    if (this.dead || this.state !== 'payload' || n > this.payloadLeft) return;
+    this.payloadLeft -= n;
+    this.sink!.advance!(n);
+    this.run();
   }
 
   pause(): void {
