@@ -125,6 +125,9 @@ export class SocketReads {
     const r = this.reader();
     const t = r && handleOf(this.socket) ? r.directTarget() : null;
     this.armed = null;
+    // After a large frame, the next one is likely large too: a short read for its header, so that
+    // little of its payload comes through the buffer before its segments are read in place.
+    if (t === null && r !== undefined && r.payloadBeforeNext >= 4 * DIRECT_READ_MIN_BYTES) return this.agent.readBuffer.subarray(0, DIRECT_READ_MIN_BYTES);
     if (t === null || t.seg.length < DIRECT_READ_MIN_BYTES) return this.agent.readBuffer;
     const rest = t.seg.length - t.off;
     // The tail of a large segment: read just up to its end, so that the next segment is read in place.

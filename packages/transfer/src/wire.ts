@@ -247,6 +247,7 @@ export class FrameReader {
   private readonly frameTimeoutMs: number | undefined;
   private timer: NodeJS.Timeout | null = null;
   private frameNo = 0;
+  private lastPayload = 0;
 
   constructor(
     private readonly handler: FrameHandler,
@@ -290,6 +291,11 @@ export class FrameReader {
     if (this.dead || this.state !== 'payload' || this.avail !== 0 || this.payloadLeft === 0 || !this.sink?.direct) return null;
     const t = this.sink.direct();
     return t !== null && t.seg.length - t.off <= this.payloadLeft && t.off < t.seg.length ? t : null;
+  }
+
+  /** Payload bytes of the last completed frame when between frames (the next prefix is due), else 0. */
+  get payloadBeforeNext(): number {
+    return this.state === 'prefix' ? this.lastPayload : 0;
   }
 
   /** `n` payload bytes arrived in the view of the last {@link directTarget}; parses on. */
@@ -393,6 +399,7 @@ export class FrameReader {
         if (this.payloadLeft > 0) return;
         const s = this.sink;
         this.sink = null;
+        this.lastPayload = this.payloadBytes;
         this.state = 'prefix';
         this.stopTimer();
         s?.end();
