@@ -248,6 +248,8 @@ export class FrameReader {
   private timer: NodeJS.Timeout | null = null;
   private frameNo = 0;
   private lastPayload = 0;
+  /** Bytes the last {@link directTarget} offered (0: none). */
+  private offered = 0;
 
   constructor(
     private readonly handler: FrameHandler,
@@ -290,7 +292,9 @@ export class FrameReader {
   directTarget(): DirectTarget | null {
     if (this.dead || this.state !== 'payload' || this.avail !== 0 || this.payloadLeft === 0 || !this.sink?.direct) return null;
     const t = this.sink.direct();
-    return t !== null && t.seg.length - t.off <= this.payloadLeft && t.off < t.seg.length ? t : null;
+    if (t === null || t.off >= t.seg.length || t.seg.length - t.off > this.payloadLeft) return null;
+    this.offered = t.seg.length - t.off;
+    return t;
   }
 
   /** Payload bytes of the last completed frame when between frames (the next prefix is due), else 0. */
@@ -300,7 +304,10 @@ export class FrameReader {
 
   /** `n` payload bytes arrived in the view of the last {@link directTarget}; parses on. */
   pushDirect(n: number): void {
-    if (this.dead || this.state !== 'payload' || n > this.payloadLeft) return;
+    if (this.dead) return;
+    const offered = this.offered;
+    this.offered = 0;
+    if (this.state !== 'payload' || n > offered) return this.fail(`${n} bytes read in place where ${offered} were offered`);
     this.payloadLeft -= n;
     this.sink!.advance!(n);
     this.run();
