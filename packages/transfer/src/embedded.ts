@@ -26,7 +26,7 @@
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
  * - Receiving (READ answers at the initiator, WRITE payloads at the target), every connection of
- *   the agent reads into its one reused 1 MiB buffer, or, for the body of a segment of 64 KiB and
+ *   the agent reads into its one reused 1 MiB buffer, or, for the body of a segment of 256 KiB and
  *   more, straight into the segment's memory, already bounds-checked (`SocketReads` of
  *   `embedded-conn.ts`). Before a transfer completes or a region is deregistered, the socket is
  *   pointed back at the agent's buffer, so that no byte lands in memory that is no longer the
