@@ -168,7 +168,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   readonly regions = new RegionTable();
   /** Protocol errors seen since creation (also emitted as `protocol-error`). */
   protocolErrors = 0;
-  /** @internal The one buffer every socket read of this agent's connections lands in (`socketReads` of `embedded-conn.ts`). */
+  /** @internal The one buffer every socket read of this agent's connections lands in (`SocketReads` of `embedded-conn.ts`). */
   readonly readBuffer = Buffer.allocUnsafe(READ_BUFFER_BYTES);
 
   private readonly secret = randomBytes(SECRET_BYTES);
