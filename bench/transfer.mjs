@@ -4,14 +4,17 @@
 // (the target's memory in a shared mapping, SharedHostArena) and over TCP loopback (heap memory),
 // as GB/s (1e9 B/s) and as a ratio to a memcpy (Buffer.copy of the same descriptors) measured in
 // the same run, with verdicts: shared memory >= 0.7 of memcpy at 256 KiB and more, TCP >= 0.5 of
-// memcpy at 1 MiB (KVC_BENCH_PATHS=shm,tcp picks the paths); then, where
-// `ucx_perftest` is installed (Debian ucx-utils), UCX over TCP loopback (`UCX_TLS=tcp,self`)
-// for the same sizes, and the ratio of the embedded agent to UCX's best test at each size.
+// memcpy at 1 MiB (KVC_BENCH_PATHS=shm,tcp picks the paths); then, where `ucx_perftest` is
+// found (KVC_UCX_PERFTEST, else .carry/ucx/bin of scripts/device-carry.sh, else PATH: Debian
+// ucx-utils), UCX over TCP loopback (`UCX_TLS=tcp,self`) for the same sizes, and the ratio of
+// the embedded agent's TCP path to UCX's best test at each size, with verdicts (>= 1).
 // Not a test: nothing is asserted. Run after `npm run build` (it imports the built package):
 //   node bench/transfer.mjs          (KVC_BENCH_QUICK=1 for a short run)
 // The target agent runs in a child process (as P and D do), both on 127.0.0.1.
-// Targets: TCP path >= 0.5x of UCX's TCP figure at every size (bench/transfer-README.md).
+// Targets (issue #16 section 2): the TCP path at or above UCX's best TCP test at every size.
 import { fork, spawn, spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { EmbeddedAgent, SharedHostArena } from '@kvconnect/transfer';
 
@@ -26,6 +29,8 @@ const median = (t) => [...t].sort((x, y) => x - y)[Math.floor(t.length / 2)];
 const STAT = process.env.KVC_BENCH_STAT === 'min' ? (t) => Math.min(...t) : median;
 const gbs = (bytes, ms) => bytes / (ms * 1e6);
 const PATHS = (process.env.KVC_BENCH_PATHS ?? 'shm,tcp').split(',');
+/** UCX tests compared (UCP level: two-sided tag, stream and active messages; one-sided put and get, which UCX emulates over TCP). */
+const UCX_TESTS = ['tag_bw', 'stream_bw', 'ucp_am_bw', 'ucp_put_bw', 'ucp_get'];
 // One row per verdict for bench/all.mjs's table (bench/lib/results.mjs), where that module exists.
 const { result } = await import('./lib/results.mjs').catch(() => ({ result: () => {} }));
 
@@ -89,23 +94,56 @@ async function main() {
   for (const v of verdicts) console.log(`  ${v}`);
   const rows = results.tcp;
   if (!rows) return;
-  const which = spawnSync('sh', ['-c', 'command -v ucx_perftest'], { encoding: 'utf8' });
-  if (which.status !== 0 || !which.stdout.trim()) {
-    console.log('\nUCX comparison skipped: ucx_perftest is not installed (Debian: apt-get install -y ucx-utils)');
+  const ucx = findUcx();
+  if (!ucx) {
+    console.log('\nUCX comparison skipped: ucx_perftest not found (KVC_UCX_PERFTEST, .carry/ucx/bin of scripts/device-carry.sh, or PATH; Debian: apt-get install -y ucx-utils)');
     return;
   }
-  console.log(`\nUCX (${which.stdout.trim()}), UCX_TLS=tcp,self, server and client on 127.0.0.1 (GB/s = 1e9 B/s; UCX prints MB/s of 2^20 B)`);
-  console.log('| descriptor | ucp_put_bw | ucp_get | tag_bw | best UCX | embedded READ / best | embedded WRITE / best |');
-  console.log('| --- | --- | --- | --- | --- | --- | --- |');
+  console.log(`\nUCX (${ucx.bin}), UCX_TLS=tcp,self, server and client on 127.0.0.1, ${UCX_TESTS.join(', ')} (GB/s = 1e9 B/s; UCX prints MB/s of 2^20 B)`);
+  console.log(`| descriptor | ${UCX_TESTS.join(' | ')} | best UCX | embedded READ / best | embedded WRITE / best |`);
+  console.log(`| --- | ${UCX_TESTS.map(() => '---').join(' | ')} | --- | --- | --- |`);
+  const ucxVerdicts = [];
   let port = 13500 + (process.pid % 200);
   for (const r of rows) {
     const iters = Math.max(QUICK ? 50 : 100, Math.min(20000, Math.floor(TOTAL / r.size)));
     const res = {};
-    for (const t of ['ucp_put_bw', 'ucp_get', 'tag_bw']) res[t] = await ucxPerf(t, r.size, iters, port++);
-    const best = Math.max(...Object.values(res).filter((x) => x > 0));
+    for (const t of UCX_TESTS) res[t] = await ucxPerf(ucx, t, r.size, iters, port++);
+    const ok = Object.entries(res).filter(([, x]) => x > 0);
     const f = (x) => (x > 0 ? x.toFixed(2) : 'failed');
-    console.log(`| ${fmtSize(r.size)} | ${f(res.ucp_put_bw)} | ${f(res.ucp_get)} | ${f(res.tag_bw)} | ${f(best)} | ${(r.READ / best).toFixed(2)} | ${(r.WRITE / best).toFixed(2)} |`);
+    if (ok.length === 0) {
+      console.log(`| ${fmtSize(r.size)} | ${UCX_TESTS.map(() => 'failed').join(' | ')} | - | - | - |`);
+      ucxVerdicts.push(`SKIP tcp vs UCX ${fmtSize(r.size)}: every UCX test failed`);
+      continue;
+    }
+    const [bestTest, best] = ok.reduce((m, e) => (e[1] > m[1] ? e : m));
+    console.log(`| ${fmtSize(r.size)} | ${UCX_TESTS.map((t) => f(res[t])).join(' | ')} | ${f(best)} (${bestTest}) | ${(r.READ / best).toFixed(2)} | ${(r.WRITE / best).toFixed(2)} |`);
+    for (const op of ['READ', 'WRITE']) {
+      const ratio = r[op] / best;
+      ucxVerdicts.push(`${ratio >= 1 ? 'PASS' : 'FAIL'} tcp ${op} ${fmtSize(r.size)}: ${ratio.toFixed(2)}x UCX's best (${bestTest} ${best.toFixed(2)} GB/s; target >= 1)`);
+      result('transfer', { name: `embedded tcp ${op} ${fmtSize(r.size)} vs UCX tcp`, figure: `${r[op].toFixed(2)} GB/s`, baseline: `UCX ${bestTest} ${best.toFixed(2)} GB/s`, ratio: ratio.toFixed(2), target: '>= 1', met: ratio >= 1 });
+    }
   }
+  console.log('\nverdicts against UCX');
+  for (const v of ucxVerdicts) console.log(`  ${v}`);
+}
+
+/**
+ * Where `ucx_perftest` is, and the environment it needs: KVC_UCX_PERFTEST (a path), else the copy
+ * of scripts/device-carry.sh in .carry/ucx (its libraries in .carry/ucx/lib, transport modules
+ * in .carry/ucx/lib/ucx), else PATH. Null when none is found.
+ */
+function findUcx() {
+  const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+  const carried = join(root, '.carry/ucx/bin/ucx_perftest');
+  const bin = process.env.KVC_UCX_PERFTEST || (existsSync(carried) ? carried : null);
+  if (bin) {
+    const lib = join(dirname(bin), '../lib');
+    if (!existsSync(lib)) return { bin, env: {} };
+    const ld = [lib, process.env.LD_LIBRARY_PATH].filter(Boolean).join(':');
+    return { bin, env: { LD_LIBRARY_PATH: ld, UCX_MODULE_DIR: join(lib, 'ucx') } };
+  }
+  const which = spawnSync('sh', ['-c', 'command -v ucx_perftest'], { encoding: 'utf8' });
+  return which.status === 0 && which.stdout.trim() ? { bin: which.stdout.trim(), env: {} } : null;
 }
 
 
@@ -150,13 +188,13 @@ async function measure(a, reg, peer, remoteAddr, local, other, path) {
   return rows;
 }
 
-/** Runs one ucx_perftest server + client pair; returns GB/s (overall bandwidth) or -1. */
-async function ucxPerf(test, size, iters, port) {
-  const env = { ...process.env, UCX_TLS: 'tcp,self' };
+/** Runs one ucx_perftest server + client pair ({@link findUcx}); returns GB/s (overall bandwidth) or -1. */
+async function ucxPerf(ucx, test, size, iters, port) {
+  const env = { ...process.env, ...ucx.env, UCX_TLS: 'tcp,self' };
   const args = ['-t', test, '-s', String(size), '-n', String(iters), '-w', String(Math.max(10, iters >> 4)), '-p', String(port)];
-  const server = spawn('ucx_perftest', args, { env, stdio: 'ignore' });
+  const server = spawn(ucx.bin, args, { env, stdio: 'ignore' });
   await new Promise((r) => setTimeout(r, 400));
-  const client = spawnSync('ucx_perftest', ['127.0.0.1', ...args], { env, encoding: 'utf8', timeout: 120_000 });
+  const client = spawnSync(ucx.bin, ['127.0.0.1', ...args], { env, encoding: 'utf8', timeout: 120_000 });
   server.kill();
   const line = (client.stdout || '').split('\n').find((l) => l.startsWith('Final:'));
   if (!line) return -1;

@@ -10,6 +10,39 @@ cd "$(dirname "$0")/.."
 rm -rf .carry && mkdir -p .carry/node_modules
 strip -o .carry/node "$(command -v node)"
 xz -9 -T0 .carry/node
+# Optional (KVC_CARRY_UCX=0 skips it): UCX's `ucx_perftest` (Debian ucx-utils) for the UCX rows of
+# bench/transfer.mjs, which finds it at .carry/ucx/bin and sets LD_LIBRARY_PATH / UCX_MODULE_DIR:
+#   .carry/ucx/bin/ucx_perftest, .carry/ucx/lib/  the shared libraries it needs (ldd) except glibc's
+#   .carry/ucx/lib/ucx/  the transport modules whose own libraries are all carried (cma; not ib and
+#                        rdmacm, which need the RDMA stack and play no part in UCX_TLS=tcp,self)
+ucx=$(command -v ucx_perftest || true)
+if [ "${KVC_CARRY_UCX:-1}" != 0 ] && [ -n "$ucx" ]; then
+  mkdir -p .carry/ucx/bin .carry/ucx/lib/ucx
+  cp "$ucx" .carry/ucx/bin/
+  glibc='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt)[.-]'
+  carry_libs() {  # copies the non-glibc libraries of $1; fails when one is not found
+    ldd "$1" | awk '/=>/ { print $1, $3 }' | while read -r name path; do
+      [[ $name =~ $glibc ]] && continue
+      [ -f "$path" ] || return 1
+      [ -e ".carry/ucx/lib/$name" ] || cp -L "$path" ".carry/ucx/lib/$name"
+    done
+  }
+  if ! carry_libs "$ucx"; then
+    echo "ucx_perftest not carried: a library of it was not found (ldd $ucx)"
+    rm -rf .carry/ucx
+  else
+  moddir=$(dirname "$(ldd "$ucx" | awk '/libucs\.so/ { print $3 }')")/ucx
+  for m in "$moddir"/*.so.0; do
+    [ -e "$m" ] || continue
+    if ldd "$m" | awk '/=>/ { print $1 }' | grep -Ev "$glibc" | while read -r name; do [ -e ".carry/ucx/lib/$name" ] || exit 1; done; then
+      cp -L "$m" .carry/ucx/lib/ucx/
+    fi
+  done
+  echo "ucx_perftest carried: $(du -sh .carry/ucx | cut -f1) in .carry/ucx ($(find .carry/ucx -type f | wc -l) files)"
+  fi
+else
+  echo "ucx_perftest not carried (${ucx:-not installed here}; KVC_CARRY_UCX=${KVC_CARRY_UCX:-1})"
+fi
 while read -r p; do
   case "$p" in
     "$PWD"|"") continue ;;

@@ -74,13 +74,124 @@ export class EmbeddedRequest extends RequestState {
   }
 }
 
-/** Bytes of an outgoing connection's read buffer. */
-const READ_BUFFER_BYTES = 1 << 20;
+/** Bytes of an agent's socket read buffer ({@link SocketReads}). */
+export const READ_BUFFER_BYTES = 1 << 20;
+/**
+ * Smallest segment received straight into its memory ({@link SocketReads}): below it, one read of
+ * the 1 MiB buffer plus a copy costs less than a read per segment (about even at 64 KiB in an A/B
+ * run, in-place ahead from 256 KiB on).
+ */
+export const DIRECT_READ_MIN_BYTES = 256 * 1024;
+/** Bytes of the read that takes the header after a large frame ({@link SocketReads}). */
+const HEADER_READ_BYTES = 64 * 1024;
+
+/**
+ * How one connection of `agent` reads (the socket's `onread` option, {@link opts}): into the
+ * agent's one reused buffer of {@link READ_BUFFER_BYTES} (`EmbeddedAgent.readBuffer`; fewer,
+ * larger reads than Node's default 64 KiB chunks, no allocation per read), from which the reader
+ * copies out what it keeps unparsed before the callback returns (one buffer serves every
+ * connection: libuv allocates, reads and calls back for one socket within one synchronous step
+ * of the event loop); or, while a payload is being received and its sink offers its
+ * destination ({@link FrameReader.directTarget}: the rest of a segment of a READ answer's local
+ * memory or of a WRITE's granted region, of {@link DIRECT_READ_MIN_BYTES} or more), straight into
+ * that memory: no user copy. Node asks for the next read's buffer right after a read, so the
+ * destination is armed until the next read: whoever ends that memory's use by the frame (a
+ * transfer that completes, a deregistration, a protocol error) calls {@link disarm} first,
+ * which points the socket back at the agent's buffer before anything else can run. Sockets whose
+ * handle cannot be re-pointed (no `useUserBuffer`) never read in place.
+ */
+export class SocketReads {
+  private armed: Uint8Array | null = null;
+  private socket: net.Socket | null = null;
+  /** In-place reads done (tests and metrics). */
+  directReads = 0;
+
+  constructor(
+    private readonly agent: EmbeddedAgent,
+    private readonly reader: () => FrameReader | undefined,
+  ) {}
+
+  /** The `onread` option of the connection's socket; {@link attach} the socket once made. */
+  get opts(): net.OnReadOpts {
+    return { buffer: () => this.next(), callback: (n: number) => this.onRead(n) };
+  }
+
+  attach(socket: net.Socket): void {
+    this.socket = socket;
+  }
+
+  /** Points the socket's next read at the agent's buffer, if a destination is armed. */
+  disarm(): void {
+    if (this.armed === null) return;
+    this.armed = null;
+    handleOf(this.socket)?.useUserBuffer(this.agent.readBuffer);
+  }
+
+  private next(): Uint8Array {
+    const r = this.reader();
+    const t = r && handleOf(this.socket) ? r.directTarget() : null;
+    this.armed = null;
+    // After a large frame, the next one is likely large too: a short read for its header, so that
+    // little of its payload comes through the buffer before its segments are read in place.
+    if (t === null && r !== undefined && r.payloadBeforeNext >= DIRECT_READ_MIN_BYTES) return this.agent.readBuffer.subarray(0, HEADER_READ_BYTES);
+    if (t === null || t.seg.length < DIRECT_READ_MIN_BYTES) return this.agent.readBuffer;
+    // A large segment: the rest of it, however short (the read then ends at the segment's end, and
+    // the next segment is read in place too).
+    this.armed = t.seg.subarray(t.off);
+    return this.armed;
+  }
+
+  private onRead(n: number): boolean {
+    const r = this.reader()!;
+    if (this.armed !== null) {
+      this.armed = null;
+      this.directReads++;
+      r.pushDirect(n);
+    } else {
+      const b = this.agent.readBuffer;
+      r.push(Buffer.from(b.buffer, b.byteOffset, n));
+      r.copyRetained();
+    }
+    return true;
+  }
+}
+
+/** A socket's libuv handle where it can re-point reads (`useUserBuffer` of Node's stream base), else null. */
+function handleOf(s: net.Socket | null): { useUserBuffer(b: Uint8Array): void } | null {
+  const h = (s as unknown as { _handle?: { useUserBuffer?: unknown } } | null)?._handle;
+  return h && typeof h.useUserBuffer === 'function' ? (h as { useUserBuffer(b: Uint8Array): void }) : null;
+}
+
+/**
+ * Moves an accepted socket (`net.Server` with `pauseOnConnect`, not yet reading) to a new
+ * `net.Socket` on the same libuv handle that reads through `onread` (Node's `net.Server` has no
+ * `onread` option; `net.Socket` takes `handle` and `onread` in its constructor, see
+ * `lib/net.js` of Node). The server's connection count moves to the new socket, so that
+ * `server.close()` still waits for it. Returns null when this Node's socket exposes no `_handle`
+ * (the caller then reads through `data` events).
+ */
+export function adoptWithReads(s: net.Socket, onread: net.OnReadOpts): net.Socket | null {
+  const inner = s as unknown as { _handle: unknown; _server: unknown; server: unknown };
+  const handle = inner._handle;
+  if (handle === null || typeof handle !== 'object' || typeof (handle as { useUserBuffer?: unknown }).useUserBuffer !== 'function') return null;
+  const server = inner._server;
+  inner._handle = null;
+  inner._server = null;
+  inner.server = null;
+  s.destroy(); // without its handle: closes nothing, counts nothing
+  const n = new net.Socket({ handle, onread, readable: true, writable: true } as net.SocketConstructorOpts);
+  const adopted = n as unknown as { _server: unknown; server: unknown };
+  adopted._server = server;
+  adopted.server = server;
+  return n;
+}
 
 /** Outgoing connection to one remote agent. */
 export class OutConn {
   readonly socket: net.Socket;
   private readonly reader: FrameReader;
+  /** @internal How the socket reads (in place into a READ answer's local memory where it can). */
+  readonly reads: SocketReads;
   private ready = false;
   private closed = false;
   private blocked = false;
@@ -108,22 +219,9 @@ export class OutConn {
     private readonly maxInflight: number,
     connectTimeoutMs: number,
   ) {
-    // Reads land in one reused buffer of READ_BUFFER_BYTES (fewer, larger reads than the default
-    // 64 KiB chunks, no allocation per read); the reader copies out what it keeps unparsed.
-    const readBuf = Buffer.allocUnsafe(READ_BUFFER_BYTES);
-    this.socket = net.connect({
-      host: peer.host,
-      port: peer.port,
-      noDelay: true,
-      onread: {
-        buffer: readBuf,
-        callback: (n: number, buf: Uint8Array) => {
-          this.reader.push(Buffer.from(buf.buffer, buf.byteOffset, n));
-          this.reader.copyRetained();
-          return true;
-        },
-      },
-    });
+    this.reads = new SocketReads(agent, () => this.reader as FrameReader | undefined);
+    this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true, onread: this.reads.opts });
+    this.reads.attach(this.socket);
     this.reader = new FrameReader(
       {
         onHeader: (h, n) => this.onHeader(h, n),
@@ -287,6 +385,15 @@ export class OutConn {
         let seg = 0;
         let off = 0;
         return {
+          // In place only while the transfer is current; the agent disarms when it completes.
+          direct: () => (isCurrent(f.req, f.gen) ? { seg: f.locals[seg]!, off } : null),
+          advance: (n: number) => {
+            off += n;
+            if (off === f.locals[seg]!.length) {
+              seg++;
+              off = 0;
+            }
+          },
           write: (chunk: Buffer) => {
             // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
             // post), its memory is the caller's again and late bytes are dropped.
@@ -377,6 +484,11 @@ export class OutConn {
 /** Incoming connection from one initiator. */
 export class InConn {
   private readonly reader: FrameReader;
+  readonly socket: net.Socket;
+  /** True when this connection reads through the agent's read buffer ({@link adoptWithReads}), false: `data` events. */
+  readonly userBuffer: boolean;
+  /** @internal How the socket reads (in place into a WRITE's granted region where it can). */
+  readonly reads: SocketReads;
   private peerName: string | null = null;
   private closed = false;
   private readonly helloTimer: NodeJS.Timeout;
@@ -386,10 +498,17 @@ export class InConn {
   private partial = 0;
   readonly label: string;
 
+  /** `accepted`: a socket of the agent's server (`pauseOnConnect`), not yet reading. */
   constructor(
     private readonly agent: EmbeddedAgent,
-    readonly socket: net.Socket,
+    accepted: net.Socket,
   ) {
+    this.reads = new SocketReads(agent, () => this.reader as FrameReader | undefined);
+    const adopted = adoptWithReads(accepted, this.reads.opts);
+    const socket = adopted ?? accepted;
+    if (adopted) this.reads.attach(adopted);
+    this.socket = socket;
+    this.userBuffer = adopted !== null;
     this.label = `${socket.remoteAddress}:${socket.remotePort}`;
     socket.setNoDelay(true);
     this.reader = new FrameReader(
@@ -402,7 +521,10 @@ export class InConn {
     this.helloTimer = setTimeout(() => this.protocolError('no HELLO in time'), agent.connectTimeoutMs);
     this.helloTimer.unref();
     socket.write(encodeFrame([F.CHAL, WIRE_VERSION, this.serverNonce]));
-    socket.on('data', (c: Buffer) => this.reader.push(c));
+    if (!adopted) {
+      socket.on('data', (c: Buffer) => this.reader.push(c));
+      socket.resume();
+    }
     socket.on('error', () => {});
     socket.on('close', () => {
       this.closed = true;
@@ -426,6 +548,7 @@ export class InConn {
   private protocolError(message: string): void {
     if (this.closed) return;
     this.closed = true;
+    this.reads.disarm(); // the socket stays open a moment for the FATAL: no byte in place any more
     const err = new ProtocolError(this.peerName ? `${this.peerName} (${this.label})` : this.label, message);
     try {
       this.socket.end(encodeFrame([F.FATAL, 'invalid', message.slice(0, 4000)]));
@@ -556,6 +679,15 @@ export class InConn {
         let off = 0;
         let lost = false;
         return {
+          // In place only into a live region (deregistration disarms first) or the frame's staging.
+          direct: () => (!lost && r.regions[seg]!.alive && !this.closed ? { seg: r.views[seg]!, off } : null),
+          advance: (n: number) => {
+            off += n;
+            if (off === r.views[seg]!.length) {
+              seg++;
+              off = 0;
+            }
+          },
           write: (chunk: Buffer) => {
             let c = 0;
             while (c < chunk.length) {

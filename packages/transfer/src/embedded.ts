@@ -25,6 +25,12 @@
  *   byte of a late RDATA lands in its local memory: liveness is checked per received chunk.
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
  *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
+ * - Receiving (READ answers at the initiator, WRITE payloads at the target), every connection of
+ *   the agent reads into its one reused 1 MiB buffer, or, for the body of a segment of 256 KiB and
+ *   more, straight into the segment's memory, already bounds-checked (`SocketReads` of
+ *   `embedded-conn.ts`). Before a transfer completes or a region is deregistered, the socket is
+ *   pointed back at the agent's buffer, so that no byte lands in memory that is no longer the
+ *   frame's.
  *
  * Same-host host memory (`shared-memory.ts`): a registered host region that lies in a shared
  * mapping of this process (a memfd of the addon, e.g. from `SharedHostArena`) is advertised in the
@@ -81,7 +87,7 @@ import type {
   XferStatus,
 } from './types.js';
 import { F, MAX_NAME_LENGTH, MAX_NOTIF_BYTES, MAX_PAYLOAD_BYTES, MAX_SEGMENTS, SECRET_BYTES } from './wire.js';
-import { EmbeddedRequest, InConn, OutConn, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
+import { EmbeddedRequest, InConn, OutConn, READ_BUFFER_BYTES, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
 import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo, type PeerShmRegion } from './embedded-metadata.js';
 import { sameHostKey, sharedMemoryBindings } from './shared-memory.js';
 import type { NativeShm } from '@kvconnect/native';
@@ -162,6 +168,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   readonly regions = new RegionTable();
   /** Protocol errors seen since creation (also emitted as `protocol-error`). */
   protocolErrors = 0;
+  /** @internal The one buffer every socket read of this agent's connections lands in (`SocketReads` of `embedded-conn.ts`). */
+  readonly readBuffer = Buffer.allocUnsafe(READ_BUFFER_BYTES);
 
   private readonly secret = randomBytes(SECRET_BYTES);
   private readonly peers = new Map<string, PeerInfo>();
@@ -258,7 +266,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_LENGTH) throw new TransferError('invalid', `agent name must be 1..${MAX_NAME_LENGTH} characters`);
     // Loopback unless a host is configured; another host only with a cluster secret.
     const host = checkBindHost(options.host, checkClusterSecret(options.clusterSecret), 'embedded agent');
-    const server = net.createServer({ noDelay: true });
+    const server = net.createServer({ noDelay: true, pauseOnConnect: true }); // InConn adopts the socket before it reads
     await new Promise<void>((resolve, reject) => {
       server.once('error', (e) => reject(new TransferError('backend', `cannot listen on ${host}:${options.port ?? 0}: ${e.message}`, { cause: e })));
       server.listen({ host, port: options.port ?? 0 }, () => resolve());
@@ -321,6 +329,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const hosts = this.registrations.get(registration);
     if (!hosts) throw new TransferError('not-found', 'not a live registration of this agent');
     this.registrations.delete(registration);
+    for (const c of this.inConns) c.reads.disarm(); // no in-place read into memory that is no longer granted
     for (const h of hosts) {
       this.regions.remove(h.addr);
       this.revokeShared(h);
@@ -536,6 +545,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   private finish(req: EmbeddedRequest, state: XferStatus, message: string | null): XferStatus {
     if (!endRequest(req, state, message)) return requestStatus(req);
+    // Its local memory is the caller's again: no in-place read of a late answer into it.
+    this.conns.get(req.remoteAgent)?.reads.disarm();
     this.active.delete(req);
     return state;
   }

@@ -191,6 +191,20 @@ export function decodeHeader(bytes: Uint8Array, payloadBytes: number): Header | 
 export interface PayloadSink {
   write(chunk: Buffer): void;
   end(): void;
+  /**
+   * Optional, for {@link FrameReader.directTarget}: the memory where the payload's next bytes go,
+   * as the current segment's view and the offset in it of the next byte, or null when they must
+   * come through {@link write} (e.g. the memory is no longer the frame's).
+   */
+  direct?(): DirectTarget | null;
+  /** With {@link direct}: the next `n` payload bytes were received straight into its view. */
+  advance?(n: number): void;
+}
+
+/** Where a payload's next bytes go: byte `off` of `seg` and on (the rest of the current segment). */
+export interface DirectTarget {
+  readonly seg: Uint8Array;
+  readonly off: number;
 }
 
 /** What the reader calls: a header (return a sink for its payload, or null to drop the payload), or a protocol error. */
@@ -233,6 +247,9 @@ export class FrameReader {
   private readonly frameTimeoutMs: number | undefined;
   private timer: NodeJS.Timeout | null = null;
   private frameNo = 0;
+  private lastPayload = 0;
+  /** Bytes the last {@link directTarget} offered (0: none). */
+  private offered = 0;
 
   constructor(
     private readonly handler: FrameHandler,
@@ -263,6 +280,37 @@ export class FrameReader {
    */
   copyRetained(): void {
     for (let i = 0; i < this.chunks.length; i++) this.chunks[i] = Buffer.from(this.chunks[i]!);
+  }
+
+  /**
+   * Where the socket may receive the next payload bytes in place (no user copy), or null: while a
+   * payload is being received, nothing is buffered and the sink offers its memory
+   * ({@link PayloadSink.direct}; the rest of its current segment, which the payload's remaining
+   * bytes cover). After a read into `seg.subarray(off)`, call {@link pushDirect} with the bytes
+   * received (at most that view's length).
+   */
+  directTarget(): DirectTarget | null {
+    if (this.dead || this.state !== 'payload' || this.avail !== 0 || this.payloadLeft === 0 || !this.sink?.direct) return null;
+    const t = this.sink.direct();
+    if (t === null || t.off >= t.seg.length || t.seg.length - t.off > this.payloadLeft) return null;
+    this.offered = t.seg.length - t.off;
+    return t;
+  }
+
+  /** Payload bytes of the last completed frame when between frames (the next prefix is due), else 0. */
+  get payloadBeforeNext(): number {
+    return this.state === 'prefix' ? this.lastPayload : 0;
+  }
+
+  /** `n` payload bytes arrived in the view of the last {@link directTarget}; parses on. */
+  pushDirect(n: number): void {
+    if (this.dead) return;
+    const offered = this.offered;
+    this.offered = 0;
+    if (this.state !== 'payload' || n > offered) return this.fail(`${n} bytes read in place where ${offered} were offered`);
+    this.payloadLeft -= n;
+    this.sink!.advance!(n);
+    this.run();
   }
 
   pause(): void {
@@ -358,6 +406,7 @@ export class FrameReader {
         if (this.payloadLeft > 0) return;
         const s = this.sink;
         this.sink = null;
+        this.lastPayload = this.payloadBytes;
         this.state = 'prefix';
         this.stopTimer();
         s?.end();

@@ -216,6 +216,107 @@ describe('embedded agent', () => {
     p.socket.destroy();
   });
 
+  it('lands WRITE frames that arrive in small pieces through the shared read buffer, and writes no byte of one that exceeds its grant', async () => {
+    const t = await agent();
+    const MiB = 1 << 20;
+    // The region is the middle of a larger buffer: a write past its grant would land in the guards.
+    const whole = pattern(3 * MiB, 31);
+    const before = whole.slice();
+    const reg = await t.registerMemory([{ bytes: whole.subarray(MiB, 2 * MiB) }]);
+    const base = reg.regions[0]!.addr;
+    const p = await RawPeer.connect(t);
+    await p.hello(t);
+    // Every incoming connection reads into the agent's one reused buffer (not 64 KiB `data` chunks).
+    const inConns = (t as unknown as { inConns: Set<{ userBuffer: boolean; reads: { directReads: number } }> }).inConns;
+    expect([...inConns].map((c) => c.userBuffer)).toEqual([true]);
+    /** Sends `bytes` in pieces of `piece` bytes, pausing now and then so that they arrive as separate reads. */
+    const trickle = async (bytes: Buffer, piece: number) => {
+      for (let i = 0, k = 0; i < bytes.length; i += piece, k++) {
+        p.socket.write(bytes.subarray(i, i + piece));
+        if (k % 64 === 0) await sleep(1);
+      }
+    };
+    const frame = (id: number, segs: number[], payload: Uint8Array) => Buffer.concat([encodeFrame([F.WRITE, id, segs], payload.length), payload]);
+    // 1. Longer than its grant (1 MiB + 4 KiB from the region's start), in 3001-byte pieces: refused.
+    await trickle(frame(1, [base, MiB + 4096], pattern(MiB + 4096, 32)), 3001);
+    // 2. First segment inside, second past the end: refused before any byte lands, also the first segment's.
+    await trickle(frame(2, [base, 65536, base + MiB - 100, 200], pattern(65536 + 200, 33)), 7);
+    const e1 = await p.until((f) => f.h.t === F.ERR && f.h.id === 1);
+    const e2 = await p.until((f) => f.h.t === F.ERR && f.h.id === 2, 10_000);
+    expect((e1.h as { message: string }).message).toMatch(/outside/);
+    expect((e2.h as { message: string }).message).toMatch(/segment 1 .* outside/);
+    expect(Buffer.compare(whole, before)).toBe(0);
+    // 3. Inside its grant, larger than the read buffer, headers split across reads: lands exactly.
+    const good = pattern(MiB, 34);
+    await trickle(frame(3, [base + MiB / 2, MiB / 2, base, MiB / 2], good), 65_537);
+    await p.until((f) => f.h.t === F.WACK && f.h.id === 3);
+    expect(Buffer.compare(whole.subarray(0, MiB), before.subarray(0, MiB))).toBe(0);
+    expect(Buffer.compare(whole.subarray(2 * MiB), before.subarray(2 * MiB))).toBe(0);
+    expect(Buffer.compare(whole.subarray(1.5 * MiB, 2 * MiB), good.subarray(0, MiB / 2))).toBe(0);
+    expect(Buffer.compare(whole.subarray(MiB, 1.5 * MiB), good.subarray(MiB / 2))).toBe(0);
+    // Part of it was received straight into the region (SocketReads of embedded-conn.ts).
+    expect([...inConns][0]!.reads.directReads).toBeGreaterThan(0);
+    expect(p.closed).toBe(false);
+    p.socket.destroy();
+  });
+
+  it('receives large READ answers and WRITEs in place, byte-exact', async () => {
+    const a = await agent();
+    const b = await agent();
+    const n = 6 << 20;
+    const srcB = pattern(n, 41);
+    const srcA = pattern(n, 42);
+    const memA = new Uint8Array(n);
+    const memB = new Uint8Array(n);
+    const ra = await a.registerMemory([{ bytes: memA }, { bytes: srcA }]);
+    const rb = await b.registerMemory([{ bytes: memB }, { bytes: srcB }]);
+    await a.loadRemoteMetadata(await b.getLocalMetadata());
+    // Descriptors of 1.5 MiB, reversed on the remote side: segments that do not line up with reads.
+    const seg = 1.5 * (1 << 20);
+    const descs = (base: number, rev: boolean) => Array.from({ length: n / seg }, (_, i) => ({ addr: base + (rev ? n / seg - 1 - i : i) * seg, length: seg }));
+    const read = await a.makeTransfer({ op: 'READ', local: await a.prepDescList(null, 'DRAM', descs(ra.regions[0]!.addr, false)), remote: await a.prepDescList(b.name, 'DRAM', descs(rb.regions[1]!.addr, true)) });
+    const write = await a.makeTransfer({ op: 'WRITE', local: await a.prepDescList(null, 'DRAM', descs(ra.regions[1]!.addr, false)), remote: await a.prepDescList(b.name, 'DRAM', descs(rb.regions[0]!.addr, true)) });
+    await a.post(read);
+    expect(await a.wait(read)).toBe('done');
+    await a.post(write);
+    expect(await a.wait(write)).toBe('done');
+    for (let i = 0; i < n / seg; i++) {
+      const j = n / seg - 1 - i;
+      expect(Buffer.compare(memA.subarray(i * seg, (i + 1) * seg), srcB.subarray(j * seg, (j + 1) * seg))).toBe(0);
+      expect(Buffer.compare(memB.subarray(j * seg, (j + 1) * seg), srcA.subarray(i * seg, (i + 1) * seg))).toBe(0);
+    }
+    const out = [...(a as unknown as { conns: Map<string, { reads: { directReads: number } }> }).conns.values()];
+    const inc = [...(b as unknown as { inConns: Set<{ reads: { directReads: number } }> }).inConns];
+    expect(out[0]!.reads.directReads).toBeGreaterThan(0);
+    expect(inc[0]!.reads.directReads).toBeGreaterThan(0);
+  });
+
+  it('writes no byte of a WRITE in flight into a region deregistered meanwhile, also when the socket was reading into it in place', async () => {
+    const t = await agent();
+    const MiB = 1 << 20;
+    const whole = pattern(2 * MiB, 51);
+    const reg = await t.registerMemory([{ bytes: whole.subarray(0, MiB) }]);
+    await t.registerMemory([{ bytes: whole.subarray(MiB) }]); // stays registered
+    const base = reg.regions[0]!.addr;
+    const p = await RawPeer.connect(t);
+    await p.hello(t);
+    const conn = [...(t as unknown as { inConns: Set<{ reads: object }> }).inConns][0]!;
+    const armed = () => (conn.reads as unknown as { armed: Uint8Array | null }).armed;
+    const payload = pattern(MiB, 52);
+    p.socket.write(encodeFrame([F.WRITE, 5, [base, MiB]], MiB));
+    p.socket.write(payload.subarray(0, 100_000));
+    const t0 = Date.now();
+    while (armed() === null && Date.now() - t0 < 3000) await sleep(2);
+    expect(armed()).not.toBeNull(); // the socket's next read goes straight into the region
+    await t.deregisterMemory(reg);
+    const atDeregistration = whole.slice();
+    p.socket.write(payload.subarray(100_000));
+    const e = await p.until((f) => f.h.t === F.ERR && f.h.id === 5);
+    expect((e.h as { message: string }).message).toMatch(/deregistered/);
+    expect(Buffer.compare(whole, atDeregistration)).toBe(0);
+    p.socket.destroy();
+  });
+
   it('refuses frames before HELLO and a wrong secret, with a typed error', async () => {
     const t = await agent();
     const errors: ProtocolError[] = [];
