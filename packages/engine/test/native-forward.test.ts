@@ -115,12 +115,27 @@ describe('native forward kernels', () => {
     const rng = new SeededRng(seed);
     const edge = [0, -0, 1, -1, 0.5, -0.5, 0.3465, 0.35, 1.03972, 1.04, -1e-9, 1e-9, 2 ** -29, -745.2, -745, -708.5, -709.9, 709.7, 710, 511.9, -512, Infinity, -Infinity, NaN, 5e-324];
     const n = 20000;
-    const x = new Float64Array(n + edge.length);
+    let x = new Float64Array(n + edge.length);
     for (let i = 0; i < n; i++) {
       const r = i % 4;
       x[i] = r === 0 ? -rng.next() * 40 : r === 1 ? (rng.next() - 0.5) * 3 : r === 2 ? (rng.next() - 0.5) * 1500 : (rng.next() - 0.5) * 1e-7;
     }
     x.set(edge, n);
+    // Non-positive runs (softmax's exp(s - max) takes its own branch when a whole vector is in
+    // (-512, 0]): random magnitudes, and both neighbours of each of fdlibm's |x| thresholds.
+    const bits = new BigUint64Array(1);
+    const f64 = new Float64Array(bits.buffer);
+    const near = (b: bigint) => [-1n, 0n, 1n].map((d) => ((bits[0] = b + d), -f64[0]));
+    const thresholds = [0x3fd62e4300000000n, 0x3ff0a2b200000000n, 0x3e30000000000000n, 0x4080000000000000n, 0x3fe62e42fefa39efn];
+    const nonpos: number[] = [-0, 0, ...thresholds.flatMap(near)];
+    // Dense around each threshold's high word (fdlibm compares only the upper 32 bits).
+    for (const t of thresholds) for (let i = 0; i < 4000; i++) nonpos.push(((bits[0] = t + BigInt(Math.floor((rng.next() - 0.5) * 2 ** 34))), -f64[0]));
+    for (let k = 2; k < 740; k += 37) nonpos.push(-(k + 0.5) * Math.LN2, -(k + 0.5) * Math.LN2 * (1 + 2 ** -52), -k * Math.LN2);
+    for (let i = 0; i < n; i++) {
+      const r = i % 4;
+      nonpos.push(r === 0 ? -rng.next() * 40 : r === 1 ? -rng.next() * 3 : r === 2 ? -rng.next() * 511.99 : -rng.next() * 1e-7);
+    }
+    x = Float64Array.from([...x, ...nonpos]);
     for (const isa of ['generic', 'avx2', 'avx512']) {
       if (!addon!.setForwardIsa(isa)) continue;
       const y = new Float64Array(x.length);
