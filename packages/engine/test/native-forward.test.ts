@@ -15,6 +15,7 @@ import { buildWeights } from '../src/model/weights.js';
 import { Worker, type CacheLayout } from '../src/worker.js';
 import { argmax } from '../src/request.js';
 import { SeededRng } from '../src/rng.js';
+import { KV_DTYPE_BYTES, readElem, writeElem, type KvDtype } from '../src/dtype.js';
 
 interface Config {
   tp: number;
@@ -28,6 +29,8 @@ interface FwdAddon {
   fwdExp(x: Float64Array, y: Float64Array): void;
   fwdMatmul(w: Float32Array, rows: number, cols: number, x: Float32Array, xStride: number, T: number, y: Float32Array, yStride: number, residual: boolean): void;
   fwdAttend(q: Float32Array, qStride: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, outStride: number): void;
+  fwdKvWrite(mem: Uint8Array, addr: Float64Array, dtype: KvDtype, hd: number, src: Float32Array): void;
+  fwdKvRead(mem: Uint8Array, addr: Float64Array, dtype: KvDtype, hd: number, dst: Float32Array): void;
   forwardIsa(): string;
   setForwardIsa(name: string): boolean;
 }
@@ -145,6 +148,50 @@ describe('native forward kernels', () => {
       expect(bad, isa).toEqual([]);
     }
     addon!.setForwardIsa('auto');
+  });
+
+  it.skipIf(!native)(`fwdKvWrite / fwdKvRead are dtype.ts writeElem / readElem byte for byte ${reason}`, () => {
+    const seed = 17;
+    console.log(`fwdKvWrite property test seed ${seed}`);
+    const rng = new SeededRng(seed);
+    // float32 bit patterns: random, every class (zeros, subnormals, near float16 / bfloat16 rounding
+    // ties and overflow, infinities, quiet and signalling NaNs), both signs.
+    const pats: number[] = [0, 0x80000000, 1, 0x807fffff, 0x7f7fffff, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0xffa00000, 0x477fe000, 0x477ff000, 0x477fefff, 0x38800000, 0x33000000, 0x33000001, 0x337fffff, 0x3f808000, 0x3f818000, 0x3f807fff];
+    for (let i = 0; i < 4000; i++) pats.push(Math.floor(rng.next() * 2 ** 32));
+    for (let i = 0; i < 2000; i++) pats.push(((Math.floor(rng.next() * 512) << 23) | (Math.floor(rng.next() * 8) << 12) | 0x1000) >>> 0);
+    const hd = 4;
+    const rows = Math.ceil(pats.length / hd);
+    const src = new Float32Array(rows * hd);
+    new Uint32Array(src.buffer).set(pats);
+    for (const dt of ['float32', 'bfloat16', 'float16'] as const) {
+      const eb = KV_DTYPE_BYTES[dt];
+      // rows scattered over the region, out of order, with a gap between them
+      const addr = Float64Array.from({ length: rows }, (_, i) => ((i * 7919) % rows) * (hd * eb + 3) + 1);
+      const size = rows * (hd * eb + 3) + 1;
+      const want = new Uint8Array(size);
+      for (let i = 0; i < rows; i++) for (let d = 0; d < hd; d++) writeElem(want, addr[i] + d * eb, dt, src[i * hd + d]);
+      const got = new Uint8Array(size);
+      addon!.fwdKvWrite(got, addr, dt, hd, src);
+      expect(Buffer.from(got).equals(Buffer.from(want)), dt).toBe(true);
+      // reads: the bytes just written, and for 2-byte types every bit pattern
+      const mem = new Uint8Array(Math.max(size, 65536 * 2));
+      mem.set(want);
+      if (eb === 2) for (let h = 0; h < 65536; h++) ((mem[2 * h] = h & 0xff), (mem[2 * h + 1] = h >> 8));
+      const raddr = eb === 2 ? Float64Array.from({ length: 65536 / hd }, (_, i) => i * hd * 2) : addr;
+      const dst = new Float32Array(raddr.length * hd);
+      addon!.fwdKvRead(mem, raddr, dt, hd, dst);
+      const ref = new Float32Array(raddr.length * hd);
+      for (let i = 0; i < raddr.length; i++) for (let d = 0; d < hd; d++) ref[i * hd + d] = readElem(mem, raddr[i] + d * eb, dt);
+      expect(Buffer.from(dst.buffer).equals(Buffer.from(ref.buffer)), dt).toBe(true);
+    }
+    // A row past the end, or an address that is not an integer: RangeError, nothing written.
+    const mem = new Uint8Array(64);
+    expect(() => addon!.fwdKvWrite(mem, Float64Array.from([0, 57]), 'bfloat16', 4, new Float32Array(8).fill(1))).toThrow(RangeError);
+    expect(() => addon!.fwdKvWrite(mem, Float64Array.from([0, 1.5]), 'bfloat16', 4, new Float32Array(8).fill(1))).toThrow(RangeError);
+    expect(() => addon!.fwdKvWrite(mem, Float64Array.from([-2]), 'bfloat16', 4, new Float32Array(4).fill(1))).toThrow(RangeError);
+    expect(() => addon!.fwdKvRead(mem, Float64Array.from([0, 49]), 'float32', 4, new Float32Array(8))).toThrow(RangeError);
+    expect(() => addon!.fwdKvWrite(mem, Float64Array.from([0]), 'int8' as KvDtype, 4, new Float32Array(4))).toThrow(RangeError);
+    expect(mem.every((b) => b === 0)).toBe(true);
   });
 
   it.skipIf(!native)(`a size that does not fit its array throws a RangeError and writes nothing ${reason}`, () => {
