@@ -24,7 +24,8 @@ using kvc_fwd::Kernels;
 const Kernels* Pick(const std::string& name) {
 #ifdef KVC_FWD_HAVE_X86_VARIANTS
   __builtin_cpu_init();
-  const bool has512 = __builtin_cpu_supports("avx512f"), has2 = __builtin_cpu_supports("avx2");
+  // The avx2 variant also uses FMA (forward_kernel.inc fma_exact), a CPUID flag of its own.
+  const bool has512 = __builtin_cpu_supports("avx512f"), has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (name == "avx512") return has512 ? &kvc_fwd::avx512::kernels : nullptr;
   if (name == "avx2") return has2 ? &kvc_fwd::avx2::kernels : nullptr;
   if (name == "auto") return has512 ? &kvc_fwd::avx512::kernels : has2 ? &kvc_fwd::avx2::kernels : &kvc_fwd::generic::kernels;
