@@ -11,7 +11,7 @@ import { buildGroupConfigs } from '../src/engine.js';
 import { forward } from '../src/executor.js';
 import { resolveModel, type PresetName } from '../src/model/config.js';
 import { forwardPath, setForwardPath } from '../src/model/native-forward.js';
-import { buildWeights } from '../src/model/weights.js';
+import { applyRope, buildWeights } from '../src/model/weights.js';
 import { Worker, type CacheLayout } from '../src/worker.js';
 import { argmax } from '../src/request.js';
 import { SeededRng } from '../src/rng.js';
@@ -29,6 +29,7 @@ interface FwdAddon {
   fwdExp(x: Float64Array, y: Float64Array): void;
   fwdMatmul(w: Float32Array, rows: number, cols: number, x: Float32Array, xStride: number, T: number, y: Float32Array, yStride: number, residual: boolean): void;
   fwdAttend(q: Float32Array, qStride: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, outStride: number): void;
+  fwdRope(x: Float32Array, stride: number, T: number, heads: number, dim: number, cos: Float64Array, sin: Float64Array, tableOffset: number): void;
   fwdKvWrite(mem: Uint8Array, addr: Float64Array, dtype: KvDtype, hd: number, src: Float32Array): void;
   fwdKvRead(mem: Uint8Array, addr: Float64Array, dtype: KvDtype, hd: number, dst: Float32Array): void;
   forwardIsa(): string;
@@ -146,6 +147,82 @@ describe('native forward kernels', () => {
       const bad: number[] = [];
       for (let i = 0; i < x.length; i++) if (!Object.is(y[i], Math.exp(x[i]))) bad.push(x[i]);
       expect(bad, isa).toEqual([]);
+    }
+    addon!.setForwardIsa('auto');
+  });
+
+  it.skipIf(!native)(`fwdAttend, fwdMatmul and fwdRope are their JavaScript loops bit for bit at odd shapes, on every instruction set ${reason}`, () => {
+    // The JavaScript each kernel replaces (worker.ts attention + softmaxAttend, weights.ts dotRow and
+    // applyRope), written out plainly: shapes the demo model never has (head sizes that are not a
+    // whole number of vectors, row counts with tails, windows, decode-sized calls) reach every
+    // branch of the kernels.
+    const seed = 18;
+    console.log(`kernel shapes test seed ${seed}`);
+    const rng = new SeededRng(seed);
+    const rand = (n: number) => Float32Array.from({ length: n }, () => Math.fround((rng.next() - 0.5) * 4));
+    const attendRef = (q: Float32Array, qs: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, os: number) => {
+      for (let j = 0; j < n; j++) {
+        const pos = start + j;
+        const lo = window > 0 ? Math.max(0, pos - window + 1) : 0;
+        const len = pos - lo + 1;
+        const sc = new Float64Array(len);
+        let mx = -Infinity;
+        for (let t = 0; t < len; t++) {
+          let a = 0;
+          for (let d = 0; d < hd; d++) a += q[j * qs + d] * k[(lo + t) * hd + d];
+          sc[t] = a * scale;
+          if (sc[t] > mx) mx = sc[t];
+        }
+        let sum = 0;
+        for (let t = 0; t < len; t++) {
+          sc[t] = Math.exp(sc[t] - mx);
+          sum += sc[t];
+        }
+        const o = out.subarray(j * os, j * os + hd).fill(0);
+        for (let t = 0; t < len; t++) for (let d = 0; d < hd; d++) o[d] += (sc[t] / sum) * v[(lo + t) * hd + d];
+      }
+    };
+    const attendCases: [number, number, number, number][] = [];
+    for (const hd of [16, 12, 20, 8, 3]) for (const [start, n, window] of [[0, 37, 0], [5, 1, 0], [3, 2, 0], [3, 3, 0], [0, 19, 5], [40, 11, 7], [9, 30, 2], [0, 9, 1]]) attendCases.push([hd, start, n, window]);
+    const mmCases: [number, number, number][] = [[13, 7, 5], [64, 64, 17], [9, 33, 1], [24, 16, 13], [3, 5, 7], [40, 12, 6]];
+    const isas = ['generic', 'avx2', 'avx512'].filter((i) => addon!.setForwardIsa(i));
+    for (const isa of isas) {
+      addon!.setForwardIsa(isa);
+      for (const [hd, start, n, window] of attendCases) {
+        const qs = hd + 3, os = hd + 5, end = start + n;
+        const q = rand(n * qs), k = rand(end * hd), v = rand(end * hd);
+        const want = new Float32Array(n * os), got = new Float32Array(n * os);
+        attendRef(q, qs, n, k, v, hd, start, window, 1 / Math.sqrt(hd), want, os);
+        addon!.fwdAttend(q, qs, n, k, v, hd, start, window, 1 / Math.sqrt(hd), got, os);
+        expect(Buffer.from(got.buffer).equals(Buffer.from(want.buffer)), `${isa} attend hd ${hd} start ${start} n ${n} window ${window}`).toBe(true);
+      }
+      for (const [rows, cols, T] of mmCases) {
+        for (const residual of [false, true]) {
+          const xs = cols + 2, ys = rows + 1;
+          const w = rand(rows * cols), x = rand(T * xs), y0 = rand(T * ys);
+          const want = y0.slice(), got = y0.slice();
+          for (let t = 0; t < T; t++) {
+            for (let r = 0; r < rows; r++) {
+              let a = 0;
+              for (let i = 0; i < cols; i++) a += w[r * cols + i] * x[t * xs + i];
+              want[t * ys + r] = residual ? Math.fround(want[t * ys + r] + Math.fround(a)) : Math.fround(a);
+            }
+          }
+          addon!.fwdMatmul(w, rows, cols, x, xs, T, got, ys, residual);
+          expect(Buffer.from(got.buffer).equals(Buffer.from(want.buffer)), `${isa} matmul ${rows}x${cols} T ${T} residual ${residual}`).toBe(true);
+        }
+      }
+      {
+        const heads = 3, dim = 6, T = 5, stride = 20, pos0 = 7, theta = 10000;
+        const x = rand(T * stride);
+        const want = x.slice(), got = x.slice();
+        for (let t = 0; t < T; t++) for (let h = 0; h < heads; h++) applyRope(want, t * stride + h * dim, dim, pos0 + t, theta);
+        const half = dim / 2;
+        const cos = new Float64Array((pos0 + T) * half), sin = new Float64Array((pos0 + T) * half);
+        for (let p = 0; p < pos0 + T; p++) for (let i = 0; i < half; i++) ((cos[p * half + i] = Math.cos(p / Math.pow(theta, (2 * i) / dim))), (sin[p * half + i] = Math.sin(p / Math.pow(theta, (2 * i) / dim))));
+        addon!.fwdRope(got, stride, T, heads, dim, cos, sin, pos0 * half);
+        expect(Buffer.from(got.buffer).equals(Buffer.from(want.buffer)), `${isa} rope`).toBe(true);
+      }
     }
     addon!.setForwardIsa('auto');
   });
