@@ -139,7 +139,11 @@ describe('native forward kernels', () => {
       const r = i % 4;
       nonpos.push(r === 0 ? -rng.next() * 40 : r === 1 ? -rng.next() * 3 : r === 2 ? -rng.next() * 511.99 : -rng.next() * 1e-7);
     }
-    x = Float64Array.from([...x, ...nonpos]);
+    // Mixed signs within (-512, 512) (the MLP's exp(-g) takes another branch): the same values and
+    // their negations interleaved, so that every vector holds both signs.
+    const mixed = nonpos.flatMap((v, i) => (i % 2 ? [v, -v] : [-v, v])).filter((v) => Math.abs(v) < 512);
+    mixed.push(1, -1, 1, 0.5, 1, 2 ** -29, 1, -(2 ** -29));
+    x = Float64Array.from([...x, ...nonpos, ...mixed]);
     for (const isa of ['generic', 'avx2', 'avx512']) {
       if (!addon!.setForwardIsa(isa)) continue;
       const y = new Float64Array(x.length);
