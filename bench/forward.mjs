@@ -2,7 +2,8 @@
 // one thread), on the JavaScript path and on the native kernels (packages/engine/src/model/native-forward.ts)
 // in the same run, interleaved; prints the median of N of each, the ratio, whether the two paths
 // give the same logits bit for bit, and a verdict against the 50 ms goal of issue #16 section 3.
-// Run after `npm run build`. `KVC_BENCH_QUICK=1` for a short run; `N=...`, `TOKENS=...` to change.
+// Run after `npm run build`. `KVC_BENCH_QUICK=1` for a short run; `N=...`, `TOKENS=...` to change;
+// `FORWARD_ISA=avx2` (or `generic`, `avx512`) for another variant of the kernels than this CPU's widest.
 import { Worker, buildGroupConfigs, buildWeights, forward, forwardPath, resolveModel, setForwardPath } from '../packages/engine/dist/index.js';
 import { result } from './lib/results.mjs';
 
@@ -31,6 +32,10 @@ function prefill() {
 
 const native = setForwardPath('native');
 if (!native) console.log(`native path unavailable: ${forwardPath().reason}`);
+if (native && process.env.FORWARD_ISA) {
+  const { addon } = (await import('@kvconnect/native')).default;
+  if (!addon.setForwardIsa(process.env.FORWARD_ISA)) throw new Error(`FORWARD_ISA=${process.env.FORWARD_ISA}: this CPU cannot run that variant`);
+}
 const times = { js: [], native: [] };
 const cpus = { js: [], native: [] };
 const logits = {};

@@ -309,6 +309,19 @@ export interface KvconnectNativeAddon {
    * output row j at `out[j*outStride]` (`hd` floats).
    */
   fwdAttend(q: Float32Array, qStride: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, outStride: number): void;
+  /**
+   * RoPE (packages/engine/src/model/weights.ts applyRope) in place on `heads` heads (`dim` wide) of
+   * `T` rows of `x` (row stride `stride`), row t's angles at `cos`/`sin[tableOffset + t*dim/2 ..]`.
+   */
+  fwdRope(x: Float32Array, stride: number, T: number, heads: number, dim: number, cos: Float64Array, sin: Float64Array, tableOffset: number): void;
+  /**
+   * KV cache rows out of float32: row i (`src[i*hd ..]`, `hd` elements) as `dtype` (little-endian,
+   * round to nearest even, as packages/engine/src/dtype.ts writeElem) at byte `addr[i]` of `mem`.
+   * Every row must fit in `mem` (RangeError, nothing written).
+   */
+  fwdKvWrite(mem: Uint8Array, addr: Float64Array, dtype: 'float32' | 'bfloat16' | 'float16', hd: number, src: Float32Array): void;
+  /** KV cache rows into float32 (dtype.ts readElem): `dst[i*hd + d]` = element d of the row at byte `addr[i]` of `mem`. */
+  fwdKvRead(mem: Uint8Array, addr: Float64Array, dtype: 'float32' | 'bfloat16' | 'float16', hd: number, dst: Float32Array): void;
   /** `y[i] = Math.exp(x[i])` bit for bit (fdlibm, as V8), through the vector kernel. */
   fwdExp(x: Float64Array, y: Float64Array): void;
   /** The instruction set of the forward kernels: `avx512`, `avx2` or `generic`. */

@@ -2,7 +2,9 @@
  * @file forward_isa.h
  * @brief Internal: the reference engine's forward-pass kernels (packages/engine/src/model/native-forward.ts),
  *        compiled once per instruction set (forward_kernel.inc in forward_isa_*.cc, all with
- *        -ffp-contract=off and without -ffast-math) and chosen at run time by forward_addon.cc.
+ *        -ffp-contract=off and without -ffast-math; FMA only explicitly, on products of two float32
+ *        values, which are exact in float64: forward_kernel.inc fma_exact) and chosen at run time by
+ *        forward_addon.cc.
  *
  * Every kernel computes exactly what the JavaScript forward pass computes
  * (packages/engine/src/model/weights.ts `dotRow`/`rmsNorm`/`applyRope`, executor.ts `mlp`,
@@ -28,6 +30,7 @@ struct Kernels {
   void (*attend)(const float* q, int qStride, int n, const float* k, const float* v, int hd, int start, int window,
                  double scale, float* out, int outStride);
   void (*exp)(const double* x, double* y, size_t n);
+  void (*rope)(float* x, int stride, int T, int heads, int dim, const double* cos, const double* sin);
 };
 
 /** The fdlibm / V8 `Math.exp` of one double (forward_exp.cc). */

@@ -79,13 +79,17 @@ export function* forwardSteps(m: ModelConfig, w: ModelWeights, ppSize: number, s
   }
   const hn = new Float32Array(T * H);
   const row = new Float32Array(H);
+  let outBuf = new Float32Array(0);
   for (let pp = 0; pp < ppSize; pp++) {
     const [l0, l1] = stageLayers(m.layerTypes.length, ppSize, pp);
     for (let li = l0; li < l1; li++) {
       const lw = w.layers[li];
       const mixer = lw.mixer;
       for (let i = 0; i < T; i++) hn.set(rmsNorm(h, mixer.norm, i * H, row), i * H);
-      const gathered = new Float32Array(T * mixerWidth(m, li));
+      // One buffer for every layer of this pass (each layer's output is consumed before the next yield).
+      const width = mixerWidth(m, li);
+      if (outBuf.length < T * width) outBuf = new Float32Array(T * width);
+      const gathered = outBuf.subarray(0, T * width).fill(0);
       yield { stage: pp, layer: li, hn, out: gathered };
       const proj = mixer.kind === 'mamba2' ? (mixer as Mamba2Weights).out : mixer.o;
       const nf = nativeForward(); // the same sums on the native kernels (model/native-forward.ts)

@@ -14,7 +14,7 @@
  */
 import { createRequire } from 'node:module';
 import type { AttentionPart } from '@kvconnect/checksum';
-import { readElem, writeElem, type KvDtype } from '../dtype.js';
+import type { KvDtype } from '../dtype.js';
 import type { ModelConfig } from './config.js';
 import type { AttentionWeights, Matrix } from './weights.js';
 import type { ForwardSegment } from '../worker.js';
@@ -25,6 +25,9 @@ export interface ForwardKernels {
   fwdMatmul(w: Float32Array, rows: number, cols: number, x: Float32Array, xStride: number, T: number, y: Float32Array, yStride: number, residual: boolean): void;
   fwdMlp(h: Float32Array, T: number, H: number, norm: Float32Array, gate: Float32Array, up: Float32Array, down: Float32Array, I: number): void;
   fwdAttend(q: Float32Array, qStride: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, outStride: number): void;
+  fwdRope(x: Float32Array, stride: number, T: number, heads: number, dim: number, cos: Float64Array, sin: Float64Array, tableOffset: number): void;
+  fwdKvWrite(mem: Uint8Array, addr: Float64Array, dtype: KvDtype, hd: number, src: Float32Array): void;
+  fwdKvRead(mem: Uint8Array, addr: Float64Array, dtype: KvDtype, hd: number, dst: Float32Array): void;
   forwardIsa(): string;
 }
 
@@ -37,7 +40,7 @@ function load(): { kernels: ForwardKernels | null; reason: string | null } {
     const mod = createRequire(import.meta.url)('@kvconnect/native') as { addon: Partial<ForwardKernels> | null; loadError: Error | null };
     const a = mod.addon;
     if (!a) loaded = { kernels: null, reason: `the addon is not built or failed to load: ${mod.loadError?.message ?? 'no reason given'}` };
-    else if (typeof a.fwdMatmul !== 'function' || typeof a.fwdMlp !== 'function' || typeof a.fwdAttend !== 'function') loaded = { kernels: null, reason: 'the addon has no forward kernels (rebuild it)' };
+    else if ((['fwdMatmul', 'fwdMlp', 'fwdAttend', 'fwdRope', 'fwdKvWrite', 'fwdKvRead'] as const).some((f) => typeof a[f] !== 'function')) loaded = { kernels: null, reason: 'the addon has no forward kernels (rebuild it)' };
     else loaded = { kernels: a as ForwardKernels, reason: null };
   } catch (e) {
     loaded = { kernels: null, reason: `cannot load @kvconnect/native: ${e instanceof Error ? e.message : String(e)}` };
@@ -92,24 +95,38 @@ function ropeTable(theta: number, dim: number, positions: number): { cos: Float6
   return t;
 }
 
-/** weights.ts applyRope on `heads` heads of `T` rows of `x` (row t at position `pos0 + t`). */
-function ropeRows(x: Float32Array, stride: number, T: number, heads: number, dim: number, pos0: number, theta: number): void {
+/** weights.ts applyRope on `heads` heads of `T` rows of `x` (row t at position `pos0 + t`), on the kernels. */
+function ropeRows(k: ForwardKernels, x: Float32Array, stride: number, T: number, heads: number, dim: number, pos0: number, theta: number): void {
   const { cos, sin } = ropeTable(theta, dim, pos0 + T);
-  const half = dim / 2;
-  for (let t = 0; t < T; t++) {
-    const tb = (pos0 + t) * half;
-    for (let h = 0; h < heads; h++) {
-      const off = t * stride + h * dim;
-      for (let i = 0; i < half; i++) {
-        const c = cos[tb + i];
-        const sn = sin[tb + i];
-        const a = x[off + i];
-        const b = x[off + i + half];
-        x[off + i] = a * c - b * sn;
-        x[off + i + half] = a * sn + b * c;
-      }
-    }
+  k.fwdRope(x, stride, T, heads, dim, cos, sin, pos0 * (dim / 2));
+}
+
+/**
+ * Float32 scratch of {@link attentionNative}, by slot, grown as needed (contents undefined). Its
+ * arrays never escape a call and the forward pass is synchronous, so one set serves every call;
+ * fresh arrays per layer cost page faults and zeroing comparable to a layer's kernels.
+ */
+const scratchBufs: Float32Array[] = [];
+
+function scratch(slot: number, n: number): Float32Array {
+  let b = scratchBufs[slot];
+  if (!b || b.length < n) {
+    b = new Float32Array(Math.max(n, 2 * (b?.length ?? 0)));
+    scratchBufs[slot] = b;
   }
+  return b.subarray(0, n);
+}
+
+/** Byte addresses of cache rows for fwdKvWrite / fwdKvRead, as {@link scratch}. */
+const addrBufs: Float64Array[] = [];
+
+function addrScratch(slot: number, n: number): Float64Array {
+  let b = addrBufs[slot];
+  if (!b || b.length < n) {
+    b = new Float64Array(Math.max(n, 2 * (b?.length ?? 0)));
+    addrBufs[slot] = b;
+  }
+  return b.subarray(0, n);
 }
 
 /** Rows `[r0, r0 + n)` of `w` times `T` rows of `x` (stride `xStride`) into `y` (stride `yStride`). */
@@ -148,7 +165,7 @@ export function attentionNative(k: ForwardKernels, c: AttentionLayerContext, w: 
   const m = c.model;
   const H = m.hiddenSize;
   const hd = m.headDim;
-  const { kp, vp, kmem, vmem, dtype: dt, eb, local, shard, q0, nq } = c;
+  const { kp, vp, kmem, vmem, dtype: dt, local, shard, q0, nq } = c;
   const B = c.blockSize;
   const qPerKv = m.numHeads / m.numKvHeads;
   const scale = 1 / Math.sqrt(hd);
@@ -160,52 +177,48 @@ export function attentionNative(k: ForwardKernels, c: AttentionLayerContext, w: 
     const j0 = Math.min(n, Math.max(0, seg.cacheFilled - seg.start));
     if (j0 < n) {
       const nw = n - j0;
-      const kn = new Float32Array(nw * kvw);
-      const vn = new Float32Array(nw * kvw);
+      const kn = scratch(0, nw * kvw);
+      const vn = scratch(1, nw * kvw);
       const x = hn.subarray((t0 + j0) * H);
       matmulRows(k, w.k, shard * kvw, kvw, x, H, nw, kn, kvw);
       matmulRows(k, w.v, shard * kvw, kvw, x, H, nw, vn, kvw);
-      ropeRows(kn, kvw, nw, local, hd, seg.start + j0, m.ropeTheta);
+      ropeRows(k, kn, kvw, nw, local, hd, seg.start + j0, m.ropeTheta);
+      // Row (j - j0) * local + h of kn / vn is token j's head h.
+      const ka = addrScratch(0, nw * local);
+      const va = addrScratch(1, nw * local);
       for (let j = j0; j < n; j++) {
         const pos = seg.start + j;
         const block = blocks[Math.floor(pos / B)];
         for (let h = 0; h < local; h++) {
-          const o = (j - j0) * kvw + h * hd;
-          const ka = partAddress(kp, B, block, h, pos % B);
-          const va = partAddress(vp, B, block, h, pos % B);
-          for (let d = 0; d < hd; d++) {
-            writeElem(kmem, ka + d * eb, dt, kn[o + d]);
-            writeElem(vmem, va + d * eb, dt, vn[o + d]);
-          }
+          ka[(j - j0) * local + h] = partAddress(kp, B, block, h, pos % B);
+          va[(j - j0) * local + h] = partAddress(vp, B, block, h, pos % B);
         }
       }
+      k.fwdKvWrite(kmem, ka, dt, hd, kn);
+      k.fwdKvWrite(vmem, va, dt, hd, vn);
     }
     const end = seg.start + n;
     const lo0 = Number.isFinite(c.window) ? Math.max(0, seg.start - c.window + 1) : 0;
     const K: Float32Array[] = [];
     const V: Float32Array[] = [];
+    const ka = addrScratch(0, end - lo0);
+    const va = addrScratch(1, end - lo0);
     for (let h = 0; h < local; h++) {
-      K.push(new Float32Array(end * hd));
-      V.push(new Float32Array(end * hd));
-    }
-    for (let pos = lo0; pos < end; pos++) {
-      const block = blocks[Math.floor(pos / B)];
-      for (let h = 0; h < local; h++) {
-        const ka = partAddress(kp, B, block, h, pos % B);
-        const va = partAddress(vp, B, block, h, pos % B);
-        const kh = K[h];
-        const vh = V[h];
-        const o = pos * hd;
-        for (let d = 0; d < hd; d++) {
-          kh[o + d] = readElem(kmem, ka + d * eb, dt);
-          vh[o + d] = readElem(vmem, va + d * eb, dt);
-        }
+      // Positions before lo0 are never read (fwdAttend reads [lo0, end)).
+      K.push(scratch(3 + 2 * h, end * hd));
+      V.push(scratch(4 + 2 * h, end * hd));
+      for (let pos = lo0; pos < end; pos++) {
+        const block = blocks[Math.floor(pos / B)];
+        ka[pos - lo0] = partAddress(kp, B, block, h, pos % B);
+        va[pos - lo0] = partAddress(vp, B, block, h, pos % B);
       }
+      k.fwdKvRead(kmem, ka, dt, hd, K[h].subarray(lo0 * hd));
+      k.fwdKvRead(vmem, va, dt, hd, V[h].subarray(lo0 * hd));
     }
     const qw = nq * hd;
-    const q = new Float32Array(n * qw);
+    const q = scratch(2, n * qw);
     matmulRows(k, w.q, q0 * hd, qw, hn.subarray(t0 * H), H, n, q, qw);
-    ropeRows(q, qw, n, nq, hd, seg.start, m.ropeTheta);
+    ropeRows(k, q, qw, n, nq, hd, seg.start, m.ropeTheta);
     const ow = m.numHeads * hd;
     for (let qh = q0; qh < q0 + nq; qh++) {
       const hl = Math.floor(qh / qPerKv) - shard * local;
