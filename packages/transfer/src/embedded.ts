@@ -332,8 +332,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const fields: unknown[] = [META_MAGIC, META_VERSION, this.name, this.address.host, this.address.port, this.secret, this.regions.flat()];
     const dev = this.deviceMetadata();
     const shm = this.shmMetadata();
-    if (dev || shm) fields.push(dev);
-    if (shm) fields.push(shm);
+    fields.push(dev ?? null, shm ?? null); // META_VERSION 2: always 9 fields
     const b = packr.pack(fields);
     return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
   }
