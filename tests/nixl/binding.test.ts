@@ -33,7 +33,7 @@ for (const mode of ['pull', 'push'] as const) {
       const other = intruder(mode);
       try {
         const p = await pd.producer.generate(PROMPT, { maxTokens: 1 }, { do_remote_decode: true });
-        const params = { ...p.kvTransferParams, do_remote_prefill: true };
+        const params: Record<string, unknown> = { ...p.kvTransferParams, do_remote_prefill: true };
         const d = await pd.consumer.generate(PROMPT, S, params);
         expect(d.error).toBeUndefined();
         expect(await checksumCounter(pd.obs, 'loads', { verdict: 'verified' })).toBe(1);
