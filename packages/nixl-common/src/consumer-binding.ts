@@ -68,6 +68,11 @@ export class ConsumerBindings {
     return `served to another consumer (${key === null ? 'no consumer key given' : 'another consumer key'})`;
   }
 
+  /** Why `key` may not end `requestId` (bound to another key), or null (bound to `key`, or unbound: binds nothing). */
+  foreign(requestId: string, key: string | null): string | null {
+    return this.keys.has(requestId) ? this.check(requestId, key) : null;
+  }
+
   /** Forgets `requestId`'s binding (its blocks are freed). */
   forget(requestId: string): void {
     this.keys.delete(requestId);

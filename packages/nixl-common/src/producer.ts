@@ -239,15 +239,17 @@ export class NixlProducerChannel {
         return { ok: encodeEngineInfo(info) };
       }
       case 'lease': {
+        const expiries = this.leases.touch(req.requestIds, req.pinMs);
+        // Held requests bind to the first consumer key that leases them.
         const key = req.consumerKey ?? null;
-        if (key !== null) for (const id of req.requestIds) if (this.leases.stateOf(id) !== undefined) this.bindings.claim(id, key);
-        return { ok: encodeLeaseBody(this.leases.touch(req.requestIds, req.pinMs)) };
+        if (key !== null) for (const [id, expiry] of expiries) if (expiry > 0) this.bindings.claim(id, key);
+        return { ok: encodeLeaseBody(expiries) };
       }
       case 'release': {
         // All or nothing: a RELEASE naming a request served to another consumer releases none.
         const key = req.consumerKey ?? null;
         for (const id of req.requestIds) {
-          const foreign = this.leases.stateOf(id) === undefined ? null : this.bindings.check(id, key);
+          const foreign = this.bindings.foreign(id, key);
           if (foreign !== null) return { refuse: 'forbidden', message: `engine ${engineId}: request ${id} was ${foreign}; nothing released` };
         }
         for (const id of req.requestIds) this.leases.release(id);
