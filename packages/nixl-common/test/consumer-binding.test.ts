@@ -21,6 +21,11 @@ import {
   newConsumerKey,
   nixlMetrics,
   parseNixlConfig,
+  NIXL_PROTOCOL_VERSION,
+  decodeRequest,
+  encodeRequest,
+  packr,
+  type SideRequest,
 } from '../src/index.js';
 
 const SECRET = 'the-cluster-secret-of-the-binding-test';
@@ -59,6 +64,31 @@ async function producerWith(ids: string[], extra: Record<string, unknown> = {}) 
 }
 
 const settle = () => new Promise((r) => setTimeout(r, 30));
+
+describe('consumer keys on the NIXL wire (protocol 18)', () => {
+  it('LEASE, RELEASE and LOCALIZE end with the key (nil without one) and read it back; a malformed key is refused (PUSH_REG: tests/nixl/binding.test.ts, push)', () => {
+    const key = newConsumerKey();
+    const cases: Array<[SideRequest, number]> = [
+      [{ type: 'lease', requestIds: ['a'], pinMs: 0, consumerKey: key }, 4],
+      [{ type: 'release', requestIds: ['a'], consumerKey: key }, 3],
+      [{ type: 'localize', requestId: 'a', query: small, consumerKey: key }, 5],
+    ];
+    for (const [req, at] of cases) {
+      const wire = packr.unpack(encodeRequest(3, req)) as unknown[];
+      expect(wire).toHaveLength(at + 1);
+      expect(wire[at]).toBe(key);
+      expect(decodeRequest(encodeRequest(3, req))).toEqual({ seq: 3, req });
+      const { consumerKey: _, ...bare } = req as SideRequest & { consumerKey?: string };
+      expect((packr.unpack(encodeRequest(3, bare as SideRequest)) as unknown[])[at]).toBeNull();
+      expect(decodeRequest(encodeRequest(3, bare as SideRequest))).toEqual({ seq: 3, req: bare });
+      for (const bad of ['AB'.repeat(16), 'ab'.repeat(15), 5]) {
+        wire[at] = bad;
+        expect(() => decodeRequest(packr.pack(wire)), `${req.type} ${String(bad)}`).toThrow(/consumerKey: expected nil or 32 lowercase hex digits/);
+      }
+    }
+    expect(NIXL_PROTOCOL_VERSION).toBe(18);
+  });
+});
 
 describe('ConsumerBindings', () => {
   it('the first key binds; the same key passes, another key or none is refused; unbound requests bind to the asker', () => {
