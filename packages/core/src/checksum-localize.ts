@@ -70,6 +70,19 @@ export type LocalizeAnswer =
   | { status: 'held'; groups: Array<{ groupId: number; sums: FineSum[]; error?: string }> }
   | { status: 'gone'; detail: string };
 
+/**
+ * What `KVConnectorScheduler.localizeKvChecksums` rejects with when the producer refused the
+ * question for its localization budget (NIXL `busy`, Mooncake `refuse` `busy`; `docs/localize.md`
+ * "Binding and budget"): the drill-down is reported `dropped` (`detail` `busy: ...`), as one past
+ * its deadline. The verdict and its decision are not affected (they came first).
+ */
+export class LocalizeBusyError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'LocalizeBusyError';
+  }
+}
+
 /** A worker's order (consumer: in `ChecksumStepMeta.localize`): fine sums of one request's blocks. */
 export interface LocalizeStepEntry {
   requestId: string;
@@ -129,7 +142,8 @@ export function localizeOnRank(plans: readonly GroupPlan[], groupIndex: (groupId
  * - `no-difference`: the producer's blocks now hold what the consumer received, yet the checksums
  *   mismatched: the producer's blocks changed after they were checksummed (stale or reused blocks);
  * - `gone`: the producer no longer holds the blocks (`detail` says why);
- * - `dropped`: not finished within the deadline (`detail` `deadline`), or the connector closed;
+ * - `dropped`: not finished within the deadline (`detail` `deadline`), the producer refused it
+ *   for its budget (`detail` `busy: ...`, {@link LocalizeBusyError}), or the connector closed;
  * - `unsupported`: the connector cannot ask its producer (no `localizeKvChecksums`);
  * - `error`: the producer refused or could not be reached, or a side could not sum (`detail`).
  */
@@ -267,6 +281,7 @@ export class ChecksumLocalizer {
 
   private onProducer(id: string, p: Pending, a: LocalizeAnswer | Error): void {
     if (this.pending.get(id) !== p) return;
+    if (a instanceof LocalizeBusyError) return this.drop(id, p, `busy: ${a.message}`);
     p.producer = a;
     this.maybeFinish(id, p);
   }

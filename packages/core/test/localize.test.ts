@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest';
 import { planGroup } from '@kvconnect/checksum';
 import type { AttentionCacheView } from '@kvconnect/checksum';
-import { localizeOnRank, type Localization, type LocalizeAnswer, type LocalizeQuery } from '../src/checksum-localize.js';
+import { LocalizeBusyError, localizeOnRank, type Localization, type LocalizeAnswer, type LocalizeQuery } from '../src/checksum-localize.js';
 import type { ConnectorRequest } from '../src/connector.js';
 import { METRIC_NAMES } from '../src/observability.js';
 import { KVChecksumObservability } from '../src/observability.js';
@@ -149,6 +149,17 @@ describe('drill-down of a mismatched load', () => {
     await until(() => r.events.length > 0);
     expect(r.events.map((e) => [e.status, e.detail])).toEqual([['dropped', 'deadline']]);
     expect(await metricValue(r.cons.obs, METRIC_NAMES.localizations, { result: 'dropped' })).toBe(1);
+  });
+
+  it('the producer refuses for its budget (LocalizeBusyError): dropped (busy), after the decision; another error stays error', async () => {
+    const r = await mismatched(side(1, 1, 16), side(1, 1, 16), () => Promise.reject(new LocalizeBusyError('4 localizations of this consumer are being computed (at most 4)')));
+    expect(r.cons.decision.action).toBe('recompute');
+    await until(() => r.events.length > 0);
+    expect(r.events.map((e) => [e.status, e.detail])).toEqual([['dropped', 'busy: 4 localizations of this consumer are being computed (at most 4)']]);
+    expect(await metricValue(r.cons.obs, METRIC_NAMES.localizations, { result: 'dropped' })).toBe(1);
+    const other = await mismatched(side(1, 1, 16), side(1, 1, 16), () => Promise.reject(new Error('refused (forbidden)')));
+    await until(() => other.events.length > 0);
+    expect(other.events.map((e) => e.status)).toEqual(['error']);
   });
 
   it('a connector that cannot ask its producer: unsupported, and no worker order', async () => {

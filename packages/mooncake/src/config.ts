@@ -3,6 +3,7 @@
  * @module
  */
 import { KVTransferConfigError, int, strictObject, z, zodProblems, type ConfigProblem } from '@kvconnect/core';
+import { DEFAULT_LOCALIZE_MAX_INFLIGHT, DEFAULT_LOCALIZE_RANGES_PER_SECOND } from '@kvconnect/nixl-common';
 import { resolveClusterSecret } from '@kvconnect/transfer';
 
 /** The transfer backends `MooncakeConnector` can move bytes with. */
@@ -63,6 +64,17 @@ export interface MooncakeOptions {
    * `localize_hold_ms` (`@kvconnect/nixl-common` config).
    */
   localizeHoldMs: number;
+  /**
+   * [`localize_max_inflight_per_peer`] Producer: `loc` requests of one consumer (its consumer key)
+   * being computed at once, at most (default 4; a worker computes one at a time, so this bounds
+   * nothing more than NIXL's); more are refused `busy` (`docs/localize.md`, "Binding and budget").
+   */
+  localizeMaxInflightPerPeer: number;
+  /**
+   * [`localize_ranges_per_second_per_peer`] Producer: token ranges one consumer may ask `loc` for
+   * per second and worker, at most (default 65 536: one largest request); more are refused `busy`.
+   */
+  localizeRangesPerSecondPerPeer: number;
 }
 
 const text = () => z.string({ error: 'expected a non-empty string' }).min(1, { error: 'expected a non-empty string' });
@@ -96,6 +108,8 @@ export const mooncakeExtraConfigSchema = strictObject({
   max_sessions: int(1, 1 << 20).optional(),
   session_idle_ms: int(1, 86_400_000).optional(),
   localize_hold_ms: int(0, 3600 * 1000).optional(),
+  localize_max_inflight_per_peer: int(1, 4096).optional(),
+  localize_ranges_per_second_per_peer: int(1, 1 << 30).optional(),
 });
 
 /**
@@ -136,5 +150,7 @@ export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS
     maxSessions: x.max_sessions ?? 4096,
     sessionIdleMs: x.session_idle_ms ?? 600_000,
     localizeHoldMs: x.localize_hold_ms ?? 0,
+    localizeMaxInflightPerPeer: x.localize_max_inflight_per_peer ?? DEFAULT_LOCALIZE_MAX_INFLIGHT,
+    localizeRangesPerSecondPerPeer: x.localize_ranges_per_second_per_peer ?? DEFAULT_LOCALIZE_RANGES_PER_SECOND,
   };
 }

@@ -12,7 +12,7 @@
  * @module
  */
 import { randomBytes } from 'node:crypto';
-import type { LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
+import { LocalizeBusyError, type LocalizeAnswer, type LocalizeQuery } from '@kvconnect/core';
 import { mergeLocalizeResults } from '@kvconnect/nixl-common';
 import * as zmq from 'zeromq';
 import { queryEngine } from './bootstrap.js';
@@ -26,6 +26,8 @@ export interface LocalizeTarget {
   engineId: string;
   /** The transfer whose blocks to sum (`kv_transfer_params.transfer_id`). */
   transferId: string;
+  /** The asking consumer engine's key (`@kvconnect/nixl-common` `consumer-binding.ts`; the one its loads' `md` carried). */
+  consumerKey: string | null;
   secret: Buffer | null;
   maxMessageBytes: number;
   /** Deadline of the bootstrap query, ms (bounded by the drill-down's own). */
@@ -33,11 +35,14 @@ export interface LocalizeTarget {
 }
 
 /**
- * Asks one producer worker (its ROUTER at `addr`) for the fine sums of `transferId` over `query`.
- * @throws SideChannelAuthError when the producer refuses (its `code`) or fails the handshake;
+ * Asks one producer worker (its ROUTER at `addr`) for the fine sums of `transferId` over `query`,
+ * as the consumer of key `o.consumerKey`.
+ * @throws LocalizeBusyError when the producer refuses for its budget (`busy`);
+ *   SideChannelAuthError when it refuses otherwise (its `code`: `forbidden`, the transfer was
+ *   served to another consumer key) or fails the handshake;
  *   MooncakeProtocolError for a malformed answer; Error on the deadline (`timeoutMs`).
  */
-export async function askProducerWorker(addr: string, transferId: string, query: LocalizeQuery, o: { secret: Buffer | null; maxMessageBytes: number; timeoutMs: number }): Promise<LocalizeAnswer> {
+export async function askProducerWorker(addr: string, transferId: string, query: LocalizeQuery, o: { secret: Buffer | null; maxMessageBytes: number; timeoutMs: number; consumerKey?: string | null }): Promise<LocalizeAnswer> {
   const sock = new zmq.Dealer({ linger: 0, maxMessageSize: o.maxMessageBytes, routingId: randomBytes(16).toString('hex'), receiveTimeout: Math.max(1, o.timeoutMs), sendTimeout: Math.max(1, o.timeoutMs) });
   const end = Date.now() + o.timeoutMs;
   try {
@@ -53,6 +58,7 @@ export async function askProducerWorker(addr: string, transferId: string, query:
       }
       if (frames.length !== 1) throw new SideChannelAuthError('bad-message', `producer worker ${addr}: expected one frame, got ${frames.length}`);
       const e = decodeEnvelope(frames[0], o.maxMessageBytes);
+      if (e.kind === 'refuse' && e.code === 'busy') throw new LocalizeBusyError(`producer worker ${addr}: ${e.message ?? 'busy'}`);
       if (e.kind === 'refuse') throw new SideChannelAuthError(e.code ?? 'bad-message', `producer worker ${addr} refused (${e.code}): ${e.message ?? ''}`);
       return e;
     };
@@ -60,7 +66,7 @@ export async function askProducerWorker(addr: string, transferId: string, query:
     const w = await next();
     if (w.kind !== 'welcome') throw new SideChannelAuthError('bad-message', `producer worker ${addr}: expected welcome, got ${w.kind}`);
     session.welcome(w);
-    await sock.send(encodeEnvelope(session.seal(encodeLocalizeRequest({ transferId, query }), 'loc')));
+    await sock.send(encodeEnvelope(session.seal(encodeLocalizeRequest({ transferId, query, consumerKey: o.consumerKey ?? null }), 'loc')));
     const r = await next();
     if (r.kind !== 'resp') throw new SideChannelAuthError('bad-message', `producer worker ${addr}: expected resp, got ${r.kind}`);
     return decodeLocalizeReply(session.open(r), o.maxMessageBytes);
@@ -80,7 +86,7 @@ export async function localizeAtProducer(t: LocalizeTarget, query: LocalizeQuery
   const workers = await queryEngine(t.bootstrapAddr, t.engineId, { deadlineMs: Math.max(1, Math.min(timeoutMs, t.bootstrapTimeoutMs)), secret: t.secret });
   const addrs = [...new Set(workers.workers.flat().filter((a): a is string => a !== undefined))];
   if (addrs.length === 0) throw new Error(`producer ${t.engineId} has no registered workers`);
-  const answers = await Promise.all(addrs.map((a) => askProducerWorker(a, t.transferId, query, { secret: t.secret, maxMessageBytes: t.maxMessageBytes, timeoutMs: Math.max(1, end - Date.now()) })));
+  const answers = await Promise.all(addrs.map((a) => askProducerWorker(a, t.transferId, query, { secret: t.secret, maxMessageBytes: t.maxMessageBytes, timeoutMs: Math.max(1, end - Date.now()), consumerKey: t.consumerKey })));
   const gone = answers.find((a) => a.status === 'gone');
   if (gone) return gone;
   return mergeLocalizeResults(

@@ -36,6 +36,10 @@
  * - 4: the `loc` envelope (consumer -> producer, sealed as `md`) carrying a {@link LocalizeRequest}
  *   and answered by a `resp` whose body is a {@link LocalizeReply}: fine sums of a mismatched
  *   load's blocks (issue 13 section 1, `docs/localize.md`). A load that verifies sends no `loc`.
+ * - 5: `consumer_key` in {@link TransferMetadata} and {@link LocalizeRequest} (the consumer
+ *   engine's key, `@kvconnect/nixl-common` `consumer-binding.ts`): a producer worker binds a
+ *   transfer to the key of the first `md` it serves and refuses a `loc` with another key
+ *   (`refuse` `forbidden`), or one over the consumer's budget (`refuse` `busy`).
  *
  * The field helpers (`uint`, `str`, `arr`, `bin`, `strMap`) are `@kvconnect/transfer`'s
  * `strictDecoders` (`packages/transfer/src/strict-decode.ts`), the set nixl-common's codec uses too.
@@ -44,7 +48,7 @@
 import { createHash } from 'node:crypto';
 import { isDtype, type Dtype } from '@kvconnect/checksum';
 import type { LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
-import { decodeLocalizeBody, encodeLocalizeBody } from '@kvconnect/nixl-common';
+import { CONSUMER_KEY_CHARS, decodeLocalizeBody, encodeLocalizeBody, isConsumerKey } from '@kvconnect/nixl-common';
 import { describeValue, strictDecoders } from '@kvconnect/transfer';
 import { Packr, Unpackr } from 'msgpackr';
 
@@ -166,6 +170,8 @@ export interface TransferMetadata {
   caches: WireCache[];
   /** Consumer request id -> load. */
   requests: Map<string, WireLoad>;
+  /** The consumer engine's key (version 5, wire `consumer_key`: 32 hex digits; absent: none), see `consumer-binding.ts`. */
+  consumerKey?: string | null;
 }
 
 /** Producer -> consumer: which requests were written. */
@@ -225,8 +231,17 @@ export function encodeTransferMetadata(m: TransferMetadata): Uint8Array {
       ['memory', [m.memory?.kind ?? 'DRAM', m.memory?.deviceId ?? 0]],
       ['caches', caches],
       ['requests', requests],
+      ...(m.consumerKey ? [['consumer_key', m.consumerKey] as [string, unknown]] : []),
     ]),
   );
+}
+
+/** The optional `consumer_key` field of a map (version 5): 32 lowercase hex digits, or absent / nil (then no `consumerKey`). */
+function consumerKeyField(m: Map<unknown, unknown>): { consumerKey?: string } {
+  const k = m.get('consumer_key');
+  if (k === undefined || k === null) return {};
+  if (!isConsumerKey(k)) fail('consumer_key', `expected ${CONSUMER_KEY_CHARS} lowercase hex digits, got ${describe(k)}`);
+  return { consumerKey: k as string };
 }
 
 /** Encodes a {@link TransferResponse}; `kv_checksums` is left out when empty (SPEC 7). */
@@ -435,6 +450,7 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
       memory,
       caches,
       requests,
+      ...consumerKeyField(m),
     };
   } catch (e) {
     if (e instanceof MooncakeProtocolError) throw e;
@@ -475,15 +491,15 @@ export function decodeTransferResponse(bytes: Uint8Array, maxBytes: number = LIM
 // The envelope (protocol version 2)
 
 /** Side-channel protocol version (see the version history in the module comment). */
-export const MOONCAKE_PROTOCOL_VERSION = 4;
+export const MOONCAKE_PROTOCOL_VERSION = 5;
 
 /** The envelope's message kinds: the handshake, the messages (`loc`: a {@link LocalizeRequest}, since version 4), and a refusal. */
 export type EnvelopeKind = 'hello' | 'welcome' | 'md' | 'resp' | 'refuse' | 'loc';
 const KINDS: readonly EnvelopeKind[] = ['hello', 'welcome', 'md', 'resp', 'refuse', 'loc'];
 
 /** Why a peer refused a message (the `code` of a `refuse` envelope). */
-export type RefuseCode = 'incompatible' | 'unauthenticated' | 'no-session' | 'bad-message';
-const REFUSE_CODES: readonly RefuseCode[] = ['incompatible', 'unauthenticated', 'no-session', 'bad-message'];
+export type RefuseCode = 'incompatible' | 'unauthenticated' | 'no-session' | 'bad-message' | 'forbidden' | 'busy';
+const REFUSE_CODES: readonly RefuseCode[] = ['incompatible', 'unauthenticated', 'no-session', 'bad-message', 'forbidden', 'busy'];
 
 /**
  * The compatibility hash: the first 16 hex digits of SHA-256 over the protocol version and the
@@ -497,9 +513,9 @@ export const MOONCAKE_COMPAT_HASH: string = createHash('sha256')
       version: MOONCAKE_PROTOCOL_VERSION,
       envelope: ['v', 'compat', 'kind', 'cn', 'sn', 'ts', 'seq', 'body', 'proof', 'code', 'message'],
       kinds: KINDS,
-      metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests'],
+      metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests', 'consumer_key'],
       response: ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums'],
-      localize: ['transfer_id', 'range_tokens', 'groups'],
+      localize: ['transfer_id', 'range_tokens', 'groups', 'consumer_key'],
       localize_reply: ['answer'],
     }),
   )
@@ -628,11 +644,13 @@ export const LOCALIZE_LIMITS = Object.freeze({ groups: 64, ranges: 1024, rangeTo
  * width in tokens and, per group, the request positions `[tokenStart, tokenEnd)`).
  * Wire: a MessagePack map `{transfer_id: str, range_tokens: uint 1..2^20, groups: [[groupId < 64,
  * tokenStart, tokenEnd], ...]}` (at most 64 distinct groups, at most 1024 ranges of
- * `range_tokens` per group).
+ * `range_tokens` per group, version 5: `consumer_key`, 32 hex digits, absent or nil when none).
  */
 export interface LocalizeRequest {
   transferId: string;
   query: LocalizeQuery;
+  /** The asking consumer engine's key (`consumer-binding.ts`); null or absent: none. */
+  consumerKey?: string | null;
 }
 
 /** Encodes a {@link LocalizeRequest}. */
@@ -642,6 +660,7 @@ export function encodeLocalizeRequest(r: LocalizeRequest): Uint8Array {
       ['transfer_id', r.transferId],
       ['range_tokens', r.query.rangeTokens],
       ['groups', r.query.groups.map((g) => [g.groupId, g.tokenStart, g.tokenEnd])],
+      ...(r.consumerKey ? [['consumer_key', r.consumerKey] as [string, unknown]] : []),
     ]),
   );
 }
@@ -669,7 +688,7 @@ export function decodeLocalizeRequest(bytes: Uint8Array, maxBytes: number = LIMI
       if (Math.ceil((tokenEnd - tokenStart) / rangeTokens) > LOCALIZE_LIMITS.ranges) fail(`groups[${i}]`, `more than ${LOCALIZE_LIMITS.ranges} token ranges`);
       return { groupId, tokenStart, tokenEnd };
     });
-    return { transferId, query: { rangeTokens, groups } };
+    return { transferId, query: { rangeTokens, groups }, ...consumerKeyField(m) };
   } catch (err) {
     if (err instanceof MooncakeProtocolError) throw err;
     throw new MooncakeProtocolError('(message)', err instanceof Error ? err.message : String(err));

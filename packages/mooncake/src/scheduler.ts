@@ -41,6 +41,7 @@ import type {
   SchedulerContext,
 } from '@kvconnect/core';
 import { UnusableParams, hasRemoteKeys } from '@kvconnect/core';
+import { newConsumerKey } from '@kvconnect/nixl-common';
 import { checkBindHost } from '@kvconnect/transfer';
 import { BootstrapServer, parseRegistration } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
@@ -69,6 +70,8 @@ export interface MooncakeLoadSpec {
   blocks: number[][];
   firstToken: number;
   numTokens: number;
+  /** The consumer engine's key (`@kvconnect/nixl-common` `consumer-binding.ts`): sent in the load's `md`. */
+  consumerKey: string;
 }
 
 /** The connector's per-step metadata. */
@@ -92,6 +95,8 @@ export class MooncakeScheduler implements KVConnectorScheduler {
   noBootstrap = 0;
   /** Consumer requests whose params could not be used (said in their returned params). */
   private readonly unusable: UnusableParams;
+  /** Consumer: this engine's key (`consumer-binding.ts`), in its loads' `md` and its `loc`. */
+  readonly consumerKey = newConsumerKey();
 
   constructor(
     private readonly config: KVTransferConfig,
@@ -176,6 +181,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
       blocks: blocks.map((b) => b.slice()),
       firstToken: a.local,
       numTokens: a.local + numExternalTokens,
+      consumerKey: this.consumerKey,
     });
   }
 
@@ -237,7 +243,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
     const bootstrapAddr = this.bootstrapFor(p);
     if (!isStr(p.transfer_id) || !isStr(p.remote_engine_id) || bootstrapAddr === undefined) throw new Error(`request ${request.requestId}: its kv_transfer_params name no Mooncake producer (transfer_id, remote_engine_id, bootstrap address)`);
     return localizeAtProducer(
-      { bootstrapAddr, engineId: p.remote_engine_id, transferId: p.transfer_id, secret: this.opts.clusterSecret, maxMessageBytes: this.opts.maxMessageBytes, bootstrapTimeoutMs: this.opts.bootstrapTimeoutMs },
+      { bootstrapAddr, engineId: p.remote_engine_id, transferId: p.transfer_id, consumerKey: this.consumerKey, secret: this.opts.clusterSecret, maxMessageBytes: this.opts.maxMessageBytes, bootstrapTimeoutMs: this.opts.bootstrapTimeoutMs },
       query,
       timeoutMs,
     );

@@ -44,7 +44,7 @@ import { loadBlockIds, silentLogger, type Logger } from '@kvconnect/core';
 import type { KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import { checkBindHost, readDeviceBytes, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
-import { localizeOrderOnRank } from '@kvconnect/nixl-common';
+import { ConsumerBindings, LocalizeBudget, localizeOrderOnRank, localizeQueryRanges } from '@kvconnect/nixl-common';
 import type { GroupPlan } from '@kvconnect/checksum';
 import { createAgent } from './agent.js';
 import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
@@ -108,6 +108,8 @@ export interface MooncakeWorkerStats {
   /** Producer: `loc` (localize) requests received, and answered `held` (fine sums sent). */
   localizeReceived: number;
   localizeAnswered: number;
+  /** Producer: `loc` requests refused `forbidden` (another consumer's transfer) or `busy` (over the consumer's budget). */
+  localizeRefused: number;
   /** Consumer: loads finished, failed, responses received, malformed responses. */
   loadsFinished: number;
   loadsFailed: number;
@@ -183,6 +185,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     messagesIn: 0,
     localizeReceived: 0,
     localizeAnswered: 0,
+    localizeRefused: 0,
     loadsFinished: 0,
     loadsFailed: 0,
     responsesReceived: 0,
@@ -217,6 +220,10 @@ export class MooncakeWorker implements KVConnectorWorker {
   private readonly peerWaiters = new Map<string, number>();
   private pendingBytes = 0;
   private readonly peerPendingBytes = new Map<string, number>();
+  /** The consumer key each send is bound to (the first `md` served for it; `loc` needs it: `consumer-binding.ts`). */
+  private readonly bindings = new ConsumerBindings();
+  /** Per consumer `loc` budget (`localize_max_inflight_per_peer`, `localize_ranges_per_second_per_peer`). */
+  private readonly localizeBudget: LocalizeBudget;
   /** This worker's owner token at the bootstrap server. */
   private readonly owner = randomUUID();
   // consumer
@@ -235,6 +242,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     private readonly hooks: MooncakeConnectorHooks = {},
   ) {
     this.metrics = mooncakeMetrics(ctx.metricsRegistry);
+    this.localizeBudget = new LocalizeBudget({ maxInFlight: opts.localizeMaxInflightPerPeer, rangesPerSecond: opts.localizeRangesPerSecondPerPeer });
     this.log = ctx.logger?.child({ connector: 'MooncakeConnector' }) ?? silentLogger();
   }
 
@@ -343,6 +351,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   private addSend(spec: MooncakeSendSpec): void {
     const old = this.sends.get(spec.transferId);
     if (old) clearTimeout(old.timer);
+    this.bindings.forget(spec.transferId);
     const st: SendState = { spec, served: new Set(), expected: null, inflight: 0, expired: false, holding: false, timer: setTimeout(() => this.expire(spec.transferId), this.opts.abortTimeoutMs) };
     this.sends.set(spec.transferId, st);
     this.finishedTransfers.delete(spec.transferId);
@@ -376,7 +385,10 @@ export class MooncakeWorker implements KVConnectorWorker {
 
   private finishSend(st: SendState, why: string): void {
     clearTimeout(st.timer);
-    if (this.sends.get(st.spec.transferId) === st) this.sends.delete(st.spec.transferId);
+    if (this.sends.get(st.spec.transferId) === st) {
+      this.sends.delete(st.spec.transferId);
+      this.bindings.forget(st.spec.transferId);
+    }
     this.rememberFinished(st.spec.transferId, why);
     this.finishedSending.add(st.spec.requestId);
   }
@@ -522,7 +534,9 @@ export class MooncakeWorker implements KVConnectorWorker {
   /**
    * A consumer's `loc`: the fine sums of this rank over the held blocks of its transfer, or `gone`;
    * the answer ends the send's hold (`localize_hold_ms`). A malformed request is refused
-   * (`bad-message`). Synchronous: the blocks cannot be freed while they are summed.
+   * (`bad-message`); one whose transfer was served to another consumer key (`forbidden`) or over
+   * the asking consumer's budget (`busy`) is refused and changes nothing (`consumer-binding.ts`).
+   * Synchronous: the blocks cannot be freed while they are summed.
    */
   private onLocalize(identity: Buffer, session: ProducerSession, body: Uint8Array): void {
     this.stats.localizeReceived++;
@@ -539,7 +553,22 @@ export class MooncakeWorker implements KVConnectorWorker {
       const done = this.finishedTransfers.get(req.transferId);
       bytes = encodeLocalizeReply({ status: 'gone', detail: `transfer ${req.transferId}: ${done ?? 'unknown transfer'}` });
     } else {
-      const r = localizeOrderOnRank(this.caches, this.plans, { ticket: 0, requestId: st.spec.requestId, blocks: st.spec.blocks, numTokens: st.spec.numTokens, query: req.query }, readDeviceBytes);
+      const refuse = (code: 'forbidden' | 'busy', message: string) => {
+        this.stats.localizeRefused++;
+        this.lastError = message;
+        this.sendEnvelope(identity, { kind: 'refuse', code, message });
+      };
+      const foreign = this.bindings.check(req.transferId, req.consumerKey ?? null);
+      if (foreign !== null) return refuse('forbidden', `transfer ${req.transferId} was ${foreign}`);
+      const asker = req.consumerKey ?? `connection ${identity.toString('hex')}`;
+      const over = this.localizeBudget.take(asker, localizeQueryRanges(req.query));
+      if (over !== null) return refuse('busy', `transfer ${req.transferId}: ${over}`);
+      let r;
+      try {
+        r = localizeOrderOnRank(this.caches, this.plans, { ticket: 0, requestId: st.spec.requestId, blocks: st.spec.blocks, numTokens: st.spec.numTokens, query: req.query }, readDeviceBytes);
+      } finally {
+        this.localizeBudget.done(asker);
+      }
       bytes = encodeLocalizeReply({ status: 'held', groups: r.groups });
       this.stats.localizeAnswered++;
       if (st.holding) this.finishSend(st, `transfer ${req.transferId} was localized`);
@@ -603,6 +632,8 @@ export class MooncakeWorker implements KVConnectorWorker {
       return { ok: false, error: got };
     }
     const st = got;
+    // The transfer is served to this consumer: its key (the first served) may `loc` it later.
+    this.bindings.claim(st.spec.transferId, md.consumerKey ?? null);
     const consumerKey = `${md.engineId}\u0000${md.ppRank}:${md.tpRank}`;
     st.expected = md.tpSize * md.ppSize;
     st.inflight++;
@@ -768,6 +799,7 @@ export class MooncakeWorker implements KVConnectorWorker {
         memory: this.memory,
         caches: this.layout,
         requests,
+        consumerKey: live[0].consumerKey,
       });
       for (const s of live) this.loads.get(s.requestId)!.waiting = new Set(addrs);
       for (const a of addrs) {

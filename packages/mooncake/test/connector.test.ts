@@ -36,6 +36,8 @@ describe('MooncakeConnector registration and config', () => {
       maxSessions: 4096,
       sessionIdleMs: 600_000,
       localizeHoldMs: 0,
+      localizeMaxInflightPerPeer: 4,
+      localizeRangesPerSecondPerPeer: 65_536,
     });
   });
 

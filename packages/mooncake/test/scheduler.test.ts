@@ -111,8 +111,9 @@ describe('consumer', () => {
     expect(s.getNumNewMatchedTokens(r, 8)).toEqual({ count: 12, loadAsync: true });
     s.updateStateAfterAlloc(r, [[1, 2], [3]], 12);
     expect((s.buildConnectorMeta() as MooncakeConnectorMetadata).loads).toEqual([
-      { requestId: 'd1', transferId: 'x9', remoteEngineId: 'prod', bootstrapAddr: 'cfg:1', blocks: [[1, 2], [3]], firstToken: 8, numTokens: 20 },
+      { requestId: 'd1', transferId: 'x9', remoteEngineId: 'prod', bootstrapAddr: 'cfg:1', blocks: [[1, 2], [3]], firstToken: 8, numTokens: 20, consumerKey: s.consumerKey },
     ]);
+    expect(s.consumerKey).toMatch(/^[0-9a-f]{32}$/);
   });
 
   it('the params\' remote_bootstrap_addr wins over the config', () => {

@@ -78,7 +78,7 @@ async function rig(n: number, extra: Record<string, unknown> = {}) {
   const w = new MooncakeWorker('kv_consumer', { engineId: 'cons', tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 }, parseMooncakeOptions({ transfer_timeout_ms: 5000, ...extra }));
   cleanup.push(() => w.shutdown());
   await w.registerKvCaches(caches());
-  const load: MooncakeLoadSpec = { requestId: 'r1', transferId: 'x1', remoteEngineId: 'prod', bootstrapAddr: boot.address, blocks: [[3, 5, 6, 7]], firstToken: 4, numTokens: 14 };
+  const load: MooncakeLoadSpec = { requestId: 'r1', transferId: 'x1', remoteEngineId: 'prod', bootstrapAddr: boot.address, blocks: [[3, 5, 6, 7]], firstToken: 4, numTokens: 14, consumerKey: 'c'.repeat(32) };
   w.bindConnectorMetadata({ sends: [], loads: [load], aborts: [] });
   w.startLoadKv({} as never);
   w.clearConnectorMetadata();

@@ -5,6 +5,7 @@
 import { KVTransferConfigError, int, strictObject, z, zodProblems, type ConfigProblem, type KVTransferConfig } from '@kvconnect/core';
 import { resolveClusterSecret, type TransferAgent } from '@kvconnect/transfer';
 import type { Registry } from 'prom-client';
+import { DEFAULT_LOCALIZE_MAX_INFLIGHT, DEFAULT_LOCALIZE_RANGES_PER_SECOND } from './consumer-binding.js';
 import { isRegistry } from './metrics.js';
 
 /** Creates a worker's transfer agent (test hook and custom backends). */
@@ -39,6 +40,16 @@ export interface NixlConfig {
    * a later `LOCALIZE` is answered `gone`). A consumer's `RELEASE` ends the hold early.
    */
   localizeHoldMs: number;
+  /**
+   * Producer: `LOCALIZE` requests of one consumer (its consumer key) being computed at once, at most
+   * (`localize_max_inflight_per_peer`, default 4); more are refused `busy` (docs/localize.md, "Binding and budget").
+   */
+  localizeMaxInflightPerPeer: number;
+  /**
+   * Producer: token ranges one consumer may ask `LOCALIZE` for per second (`localize_ranges_per_second_per_peer`,
+   * default 65 536: one largest request, 64 groups x 1024 ranges); more are refused `busy`.
+   */
+  localizeRangesPerSecondPerPeer: number;
   /** Deadline of one transfer, ms (default 30 000); also how long a consumer pins the lease before a READ. */
   transferTimeoutMs: number;
   /** Consumer (push): how long to wait for the producer's completion notifs, ms (default 60 000). */
@@ -80,6 +91,8 @@ export const nixlExtraConfigSchema = strictObject({
     .optional(),
   heartbeat_ms: int(0, 3600 * 1000).optional(),
   localize_hold_ms: int(0, 3600 * 1000).optional(),
+  localize_max_inflight_per_peer: int(1, 4096).optional(),
+  localize_ranges_per_second_per_peer: int(1, 1 << 30).optional(),
   transfer_timeout_ms: int(1, 3600 * 1000).optional(),
   push_timeout_ms: int(1, 24 * 3600 * 1000).optional(),
   handshake_timeout_ms: int(1, 600 * 1000).optional(),
@@ -126,6 +139,8 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
     leaseMs: x.lease_ms ?? (x.kv_lease_duration !== undefined ? Math.round(x.kv_lease_duration * 1000) : 30_000),
     heartbeatMs: x.heartbeat_ms ?? 5_000,
     localizeHoldMs: x.localize_hold_ms ?? 0,
+    localizeMaxInflightPerPeer: x.localize_max_inflight_per_peer ?? DEFAULT_LOCALIZE_MAX_INFLIGHT,
+    localizeRangesPerSecondPerPeer: x.localize_ranges_per_second_per_peer ?? DEFAULT_LOCALIZE_RANGES_PER_SECOND,
     transferTimeoutMs: x.transfer_timeout_ms ?? 30_000,
     pushTimeoutMs: x.push_timeout_ms ?? 60_000,
     handshakeTimeoutMs: x.handshake_timeout_ms ?? 5_000,

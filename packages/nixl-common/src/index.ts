@@ -21,3 +21,4 @@ export * from './producer.js';
 export * from './scheduler.js';
 export * from './worker.js';
 export * from './localize.js';
+export * from './consumer-binding.js';

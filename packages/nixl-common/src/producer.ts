@@ -22,6 +22,7 @@ import type { FineSum } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
 import { checkBindHost } from '@kvconnect/transfer';
 import type { NixlConfig } from './config.js';
+import { ConsumerBindings, LocalizeBudget, localizeQueryRanges } from './consumer-binding.js';
 import { LeaseTable } from './lease.js';
 import { mergeLocalizeResults } from './localize.js';
 import type { NixlMetrics } from './metrics.js';
@@ -90,7 +91,7 @@ export interface NixlProducerChannelOptions {
   mode: TransferMode;
   /** Producer workers (`tpSize * ppSize`): each reports every request once. */
   workers: number;
-  config: Pick<NixlConfig, 'leaseMs' | 'sideChannelHost' | 'sideChannelPort' | 'clusterSecret' | 'localizeHoldMs' | 'transferTimeoutMs'>;
+  config: Pick<NixlConfig, 'leaseMs' | 'sideChannelHost' | 'sideChannelPort' | 'clusterSecret' | 'localizeHoldMs' | 'transferTimeoutMs' | 'localizeMaxInflightPerPeer' | 'localizeRangesPerSecondPerPeer'>;
   metrics: NixlMetrics;
 }
 
@@ -108,10 +109,15 @@ export class NixlProducerChannel {
   private localizeOrders: LocalizeOrder[] = [];
   private readonly localizing = new Map<number, { order: LocalizeOrder; results: Map<string, LocalizeResult>; resolve: (a: LocalizeAnswer | Error) => void; timer: NodeJS.Timeout }>();
   private nextTicket = 1;
+  /** The consumer key each held request is bound to (`LOCALIZE` and `RELEASE` need it; consumer-binding.ts). */
+  readonly bindings = new ConsumerBindings();
+  /** Per consumer `LOCALIZE` budget (consumer-binding.ts). */
+  private readonly budget: LocalizeBudget;
   /** Requests served, by type (diagnostics; a verified load never makes a `localize`). */
   readonly served: Record<SideRequest['type'], number> = { info: 0, lease: 0, release: 0, 'push-reg': 0, localize: 0 };
 
   constructor(private readonly o: NixlProducerChannelOptions) {
+    this.budget = new LocalizeBudget({ maxInFlight: o.config.localizeMaxInflightPerPeer, rangesPerSecond: o.config.localizeRangesPerSecondPerPeer });
     this.leases = new LeaseTable({ leaseMs: o.config.leaseMs, workers: o.workers, holdAfterDoneMs: o.config.localizeHoldMs, onExpired: () => o.metrics.expiredLeases.inc({ mode: o.mode }) });
   }
 
@@ -125,7 +131,7 @@ export class NixlProducerChannel {
       const secret = this.o.config.clusterSecret;
       this.listening = (async () => {
         const host = checkBindHost(this.o.config.sideChannelHost, secret, 'NIXL side channel');
-        this.server = new SideChannelServer((req) => this.handle(req), { clusterSecret: secret });
+        this.server = new SideChannelServer((req, peer) => this.handle(req, peer), { clusterSecret: secret });
         return this.server.listen(host, this.o.config.sideChannelPort);
       })();
     }
@@ -156,7 +162,11 @@ export class NixlProducerChannel {
 
   /** The `LOCALIZE` orders accepted since the previous call (for the next step's metadata). */
   takeLocalizeOrders(): LocalizeOrder[] {
-    for (const id of this.finished.keys()) if (this.leases.stateOf(id) === undefined) this.finished.delete(id);
+    for (const id of this.finished.keys()) {
+      if (this.leases.stateOf(id) !== undefined) continue;
+      this.finished.delete(id);
+      this.bindings.forget(id);
+    }
     const r = this.localizeOrders;
     this.localizeOrders = [];
     return r;
@@ -171,8 +181,12 @@ export class NixlProducerChannel {
     p.resolve(mergeLocalizeResults(p.order.query, [...p.results.values()].map((x) => x.groups)));
   }
 
-  /** Serves `LOCALIZE`: see the module comment. */
-  private async localize(requestId: string, query: LocalizeQuery): Promise<HandlerResult> {
+  /**
+   * Serves `LOCALIZE`: see the module comment. Refused `forbidden` when the request is bound to
+   * another consumer key, `busy` over the asking consumer's budget (`consumerKey`, else the
+   * connection `peer`); a refusal changes nothing (consumer-binding.ts).
+   */
+  private async localize(requestId: string, query: LocalizeQuery, consumerKey: string | null, peer: string): Promise<HandlerResult> {
     const held = this.finished.get(requestId);
     if (!held || !this.leases.blocksHeld(requestId)) {
       const state = this.leases.stateOf(requestId);
@@ -180,11 +194,16 @@ export class NixlProducerChannel {
       const why = state === 'held' || state === 'done' ? 'blocks being freed' : state !== undefined ? `lease ${state}` : ended !== undefined ? `blocks freed (lease ${ended})` : 'unknown request';
       return { ok: encodeLocalizeBody({ status: 'gone', detail: `request ${requestId}: ${why}` }) };
     }
+    const foreign = this.bindings.check(requestId, consumerKey);
+    if (foreign !== null) return { refuse: 'forbidden', message: `engine ${this.o.engineId}: request ${requestId} was ${foreign}` };
     // One LOCALIZE per request at a time: a peer cannot fill the queue with copies of one order.
     for (const p of this.localizing.values()) {
       if (p.order.requestId === requestId) return { refuse: 'busy', message: `engine ${this.o.engineId}: a LOCALIZE of request ${requestId} is already being served` };
     }
     if (this.localizing.size >= MAX_PENDING_LOCALIZE) return { refuse: 'busy', message: `engine ${this.o.engineId}: ${MAX_PENDING_LOCALIZE} LOCALIZE requests wait for the workers` };
+    const asker = consumerKey ?? `connection ${peer}`;
+    const over = this.budget.take(asker, localizeQueryRanges(query));
+    if (over !== null) return { refuse: 'busy', message: `engine ${this.o.engineId}: ${over}` };
     const order: LocalizeOrder = { ticket: this.nextTicket++, requestId, blocks: held.blocks, numTokens: held.numTokens, query };
     this.leases.localizing(requestId, 1);
     try {
@@ -201,11 +220,12 @@ export class NixlProducerChannel {
       if (p) clearTimeout(p.timer);
       this.localizing.delete(order.ticket);
       this.leases.localizing(requestId, -1);
+      this.budget.done(asker);
     }
   }
 
-  /** Serves one side-channel request. */
-  handle(req: SideRequest): HandlerResult | Promise<HandlerResult> {
+  /** Serves one side-channel request (`peer`: the connection, as the side-channel server names it). */
+  handle(req: SideRequest, peer = ''): HandlerResult | Promise<HandlerResult> {
     const { engineId, mode, metrics } = this.o;
     this.served[req.type]++;
     switch (req.type) {
@@ -218,11 +238,23 @@ export class NixlProducerChannel {
         }
         return { ok: encodeEngineInfo(info) };
       }
-      case 'lease':
-        return { ok: encodeLeaseBody(this.leases.touch(req.requestIds, req.pinMs)) };
-      case 'release':
+      case 'lease': {
+        const expiries = this.leases.touch(req.requestIds, req.pinMs);
+        // Held requests bind to the first consumer key that leases them.
+        const key = req.consumerKey ?? null;
+        if (key !== null) for (const [id, expiry] of expiries) if (expiry > 0) this.bindings.claim(id, key);
+        return { ok: encodeLeaseBody(expiries) };
+      }
+      case 'release': {
+        // All or nothing: a RELEASE naming a request served to another consumer releases none.
+        const key = req.consumerKey ?? null;
+        for (const id of req.requestIds) {
+          const foreign = this.bindings.foreign(id, key);
+          if (foreign !== null) return { refuse: 'forbidden', message: `engine ${engineId}: request ${id} was ${foreign}; nothing released` };
+        }
         for (const id of req.requestIds) this.leases.release(id);
         return { ok: [] };
+      }
       case 'push-reg': {
         if (mode !== 'push') return { refuse: 'incompatible', message: 'PUSH_REG to a pull engine' };
         const id = req.reg.producerRequestId;
@@ -233,12 +265,13 @@ export class NixlProducerChannel {
         }
         if (state !== 'held') return { refuse: 'lease-expired', message: `request ${id}: lease ${state}` };
         if (this.pushRegs.length >= MAX_QUEUED_PUSH_REGS) return { refuse: 'busy', message: `engine ${engineId}: ${MAX_QUEUED_PUSH_REGS} push registrations wait for the next step` };
+        this.bindings.claim(id, req.consumerKey ?? null);
         this.leases.touch([id], 0);
         this.pushRegs.push(req.reg);
         return { ok: [] };
       }
       case 'localize':
-        return this.localize(req.requestId, req.query);
+        return this.localize(req.requestId, req.query, req.consumerKey ?? null, peer);
     }
   }
 

@@ -49,10 +49,12 @@ import type {
   RequestFinishedResult,
   SchedulerContext,
 } from '@kvconnect/core';
-import { UnusableParams, hasRemoteKeys, workerKey } from '@kvconnect/core';
+import { LocalizeBusyError, UnusableParams, hasRemoteKeys, workerKey } from '@kvconnect/core';
 import { parseNixlConfig, type NixlConfig } from './config.js';
+import { newConsumerKey } from './consumer-binding.js';
 import { nixlMetrics, type NixlMetrics } from './metrics.js';
 import { NixlPeers } from './peers.js';
+import { SideChannelError } from './side-channel.js';
 import { NixlProducerChannel, engineInfoOf, type LocalizeOrder, type LocalizeResult, type NixlHandshakeMetadata } from './producer.js';
 import { LIMITS, type EngineInfo, type PushRegistration, type TransferMode } from './protocol.js';
 
@@ -78,6 +80,8 @@ export interface LoadSpec extends RemoteParams {
   numTokens: number;
   /** The consumer engine's compatibility hash (the INFO request's; '' before the handshake metadata arrived). */
   compatHash: string;
+  /** The consumer engine's key (`consumer-binding.ts`): sent with the load's `LEASE`, `PUSH_REG` and `RELEASE`. */
+  consumerKey: string;
 }
 
 /** Push: a finished producer request whose blocks the workers write once the consumer registers. */
@@ -182,6 +186,8 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
   private closed = false;
   /** Consumer requests whose params could not be used (said in their returned params). */
   private readonly unusable: UnusableParams;
+  /** Consumer: this engine's key (`consumer-binding.ts`), in every request about its loads and in their `LoadSpec`s. */
+  readonly consumerKey = newConsumerKey();
 
   constructor(
     readonly transferConfig: KVTransferConfig,
@@ -230,7 +236,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
     if (count === 0) {
       // Everything is local: the producer can free its blocks now.
-      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId]);
+      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId], this.consumerKey);
       return { count: 0, loadAsync: false };
     }
     this.asked.set(request.requestId, { hit: numComputedTokens, remote });
@@ -243,10 +249,10 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     this.asked.delete(request.requestId);
     if (!a) return;
     if (numExternalTokens <= 0) {
-      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
+      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId], this.consumerKey);
       return;
     }
-    this.pendingLoads.push({ ...a.remote, requestId: request.requestId, localBlocks: blocks.map((b) => b.slice()), firstToken: a.hit, numTokens: a.hit + numExternalTokens, compatHash: this.info?.compatHash ?? '' });
+    this.pendingLoads.push({ ...a.remote, requestId: request.requestId, localBlocks: blocks.map((b) => b.slice()), firstToken: a.hit, numTokens: a.hit + numExternalTokens, compatHash: this.info?.compatHash ?? '', consumerKey: this.consumerKey });
     this.loading.set(request.requestId, { remote: a.remote, workers: new Set() });
   }
 
@@ -302,7 +308,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     const a = this.asked.get(id);
     if (a) {
       this.asked.delete(id);
-      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId]);
+      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId], this.consumerKey);
     }
     this.loading.delete(id);
     const p = request.kvTransferParams;
@@ -357,9 +363,12 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     const remote = checkRemoteParams(request.kvTransferParams);
     if (typeof remote === 'string') throw new Error(`no producer to ask: ${remote}`);
     try {
-      return await this.peers.localize(remote.remoteHost, remote.remotePort, remote.remoteRequestId, query, timeoutMs);
+      return await this.peers.localize(remote.remoteHost, remote.remotePort, remote.remoteRequestId, query, timeoutMs, this.consumerKey);
+    } catch (e) {
+      if (e instanceof SideChannelError && e.code === 'busy') throw new LocalizeBusyError(e.message, { cause: e });
+      throw e;
     } finally {
-      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId]);
+      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId], this.consumerKey);
     }
   }
 
@@ -385,7 +394,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
       this.timer = null;
       return;
     }
-    for (const e of by.values()) this.peers.lease(e.host, e.port, e.ids, 0).catch(() => {});
+    for (const e of by.values()) this.peers.lease(e.host, e.port, e.ids, 0, undefined, this.consumerKey).catch(() => {});
   }
 
   /** Requests with consumer-side state (asked or loading), for leak tests. */

@@ -1,5 +1,5 @@
 /**
- * `LOCALIZE` (protocol 17, docs/localize.md): the request and answer codecs are strict, and the
+ * `LOCALIZE` (protocol 17, consumer key since 18; docs/localize.md): the request and answer codecs are strict, and the
  * lease table holds a done request's blocks for `localize_hold_ms` and while a `LOCALIZE` runs.
  */
 import { describe, expect, it } from 'vitest';
@@ -8,28 +8,35 @@ import { LeaseTable } from '../src/lease.js';
 import { MSG, NIXL_PROTOCOL_VERSION, decodeLocalizeBody, decodeRequest, encodeLocalizeBody, encodeRequest } from '../src/protocol.js';
 
 describe('LOCALIZE codec', () => {
-  it('is protocol 17, message type 6', () => {
-    expect(NIXL_PROTOCOL_VERSION).toBe(17);
+  it('is protocol 18 (17 + consumer keys), message type 6', () => {
+    expect(NIXL_PROTOCOL_VERSION).toBe(18);
     expect(MSG.LOCALIZE).toBe(6);
   });
 
-  it('request round-trips as [seq, 6, requestId, rangeTokens, [[groupId, tokenStart, tokenEnd]...]]', () => {
+  it('request round-trips as [seq, 6, requestId, rangeTokens, [[groupId, tokenStart, tokenEnd]...], consumerKey]', () => {
     const req = { type: 'localize' as const, requestId: 'r1', query: { rangeTokens: 16, groups: [{ groupId: 0, tokenStart: 16, tokenEnd: 40 }, { groupId: 2, tokenStart: 0, tokenEnd: 40 }] } };
     const bytes = encodeRequest(9, req);
-    expect(packr.unpack(bytes)).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]]]);
+    expect(packr.unpack(bytes)).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]], null]);
     expect(decodeRequest(bytes)).toEqual({ seq: 9, req });
+    const keyed = { ...req, consumerKey: 'ab'.repeat(16) };
+    expect(packr.unpack(encodeRequest(9, keyed))).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]], 'ab'.repeat(16)]);
+    expect(decodeRequest(encodeRequest(9, keyed))).toEqual({ seq: 9, req: keyed });
   });
 
   it('rejects malformed requests with NixlDecodeError', () => {
     for (const bad of [
-      [1, 6, 'r1', 16],
-      [1, 6, 'r1', 0, []],
-      [1, 6, 'r1', 16, [[0, 20, 10]]],
-      [1, 6, 'r1', 16, [[0, 0, 16], [0, 16, 32]]],
-      [1, 6, '', 16, []],
-      [1, 6, 'r1', 16, [[0, -1, 16]]],
-      [1, 6, 'r1', 16, [[0, 0]]],
-      [1, 6, 'r1', 1, [[0, 0, 1025]]],
+      [1, 6, 'r1', 16, null],
+      [1, 6, 'r1', 16, []],
+      [1, 6, 'r1', 0, [], null],
+      [1, 6, 'r1', 16, [[0, 20, 10]], null],
+      [1, 6, 'r1', 16, [[0, 0, 16], [0, 16, 32]], null],
+      [1, 6, '', 16, [], null],
+      [1, 6, 'r1', 16, [[0, -1, 16]], null],
+      [1, 6, 'r1', 16, [[0, 0]], null],
+      [1, 6, 'r1', 1, [[0, 0, 1025]], null],
+      [1, 6, 'r1', 16, [], 'AB'.repeat(16)],
+      [1, 6, 'r1', 16, [], 'ab'.repeat(15)],
+      [1, 6, 'r1', 16, [], 7],
     ]) {
       expect(() => decodeRequest(packr.pack(bad)), JSON.stringify(bad)).toThrow(NixlDecodeError);
     }

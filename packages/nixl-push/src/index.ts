@@ -109,6 +109,7 @@ export class NixlPushWorker extends NixlWorkerBase {
           blockIds: load.localBlocks,
         },
         Math.max(1, e.deadline - Date.now()),
+        load.consumerKey,
       );
       e.registered = true;
       this.check(load.requestId);

@@ -1,7 +1,12 @@
 /**
  * The embedded agent's metadata blob (what {@link EmbeddedAgent.getLocalMetadata} exports and
- * peers load): msgpack `[magic, version, name, host, port, secret, regions, device?]`, decoded
- * strictly ({@link decodeMetadata}); a malformed blob is a {@link TransferError} `invalid`.
+ * peers load), a msgpack array, decoded strictly ({@link decodeMetadata}); a malformed blob is a
+ * {@link TransferError} `invalid`. By {@link META_VERSION}:
+ * - 1: `[magic, 1, name, host, port, secret, regions]` or `[..., regions, device]` (7 or 8 fields);
+ * - 2 (the same-host data plane, `shared-memory.ts`): `[magic, 2, name, host, port, secret, regions,
+ *   device | nil, shm | nil]`, always 9 fields (`shm`: {@link PeerShm}, see `decodeShmField`).
+ * A blob whose field count is not its version's (a version 1 blob with the shared mapping, a
+ * version 2 blob without it) is refused naming its version. This agent writes version 2 and reads both.
  * @module
  */
 import { Packr, Unpackr } from 'msgpackr';
@@ -12,7 +17,10 @@ import { MAX_NAME_LENGTH, SECRET_BYTES } from './wire.js';
 import type { EmbeddedAgent } from './embedded.js';
 
 export const META_MAGIC = 'kvconnect-embedded';
-export const META_VERSION = 1;
+/** The version this agent writes (history in the module comment). */
+export const META_VERSION = 2;
+/** Field counts of a blob by version: what {@link decodeMetadata} accepts. */
+const META_FIELDS: Readonly<Record<number, readonly number[]>> = { 1: [7, 8], 2: [9] };
 const MAX_META_BYTES = 64 * 1024 * 1024;
 export const packr = new Packr({ useRecords: false, variableMapSize: true });
 const unpackr = new Unpackr({ useRecords: false, int64AsType: 'number' });
@@ -98,8 +106,10 @@ export function decodeMetadata(md: Uint8Array): PeerInfo {
   } catch (e) {
     throw new TransferError('invalid', `undecodable metadata: ${e instanceof Error ? e.message : String(e)}`);
   }
-  if (!Array.isArray(v) || (v.length < 7 || v.length > 9) || v[0] !== META_MAGIC) throw new TransferError('invalid', 'not an embedded agent\'s metadata');
-  if (v[1] !== META_VERSION) throw new TransferError('invalid', `metadata version ${String(v[1])} is not ${META_VERSION}`);
+  if (!Array.isArray(v) || v.length < 2 || v[0] !== META_MAGIC) throw new TransferError('invalid', 'not an embedded agent\'s metadata');
+  const counts = typeof v[1] === 'number' ? META_FIELDS[v[1]] : undefined;
+  if (!counts) throw new TransferError('invalid', `metadata version ${String(v[1])} is not one of ${Object.keys(META_FIELDS).join(', ')}`);
+  if (!counts.includes(v.length)) throw new TransferError('invalid', `metadata version ${String(v[1])} has ${counts.join(' or ')} fields, this blob ${v.length}`);
   const [, , name, host, port, secret, regions] = v as unknown[];
   if (typeof name !== 'string' || name.length === 0 || name.length > MAX_NAME_LENGTH) throw new TransferError('invalid', 'metadata: bad agent name');
   if (typeof host !== 'string' || host.length === 0 || host.length > 255) throw new TransferError('invalid', 'metadata: bad host');

@@ -37,7 +37,9 @@
  * metadata with the memfd's name and descriptor, the mapping's size, the region's offset and the
  * mapping's grant word (set while some registration holds the mapping, cleared at deregistration
  * and close), under this process's `sameHostKey()` (boot id, PID and mount namespaces). An
- * initiator with the same key, once its connection's handshake proved the peer's secret, maps the
+ * initiator with the same key, once its connection's handshake proved the peer's secret and
+ * the advertised process holds the far end of that connection (`processHoldsPeerSocket`: another
+ * agent cannot re-advertise a third process's mappings), maps the
  * peer's memfd (`/proc/<pid>/fd/<fd>`; the addon checks it is that memfd of exactly that size) and
  * copies between the mapping and its own memory on the JS thread: READ and WRITE are then done at
  * once, and the notif follows over the connection. Each copy lies inside a region the peer
@@ -89,7 +91,7 @@ import type {
 import { F, MAX_NAME_LENGTH, MAX_NOTIF_BYTES, MAX_PAYLOAD_BYTES, MAX_SEGMENTS, SECRET_BYTES } from './wire.js';
 import { EmbeddedRequest, InConn, OutConn, READ_BUFFER_BYTES, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
 import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo, type PeerShmRegion } from './embedded-metadata.js';
-import { sameHostKey, sharedMemoryBindings } from './shared-memory.js';
+import { processHoldsPeerSocket, sameHostKey, sharedMemoryBindings } from './shared-memory.js';
 import type { NativeShm } from '@kvconnect/native';
 
 import { checkDescs, checkKind, checkNotif, checkOpen, checkPositiveInt, checkPost, checkRegions, checkTransfer, endRequest, isCurrent, ownRequest, requestStatus, startPost, waitRequest } from './agent-base.js';
@@ -341,8 +343,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const fields: unknown[] = [META_MAGIC, META_VERSION, this.name, this.address.host, this.address.port, this.secret, this.regions.flat()];
     const dev = this.deviceMetadata();
     const shm = this.shmMetadata();
-    if (dev || shm) fields.push(dev);
-    if (shm) fields.push(shm);
+    fields.push(dev ?? null, shm ?? null); // META_VERSION 2: always 9 fields
     const b = packr.pack(fields);
     return new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
   }
@@ -664,6 +665,9 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private copyShm(req: EmbeddedRequest, peer: PeerInfo, plan: readonly ShmCopy[]): XferStatus | null {
     const maps: Array<{ readonly bytes: Uint8Array; readonly grant: Uint32Array }> = [];
     try {
+      // The advertised process must be the one that answered this connection's handshake (not
+      // another process's mappings re-advertised): checked once per peer metadata.
+      if (!this.shmMaps.has(peer.name) && !processHoldsPeerSocket(peer.shm!.pid, this.conn(peer).socket)) throw new Error(`${peer.name}'s shared mappings are advertised for process ${peer.shm!.pid}, which does not hold this connection`);
       for (const c of plan) maps.push(this.shmMapping(peer, c.rr));
     } catch (e) {
       this.shmRefused.set(peer.name, e instanceof Error ? e.message : String(e));

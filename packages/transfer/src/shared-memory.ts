@@ -13,7 +13,7 @@
  * addon has no shm bindings (not Linux, not built) it hands out ordinary heap memory.
  * @module
  */
-import { readFileSync, readlinkSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { bindings, type NativeShm, type NativeShmInfo } from '@kvconnect/native';
 
 /** The addon's shm bindings, or why there are none. */
@@ -35,6 +35,52 @@ export function sameHostKey(): string | null {
     return `${boot}:${readlinkSync('/proc/self/ns/pid')}`;
   } catch {
     return null;
+  }
+}
+
+/**
+ * Whether process `pid` (of this host and PID namespace: `sameHostKey`) holds the far end of
+ * `socket`, a connected TCP socket of this process: the socket whose local port is our remote
+ * port and whose remote port is our local port in `/proc/<pid>/net/tcp` and `tcp6` (the table of
+ * that process's network namespace, `proc(5)`) must be one of `/proc/<pid>/fd` (`socket:[inode]`).
+ * It binds a peer's advertised shared mappings (`/proc/<pid>/fd/<n>`) to the process that
+ * answered the authenticated handshake on `socket`: another agent that re-advertises the
+ * mappings of a process it is not fails it. False when anything cannot be read (another user's
+ * process, not Linux) or the socket is not connected.
+ */
+export function processHoldsPeerSocket(pid: number, socket: { readonly localPort?: number; readonly remotePort?: number }): boolean {
+  const mine = socket.localPort;
+  const theirs = socket.remotePort;
+  if (!Number.isInteger(pid) || pid <= 0 || !mine || !theirs) return false;
+  try {
+    const port = (a: string) => parseInt(a.slice(a.lastIndexOf(':') + 1), 16);
+    const inodes = new Set<string>();
+    for (const table of ['tcp', 'tcp6']) {
+      let text: string;
+      try {
+        text = readFileSync(`/proc/${pid}/net/${table}`, 'utf8');
+      } catch {
+        continue;
+      }
+      for (const line of text.split('\n').slice(1)) {
+        const f = line.trim().split(/\s+/);
+        if (f.length > 9 && port(f[1]!) === theirs && port(f[2]!) === mine) inodes.add(f[9]!);
+      }
+    }
+    if (inodes.size === 0) return false;
+    for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+      let link: string;
+      try {
+        link = readlinkSync(`/proc/${pid}/fd/${fd}`);
+      } catch {
+        continue;
+      }
+      const m = /^socket:\[(\d+)\]$/.exec(link);
+      if (m && inodes.has(m[1]!)) return true;
+    }
+    return false;
+  } catch {
+    return false;
   }
 }
 
