@@ -23,16 +23,17 @@ try {
   process.exit(2);
 }
 const { Engine, startEngineServer, startProxyServer } = engine;
-const { IN_PROCESS_CONNECTOR, registerInProcessConnector } = testing;
+const { IN_PROCESS_CONNECTOR, inProcessRegistry } = testing;
 const QUICK = process.env.KVC_BENCH_QUICK === '1';
 const N = QUICK ? 60 : 200;
 const R = QUICK ? 3 : 7;
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const fmt = (ms) => `${ms.toFixed(1)} ms`;
 
-registerInProcessConnector();
+// Both engines meet on one in-process bus through their own registry (no process-wide state).
+const { registry } = inProcessRegistry();
 const side = (role, id) =>
-  new Engine({ model: 'dense-gqa', numBlocks: 1024, maxNumBatchedTokens: 256, engineId: `${id}-${process.pid}`, kvTransferConfig: { kv_connector: IN_PROCESS_CONNECTOR, kv_role: role, enable_kv_checksum: true } });
+  new Engine({ registry, model: 'dense-gqa', numBlocks: 1024, maxNumBatchedTokens: 256, engineId: `${id}-${process.pid}`, kvTransferConfig: { kv_connector: IN_PROCESS_CONNECTOR, kv_role: role, enable_kv_checksum: true } });
 const producer = side('kv_producer', 'bench-p');
 const consumer = side('kv_consumer', 'bench-d');
 const ps = await startEngineServer(producer);
