@@ -267,6 +267,7 @@ const byC = new Map(CONCURRENCY.map((c) => [c, { runs: { off: newRuns(), on: new
 // Verdict counts and consumer metrics of every "on" / "off" topology (they are stopped block by block).
 const verdictUrls = { off: [], on: [] };
 const onMetrics = [];
+const onProducerMetrics = [];
 for (let b = 0; b < BLOCKS; b++) {
   // Fresh processes per block, launched in alternating order: a topology's own luck (memory
   // placement, page backing, which process started first) lasts as long as its processes, so
@@ -298,6 +299,7 @@ for (let b = 0; b < BLOCKS; b++) {
     e.blocks.push([first, first + n]);
   }
   onMetrics.push(await (await fetch(`${topo.on.d.url}/metrics`)).text());
+  onProducerMetrics.push(await (await fetch(`${topo.on.p.url}/metrics`)).text());
   await Promise.all([topo.off, topo.on].flatMap((t) => [t.p, t.d, t.proxy]).map((x) => x.stop()));
 }
 
@@ -354,6 +356,21 @@ for (const mode of ['off', 'on']) {
 for (const [b, text] of onMetrics.entries()) {
   const m = text.split('\n').filter((l) => /^kvconnect_kv_checksum_(loads|unverified|recomputed|failed)_total/.test(l));
   console.log(`  consumer metrics (checksums on, block ${b + 1}): ${m.join('; ')}`);
+}
+// What the checksums cost, read from the engines rather than from the noisy A/B above: the
+// workers' checksum computation (kvconnect_kv_checksum_seconds{side}, docs/metrics.md: producer
+// "send", consumer "recv"), summed over every "on" topology, per verified load (warm-up loads
+// included on both counts), against the median TTFT of the "off" runs at concurrency 1.
+const metricSum = (texts, re) => texts.reduce((a, t) => a + t.split('\n').filter((l) => re.test(l)).reduce((b, l) => b + Number(l.split(' ').at(-1)), 0), 0);
+const sendS = metricSum(onProducerMetrics, /^kvconnect_kv_checksum_seconds_sum\{[^}]*side="send"/);
+const recvS = metricSum(onMetrics, /^kvconnect_kv_checksum_seconds_sum\{[^}]*side="recv"/);
+const loadsOn = metricSum(onMetrics, /^kvconnect_kv_checksum_loads_total\{/);
+const c1 = results.find((f) => f.c === 1);
+if (loadsOn > 0) {
+  const perLoadMs = ((sendS + recvS) / loadsOn) * 1000;
+  const share = c1 ? ` = ${((perLoadMs / c1.ttftOff) * 100).toFixed(2)}% of the TTFT median with checksums off at concurrency 1 (${c1.ttftOff.toFixed(1)} ms)` : '';
+  console.log(`\nchecksum computation in the workers per verified load: producer ${((sendS / loadsOn) * 1000).toFixed(3)} ms + consumer ${((recvS / loadsOn) * 1000).toFixed(3)} ms${share} (${loadsOn} loads; payload encoding and the verdict comparison are not in this metric)`);
+  result('e2e', { name: `checksum computation in the workers per verified load (kvconnect_kv_checksum_seconds, producer + consumer, ${loadsOn} loads)`, figure: `${perLoadMs.toFixed(3)} ms`, baseline: c1 ? `${c1.ttftOff.toFixed(1)} ms TTFT off (c=1)` : '-', ratio: c1 ? `${((perLoadMs / c1.ttftOff) * 100).toFixed(2)}%` : '-' });
 }
 console.log('');
 line(['benchmark', 'off', 'on', 'overhead', 'target', 'verdict']);
