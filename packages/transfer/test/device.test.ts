@@ -4,7 +4,6 @@
  * round trip on a GPU), and the agent moving device regions by IPC on one host and over its TCP
  * path with staging otherwise (in this process with IPC off, and against another process).
  */
-import { fork } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
@@ -30,6 +29,7 @@ import {
 } from '../src/index.js';
 import { collectNotifs } from './conformance.js';
 import { pattern } from './patterns.js';
+import { forkFixture } from './fixtures/fork-fixture.js';
 
 let seq = 0;
 const uniq = (p: string) => `${p}-${process.pid}-${++seq}-dev`;
@@ -275,10 +275,7 @@ describe('embedded agent: device regions', () => {
 
   /** The device peer fixture, bundled (Node 20 cannot run TypeScript), in a child process. */
   async function devicePeer() {
-    const out = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/device-peer-process.mjs', import.meta.url));
-    const { build } = await import('rolldown');
-    await build({ input: fileURLToPath(new URL('./fixtures/device-peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr', '@kvconnect/native'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
-    return fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    return (await forkFixture('device-peer-process')).child;
   }
 
   let gpu: DeviceMemory | null = null;

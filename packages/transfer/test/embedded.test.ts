@@ -2,16 +2,15 @@
  * The embedded agent: the conformance suite, then what only it has: the wire protocol under
  * fuzzing, per-connection windows, metadata decoding, a second process.
  */
-import { fork } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as net from 'node:net';
-import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Packr } from 'msgpackr';
 import { decodeEmbeddedMetadata, EmbeddedAgent, isTransferError, makeNonce, makeProof, ProtocolError, type TransferAgent } from '../src/index.js';
 import { encodeFrame, F, FrameReader, HANDSHAKE_CONTEXT, MAX_PAYLOAD_BYTES, WIRE_VERSION, type Header } from '../src/wire.js';
 import { collectNotifs, defineConformance } from './conformance.js';
 import { pattern } from './patterns.js';
+import { forkFixture } from './fixtures/fork-fixture.js';
 
 let seq = 0;
 const uniq = (p: string) => `${p}-${process.pid}-${++seq}`;
@@ -439,17 +438,8 @@ describe('embedded agent', () => {
 
   it('runs READ, WRITE and notifs against an agent in another Node process, and sees it die mid-transfer', async () => {
     // Node 20 cannot run TypeScript: bundle the fixture (and the agent's sources) with rolldown first.
-    const out = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/peer-process.mjs', import.meta.url));
-    const { build } = await import('rolldown');
-    await build({ input: fileURLToPath(new URL('./fixtures/peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr', '@kvconnect/native'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
-    const child = fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    const { child, ask } = await forkFixture('peer-process');
     try {
-      const ask = (msg: object) =>
-        new Promise<Record<string, unknown>>((resolve, reject) => {
-          child.once('message', (m) => resolve(m as Record<string, unknown>));
-          child.once('exit', (c) => reject(new Error(`child exited ${c}`)));
-          child.send(msg);
-        });
       const ready = (await ask({ cmd: 'start', name: uniq('child') })) as { md: number[]; addr: number; size: number; hungMd: number[]; hungAddr: number };
       const a = await agent();
       const n = ready.size;

@@ -10,6 +10,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { bundleFixture } from './fixtures/fork-fixture.js';
 
 const tag = `kvc${process.pid % 100000}`;
 const nsA = `${tag}-a`;
@@ -55,9 +56,7 @@ beforeAll(async () => {
     console.log(`netns.test.ts: skipped: ${reason}`);
     return;
   }
-  bundle = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/ns-peer-process.mjs', import.meta.url));
-  const { build } = await import('rolldown');
-  await build({ input: fileURLToPath(new URL('./fixtures/ns-peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr', '@kvconnect/native'], output: { file: bundle, format: 'esm' }, logLevel: 'silent' });
+  bundle = await bundleFixture('ns-peer-process');
 }, 60_000);
 
 afterAll(() => {

@@ -4,14 +4,13 @@
  * host copies it directly after the handshake; bounds and grants hold; everything else falls back
  * to the TCP path. Skipped (with the reason) where the addon has no shm bindings.
  */
-import { fork } from 'node:child_process';
 import { closeSync, fstatSync, ftruncateSync, openSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import { Packr, Unpackr } from 'msgpackr';
 import { afterEach, describe, expect, it } from 'vitest';
 import { decodeEmbeddedMetadata, EmbeddedAgent, isTransferError, lookupShared, SharedHostArena, type TransferAgent } from '../src/index.js';
 import { collectNotifs } from './conformance.js';
 import { pattern } from './patterns.js';
+import { forkFixture } from './fixtures/fork-fixture.js';
 
 const probe = new SharedHostArena();
 const skip = probe.shared ? null : `no shared mappings here: ${probe.reason}`;
@@ -177,17 +176,8 @@ describe('shared host memory', () => {
   });
 
   it.skipIf(!!skip)(`moves READ and WRITE through the shared mapping of an agent in another process${note}`, async () => {
-    const out = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/shm-peer-process.mjs', import.meta.url));
-    const { build } = await import('rolldown');
-    await build({ input: fileURLToPath(new URL('./fixtures/shm-peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr', '@kvconnect/native'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
-    const child = fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    const { child, ask } = await forkFixture('shm-peer-process');
     try {
-      const ask = (msg: object) =>
-        new Promise<Record<string, unknown>>((resolve, reject) => {
-          child.once('message', (m) => resolve(m as Record<string, unknown>));
-          child.once('exit', (c) => reject(new Error(`child exited ${c}`)));
-          child.send(msg);
-        });
       const info = await ask({ cmd: 'start', name: uniq('child') });
       expect(info.shared).toBe(true);
       const size = info.size as number;

@@ -6,14 +6,13 @@
  * copy A's memory: the initiator refuses the mapping and moves the transfer over TCP to B. Skipped
  * (with the reason) where the addon has no shm bindings.
  */
-import { fork } from 'node:child_process';
 import * as net from 'node:net';
-import { fileURLToPath } from 'node:url';
 import { Packr, Unpackr } from 'msgpackr';
 import { afterEach, describe, expect, it } from 'vitest';
 import { EmbeddedAgent, SharedHostArena, type TransferAgent } from '../src/index.js';
 import { processHoldsPeerSocket } from '../src/shared-memory.js';
 import { pattern } from './patterns.js';
+import { forkFixture } from './fixtures/fork-fixture.js';
 
 const probe = new SharedHostArena();
 const skip = probe.shared ? null : `no shared mappings here: ${probe.reason}`;
@@ -47,17 +46,8 @@ describe('processHoldsPeerSocket', () => {
 
 describe('re-advertised shared mappings', () => {
   it.skipIf(!!skip)(`an agent advertising another process's mapping as its own: the initiator copies nothing of it, the transfers go over TCP to that agent${note}`, async () => {
-    const out = fileURLToPath(new URL('../../../node_modules/.cache/kvconnect-transfer/shm-peer-process-binding.mjs', import.meta.url));
-    const { build } = await import('rolldown');
-    await build({ input: fileURLToPath(new URL('./fixtures/shm-peer-process.ts', import.meta.url)), platform: 'node', external: ['msgpackr', '@kvconnect/native'], output: { file: out, format: 'esm' }, logLevel: 'silent' });
-    const child = fork(out, [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+    const { child, ask } = await forkFixture('shm-peer-process', 'shm-peer-process-binding');
     try {
-      const ask = (msg: object) =>
-        new Promise<Record<string, unknown>>((resolve, reject) => {
-          child.once('message', (m) => resolve(m as Record<string, unknown>));
-          child.once('exit', (code) => reject(new Error(`child exited ${code}`)));
-          child.send(msg);
-        });
       // A: the child, its memory (pattern 77) in a shared mapping.
       const info = await ask({ cmd: 'start', name: uniq('victim') });
       expect(info.shared).toBe(true);
