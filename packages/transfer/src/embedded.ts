@@ -133,8 +133,8 @@ export interface EmbeddedAgentOptions {
   readonly connectTimeoutMs?: number;
   /**
    * Most response bytes queued on one incoming connection before it stops reading that peer's
-   * requests until the socket drains (default 256 MiB). Queued responses are views of registered
-   * memory, not copies; an initiator that respects its own window (`maxInflightBytes`, 64 MiB by
+   * requests until the socket drains (default 256 MiB; READ answers, ERR refusals and WRITE
+   * acknowledgements all count). Queued READ answers are views of registered memory, not copies; an initiator that respects its own window (`maxInflightBytes`, 64 MiB by
    * default) never reaches this limit, so it only throttles peers that ignore theirs.
    */
   readonly maxQueuedResponseBytes?: number;
