@@ -115,7 +115,7 @@ interface Bucket {
   inFlight: number;
 }
 
-/** Consumers whose budget a {@link LocalizeBudget} tracks, at most (idle full ones are dropped first). */
+/** Consumers whose budget a {@link LocalizeBudget} tracks, at most (idle full ones are dropped first, else the oldest sixteenth). */
 const MAX_BUCKETS = 65_536;
 
 /** Per consumer budget of localizations (see the module comment). */
@@ -161,6 +161,8 @@ export class LocalizeBudget {
     for (const [k, b] of this.buckets) {
       if (b.inFlight === 0 && b.tokens + ((now - b.at) * this.o.rangesPerSecond) / 1000 >= this.capacity) this.buckets.delete(k);
     }
-    while (this.buckets.size >= MAX_BUCKETS) this.buckets.delete(this.buckets.keys().next().value!);
+    // None idle enough: the oldest sixteenth goes at once, so that the next new consumers do not
+    // each scan every bucket again (a scan per new key would cost O(MAX_BUCKETS) each).
+    while (this.buckets.size > MAX_BUCKETS - MAX_BUCKETS / 16) this.buckets.delete(this.buckets.keys().next().value!);
   }
 }

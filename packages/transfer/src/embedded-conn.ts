@@ -496,6 +496,8 @@ export class InConn {
   private readonly serverNonce = makeNonce();
   /** Bytes of a notif being received (counted in the agent's buffered bytes). */
   private partial = 0;
+  /** Reading is paused until the socket drains ({@link backpressure}). */
+  private drainWait = false;
   readonly label: string;
 
   /** `accepted`: a socket of the agent's server (`pauseOnConnect`), not yet reading. */
@@ -563,14 +565,17 @@ export class InConn {
 
   private refuse(id: number, message: string): void {
     this.socket.write(encodeFrame([F.ERR, id, 'invalid', message.slice(0, 4000)]));
+    this.backpressure(); // a peer that does not read its refusals must not grow this process
   }
 
-  /** Stops reading requests while too many response bytes are queued. */
+  /** Stops reading requests while too many response bytes are queued (once until the drain). */
   private backpressure(): void {
-    if (this.socket.writableLength < this.agent.maxQueuedResponseBytes) return;
+    if (this.drainWait || this.socket.writableLength < this.agent.maxQueuedResponseBytes) return;
+    this.drainWait = true;
     this.reader.pause();
     this.socket.pause();
     this.socket.once('drain', () => {
+      this.drainWait = false;
       if (this.closed) return;
       this.socket.resume();
       this.reader.resume();
@@ -717,7 +722,10 @@ export class InConn {
                   if (!this.closed) this.refuse(h.id, `device copy failed: ${e instanceof Error ? e.message : String(e)}`);
                 },
               );
-            } else this.socket.write(encodeFrame([F.WACK, h.id]));
+            } else {
+              this.socket.write(encodeFrame([F.WACK, h.id]));
+              this.backpressure();
+            }
           },
         };
       }

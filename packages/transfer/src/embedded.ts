@@ -30,7 +30,7 @@
  *   more, straight into the segment's memory, already bounds-checked (`SocketReads` of
  *   `embedded-conn.ts`). Before a transfer completes or a region is deregistered, the socket is
  *   pointed back at the agent's buffer, so that no byte lands in memory that is no longer the
- *   frame's.
+ *   frame's; a transfer whose local memory is deregistered fails `invalid` at once.
  *
  * Same-host host memory (`shared-memory.ts`): a registered host region that lies in a shared
  * mapping of this process (a memfd of the addon, e.g. from `SharedHostArena`) is advertised in the
@@ -133,8 +133,8 @@ export interface EmbeddedAgentOptions {
   readonly connectTimeoutMs?: number;
   /**
    * Most response bytes queued on one incoming connection before it stops reading that peer's
-   * requests until the socket drains (default 256 MiB). Queued responses are views of registered
-   * memory, not copies; an initiator that respects its own window (`maxInflightBytes`, 64 MiB by
+   * requests until the socket drains (default 256 MiB; READ answers, ERR refusals and WRITE
+   * acknowledgements all count). Queued READ answers are views of registered memory, not copies; an initiator that respects its own window (`maxInflightBytes`, 64 MiB by
    * default) never reaches this limit, so it only throttles peers that ignore theirs.
    */
   readonly maxQueuedResponseBytes?: number;
@@ -335,6 +335,11 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     for (const h of hosts) {
       this.regions.remove(h.addr);
       this.revokeShared(h);
+    }
+    // A transfer whose local memory this was fails (finish disarms its connection's in-place
+    // read, and a late answer is no longer current): no byte lands in memory no longer registered.
+    for (const req of [...this.active]) {
+      if (req.pairs.some((p) => hosts.some((h) => p.local.addr < h.addr + h.length && h.addr < p.local.addr + p.local.length))) this.finish(req, 'invalid', 'local memory was deregistered during the transfer');
     }
   }
 

@@ -6,6 +6,7 @@
  * copy A's memory: the initiator refuses the mapping and moves the transfer over TCP to B. Skipped
  * (with the reason) where the addon has no shm bindings.
  */
+import { spawn } from 'node:child_process';
 import * as net from 'node:net';
 import { Packr, Unpackr } from 'msgpackr';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -40,6 +41,52 @@ describe('processHoldsPeerSocket', () => {
     } finally {
       c.destroy();
       srv.close();
+    }
+  });
+});
+
+describe('processHoldsPeerSocket: addresses bind, not ports alone', () => {
+  const linux = process.platform === 'linux';
+  it.skipIf(!linux)('a process holding a socket with the same port pair between other loopback addresses is not the far end (skipped off Linux)', async () => {
+    // The "victim" V: another process listening on 127.0.0.1:X.
+    const v = spawn(process.execPath, ['-e', "const s=require('net').createServer(c=>c.on('error',()=>{}));s.listen(0,'127.0.0.1',()=>console.log(s.address().port))"], { stdio: ['ignore', 'pipe', 'inherit'] });
+    try {
+      const x = await new Promise<number>((resolve) => v.stdout!.once('data', (d: Buffer) => resolve(Number(String(d).trim()))));
+      // The agent M (this process) on 127.0.0.2:X; the initiator's socket c reaches M from 127.0.0.1:E.
+      const m = net.createServer((s) => s.on('error', () => {}));
+      await new Promise<void>((r) => m.listen(x, '127.0.0.2', r));
+      const c = net.connect({ host: '127.0.0.2', port: x });
+      await new Promise<void>((r) => c.once('connect', r));
+      // M makes V hold a socket local :X, remote :E (from 127.0.0.3:E).
+      const d = net.connect({ host: '127.0.0.1', port: x, localAddress: '127.0.0.3', localPort: c.localPort });
+      await new Promise<void>((r, j) => d.once('connect', r).once('error', j));
+      await new Promise((r) => setTimeout(r, 50)); // V accepted
+      try {
+        expect(processHoldsPeerSocket(v.pid!, c)).toBe(false);
+        expect(processHoldsPeerSocket(process.pid, c)).toBe(true);
+      } finally {
+        c.destroy();
+        d.destroy();
+        m.close();
+      }
+    } finally {
+      v.kill();
+    }
+  });
+
+  it.skipIf(!linux)('IPv4 clients of a dual-stack (::) listener and IPv6 loopback still bind (skipped off Linux)', async () => {
+    for (const [listen, host] of [['::', '127.0.0.1'], ['::1', '::1']] as const) {
+      const srv = net.createServer((s) => s.on('error', () => {}));
+      const ok = await new Promise<boolean>((r) => srv.once('error', () => r(false)).listen(0, listen, () => r(true)));
+      if (!ok) continue; // no IPv6 here: nothing to check for this pair
+      const c = net.connect((srv.address() as net.AddressInfo).port, host);
+      await new Promise<void>((r) => c.once('connect', r));
+      try {
+        expect(processHoldsPeerSocket(process.pid, c)).toBe(true);
+      } finally {
+        c.destroy();
+        srv.close();
+      }
     }
   });
 });
