@@ -40,22 +40,27 @@ function slowSteps(engine: { step: () => Promise<unknown> }, ms: number): () => 
 for (const t of transfersUnderTest('nixl')) {
   describe.skipIf(t.skip !== null)(t.label, () => {
     describe('busy producer (side-channel answers slower than the handshake timeout)', () => {
+      /** A single instance's outputs of the N prompts, and a P/D pair whose side channels time out after HANDSHAKE_MS. */
+      const setUp = async (mode: 'pull' | 'push') => {
+        const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
+        const want: number[][] = [];
+        for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
+        const extra = { handshake_timeout_ms: HANDSHAKE_MS };
+        const pd = await makeNixlPD({
+          transfer: t.engine,
+          mode,
+          model: 'dense-gqa',
+          producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+          consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
+          policy: 'recompute',
+          producerExtra: extra,
+          consumerExtra: extra,
+        });
+        return { want, pd };
+      };
       for (const mode of ['pull', 'push'] as const) {
         it(`${mode}: concurrent loads through the proxy all verify and equal a single instance`, async () => {
-          const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
-          const want: number[][] = [];
-          for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
-          const extra = { handshake_timeout_ms: HANDSHAKE_MS };
-          const pd = await makeNixlPD({
-            transfer: t.engine,
-            mode,
-            model: 'dense-gqa',
-            producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-            consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-            policy: 'recompute',
-            producerExtra: extra,
-            consumerExtra: extra,
-          });
+          const { want, pd } = await setUp(mode);
           try {
             // Handshake first (its own timeout is the handshake's), then a busy producer.
             expect((await pd.proxy.generate(prompt(0), sampling(0))).tokenIds).toEqual(want[0]);
@@ -79,20 +84,7 @@ for (const t of transfersUnderTest('nixl')) {
         });
 
         it(`${mode}: the first handshake waits the transfer deadline, not the handshake timeout`, async () => {
-          const ref = single('dense-gqa', { numBlocks: 64, maxNumBatchedTokens: 64 });
-          const want: number[][] = [];
-          for (let i = 0; i < N; i++) want.push((await ref.generate(prompt(i), sampling(i))).tokenIds);
-          const extra = { handshake_timeout_ms: HANDSHAKE_MS };
-          const pd = await makeNixlPD({
-            transfer: t.engine,
-            mode,
-            model: 'dense-gqa',
-            producer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-            consumer: { numBlocks: 64, maxNumBatchedTokens: 64 },
-            policy: 'recompute',
-            producerExtra: extra,
-            consumerExtra: extra,
-          });
+          const { want, pd } = await setUp(mode);
           try {
             // Busy from the start: the INFO of the first loads is answered only between long steps.
             const restore = slowSteps(pd.producer, STEP_BLOCK_MS);

@@ -7,10 +7,11 @@ import * as net from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { Packr } from 'msgpackr';
 import { decodeEmbeddedMetadata, EmbeddedAgent, isTransferError, makeNonce, makeProof, ProtocolError, type TransferAgent } from '../src/index.js';
-import { encodeFrame, F, FrameReader, HANDSHAKE_CONTEXT, MAX_PAYLOAD_BYTES, WIRE_VERSION, type Header } from '../src/wire.js';
+import { encodeFrame, F, HANDSHAKE_CONTEXT, MAX_PAYLOAD_BYTES, WIRE_VERSION } from '../src/wire.js';
 import { collectNotifs, defineConformance } from './conformance.js';
 import { pattern } from './patterns.js';
 import { forkFixture } from './fixtures/fork-fixture.js';
+import { RawPeer } from './raw-peer.js';
 
 let seq = 0;
 const uniq = (p: string) => `${p}-${process.pid}-${++seq}`;
@@ -38,60 +39,6 @@ defineConformance({
 });
 
 /** A raw TCP client speaking frames to an agent. */
-class RawPeer {
-  readonly frames: Array<{ h: Header; payload: Buffer }> = [];
-  closed = false;
-  private constructor(readonly socket: net.Socket) {
-    let cur: Buffer[] = [];
-    const reader = new FrameReader({
-      onHeader: (h) => {
-        cur = [];
-        return {
-          write: (c) => cur.push(Buffer.from(c)),
-          end: () => this.frames.push({ h, payload: Buffer.concat(cur) }),
-        };
-      },
-      onProtocolError: () => socket.destroy(),
-    });
-    socket.on('data', (c: Buffer) => reader.push(c));
-    socket.on('close', () => (this.closed = true));
-    socket.on('error', () => {});
-  }
-  static async connect(agent: EmbeddedAgent): Promise<RawPeer> {
-    const s = net.connect(agent.address.port, agent.address.host);
-    await new Promise<void>((r, j) => s.once('connect', () => r()).once('error', j));
-    return new RawPeer(s);
-  }
-  /** The target's challenge nonce (its first frame). */
-  async challenge(): Promise<Uint8Array> {
-    const c = await this.until((f) => f.h.t === F.CHAL);
-    return (c.h as { nonce: Uint8Array }).nonce;
-  }
-  /** Sends HELLO for `agent` (proofs made with `secret`, default the agent's own from its metadata). */
-  async sendHello(agent: EmbeddedAgent, o: { name?: string; secret?: Uint8Array; cluster?: Uint8Array } = {}): Promise<void> {
-    const v = new Packr({ useRecords: false }).unpack(await agent.getLocalMetadata()) as unknown[];
-    const sn = await this.challenge();
-    const cn = makeNonce();
-    const name = o.name ?? 'raw';
-    const proof = makeProof(o.secret ?? (v[5] as Uint8Array), HANDSHAKE_CONTEXT.hello, sn, cn, name);
-    const cluster = o.cluster ? makeProof(o.cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, name, agent.name) : null;
-    this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, name, cn, proof, cluster]));
-  }
-  async hello(agent: EmbeddedAgent, o: { name?: string; cluster?: Uint8Array } = {}): Promise<void> {
-    await this.sendHello(agent, o);
-    await this.until((f) => f.h.t === F.OK);
-  }
-  async until(pred: (f: { h: Header; payload: Buffer }) => boolean, ms = 3000): Promise<{ h: Header; payload: Buffer }> {
-    const end = Date.now() + ms;
-    for (;;) {
-      const f = this.frames.find(pred);
-      if (f) return f;
-      if (Date.now() > end) throw new Error('frame did not arrive');
-      await sleep(2);
-    }
-  }
-}
-
 describe('embedded agent', () => {
   const open: TransferAgent[] = [];
   const agent = async (o: Partial<Parameters<typeof EmbeddedAgent.create>[0]> = {}) => {

@@ -4,61 +4,16 @@
  * authenticated peer speaking the wire directly: guard bytes around every granted region, typed
  * refusals, no uncaught exception, honest peers served afterwards.
  */
-import * as net from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { Packr } from 'msgpackr';
-import { EmbeddedAgent, makeNonce, makeProof, ProtocolError, type TransferAgent } from '../src/index.js';
-import { encodeFrame, F, FrameReader, HANDSHAKE_CONTEXT, WIRE_VERSION, type Header } from '../src/wire.js';
+import { EmbeddedAgent, ProtocolError, type TransferAgent } from '../src/index.js';
+import { encodeFrame, F } from '../src/wire.js';
+import { RawPeer } from './raw-peer.js';
 
 let seq = 0;
 const uniq = (p: string) => `${p}-${process.pid}-${++seq}`;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const GUARD = 8192;
 const MiB = 1 << 20;
-
-class RawPeer {
-  readonly frames: Array<{ h: Header; payload: Buffer }> = [];
-  closed = false;
-  private constructor(readonly socket: net.Socket) {
-    let cur: Buffer[] = [];
-    const reader = new FrameReader({
-      onHeader: (h) => {
-        cur = [];
-        return { write: (c) => cur.push(Buffer.from(c)), end: () => this.frames.push({ h, payload: Buffer.concat(cur) }) };
-      },
-      onProtocolError: () => socket.destroy(),
-    });
-    socket.on('data', (c: Buffer) => reader.push(c));
-    socket.on('close', () => (this.closed = true));
-    socket.on('error', () => {});
-  }
-  static async connect(agent: EmbeddedAgent): Promise<RawPeer> {
-    const s = net.connect(agent.address.port, agent.address.host);
-    s.setNoDelay(true);
-    await new Promise<void>((r, j) => s.once('connect', () => r()).once('error', j));
-    return new RawPeer(s);
-  }
-  async hello(agent: EmbeddedAgent): Promise<void> {
-    const v = new Packr({ useRecords: false }).unpack(await agent.getLocalMetadata()) as unknown[];
-    const c = await this.until((f) => f.h.t === F.CHAL);
-    const sn = (c.h as { nonce: Uint8Array }).nonce;
-    const cn = makeNonce();
-    this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, 'raw', cn, makeProof(v[5] as Uint8Array, HANDSHAKE_CONTEXT.hello, sn, cn, 'raw'), null]));
-    await this.until((f) => f.h.t === F.OK);
-  }
-  async until(pred: (f: { h: Header; payload: Buffer }) => boolean, ms = 5000): Promise<{ h: Header; payload: Buffer }> {
-    const end = Date.now() + ms;
-    for (;;) {
-      const f = this.frames.find(pred);
-      if (f) return f;
-      if (Date.now() > end) throw new Error('frame did not arrive');
-      await sleep(2);
-    }
-  }
-  write(b: Uint8Array): Promise<void> {
-    return new Promise((r) => this.socket.write(b, () => r()));
-  }
-}
 
 /** A region of `n` bytes inside guard bytes (0xAA): the view to register, the whole, a checker. */
 function guarded(n: number, fill = 0) {
