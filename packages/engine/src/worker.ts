@@ -469,6 +469,7 @@ export class Worker {
         }
       }
       const q = new Float32Array(hd);
+      const acc = new Float64Array(hd);
       for (let qh = q0; qh < q0 + nq; qh++) {
         const hl = Math.floor(qh / qPerKv) - shard * local;
         for (let j = 0; j < n; j++) {
@@ -484,11 +485,9 @@ export class Worker {
             return s * scale;
           }, (t, p) => {
             const vb = (hl * end + lo + t) * hd;
-            for (let d = 0; d < hd; d++) out[o + d] += p * V[vb + d];
-          }, () => {
-            for (let d = 0; d < hd; d++) out[o + d] = 0;
-          });
-          for (let d = 0; d < hd; d++) out[o + d] = Math.fround(out[o + d]);
+            for (let d = 0; d < hd; d++) acc[d] += p * V[vb + d];
+          }, acc);
+          for (let d = 0; d < hd; d++) out[o + d] = acc[d];
         }
       }
       t0 += n;
@@ -566,6 +565,7 @@ export class Worker {
       const kn = new Float32Array(end * c.nopeDim);
       const vv = new Float32Array(end * c.vDim);
       const q = new Float32Array(qd);
+      const acc = new Float64Array(c.vDim);
       for (let qh = q0; qh < q0 + nq; qh++) {
         for (let pos = 0; pos < end; pos++) {
           for (let d = 0; d < c.nopeDim; d++) kn[pos * c.nopeDim + d] = dotRow(w.uk, qh * c.nopeDim + d, L, pos * width);
@@ -584,11 +584,9 @@ export class Worker {
             for (let i = 0; i < idim; i++) b += IQ[j * idim + i] * IK[t * idim + i];
             return s * scale + b * iscale;
           }, (t, p) => {
-            for (let d = 0; d < c.vDim; d++) out[o + d] += p * vv[t * c.vDim + d];
-          }, () => {
-            for (let d = 0; d < c.vDim; d++) out[o + d] = 0;
-          });
-          for (let d = 0; d < c.vDim; d++) out[o + d] = Math.fround(out[o + d]);
+            for (let d = 0; d < c.vDim; d++) acc[d] += p * vv[t * c.vDim + d];
+          }, acc);
+          for (let d = 0; d < c.vDim; d++) out[o + d] = acc[d];
         }
       }
       t0 += n;
@@ -700,10 +698,13 @@ export class Worker {
 }
 
 /**
- * Softmax attention over `n` keys in index order: `score(t)` for each, then `acc(t, p)` with the
- * normalized weights (after `reset()`). Deterministic: fixed order, double accumulation.
+ * Softmax attention over `n` keys in index order: `score(t)` for each, then, after zeroing `out`,
+ * `acc(t, p)` with the normalized weights in index order, which adds `p * v[t]` into `out`.
+ * Deterministic: fixed order, float64 throughout; the caller rounds `out` to float32 once (when it
+ * stores the row into a Float32Array), not after every addition. native/src/forward_kernel.inc
+ * (`attendGroup`, `accumulateByPosition`) computes the same bits.
  */
-function softmaxAttend(n: number, score: (t: number) => number, acc: (t: number, p: number) => void, reset: () => void): void {
+function softmaxAttend(n: number, score: (t: number) => number, acc: (t: number, p: number) => void, out: Float64Array): void {
   const s = new Float64Array(n);
   let mx = -Infinity;
   for (let t = 0; t < n; t++) {
@@ -715,6 +716,6 @@ function softmaxAttend(n: number, score: (t: number) => number, acc: (t: number,
     s[t] = Math.exp(s[t] - mx);
     sum += s[t];
   }
-  reset();
+  out.fill(0);
   for (let t = 0; t < n; t++) acc(t, s[t] / sum);
 }

@@ -182,8 +182,9 @@ describe('native forward kernels', () => {
           sc[t] = Math.exp(sc[t] - mx);
           sum += sc[t];
         }
-        const o = out.subarray(j * os, j * os + hd).fill(0);
+        const o = new Float64Array(hd); // float64 sums, one float32 rounding per element (worker.ts softmaxAttend)
         for (let t = 0; t < len; t++) for (let d = 0; d < hd; d++) o[d] += (sc[t] / sum) * v[(lo + t) * hd + d];
+        out.set(o, j * os);
       }
     };
     const attendCases: [number, number, number, number][] = [];
