@@ -324,6 +324,8 @@ export interface KvconnectNativeAddon {
   fwdKvRead(mem: Uint8Array, addr: Float64Array, dtype: 'float32' | 'bfloat16' | 'float16', hd: number, dst: Float32Array): void;
   /** `y[i] = Math.exp(x[i])` bit for bit (fdlibm, as V8), through the vector kernel. */
   fwdExp(x: Float64Array, y: Float64Array): void;
+  /** `y[i] = softmaxExp(x[i])` bit for bit (packages/engine/src/model/softmax-exp.ts: the softmax's float32 exponential), through the vector kernel. */
+  fwdSoftmaxExp(x: Float64Array, y: Float64Array): void;
   /** The instruction set of the forward kernels: `avx512`, `avx2` or `generic`. */
   forwardIsa(): 'avx512' | 'avx2' | 'generic';
   /** Chooses it (`auto` = the widest this CPU runs); false when this CPU cannot run `name` (unchanged then). */

@@ -1,7 +1,7 @@
 /**
  * @file forward_addon.cc
  * @brief N-API bindings of the reference engine's forward-pass kernels (forward_isa.h):
- *        `fwdMatmul`, `fwdMlp`, `fwdAttend`, `fwdExp`, `fwdRope`, `fwdKvWrite`, `fwdKvRead`,
+ *        `fwdMatmul`, `fwdMlp`, `fwdAttend`, `fwdExp`, `fwdSoftmaxExp`, `fwdRope`, `fwdKvWrite`, `fwdKvRead`,
  *        `forwardIsa`, `setForwardIsa`
  *        (declared in native/index.d.ts, used by packages/engine/src/model/native-forward.ts).
  *
@@ -183,6 +183,16 @@ Napi::Value Exp(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+/** fwdSoftmaxExp(x: Float64Array, y: Float64Array): y[i] = softmaxExp(x[i]) (packages/engine/src/model/softmax-exp.ts), through the vector kernel. */
+Napi::Value SoftmaxExp(const Napi::CallbackInfo& info) {
+  Args a{info, "fwdSoftmaxExp"};
+  const size_t xl = a.Arr(0, napi_float64_array, "x"), yl = a.Arr(1, napi_float64_array, "y");
+  a.Fits(yl, (double)xl, "y");
+  if (!a.ok) return info.Env().Undefined();
+  K().softmaxExp(a.Data<double>(0), a.Data<double>(1), xl);
+  return info.Env().Undefined();
+}
+
 /** fwdRope(x, stride, T, heads, dim, cos, sin, tableOffset): see forward_kernel.inc rope (angles from cos/sin[tableOffset ..]). */
 Napi::Value Rope(const Napi::CallbackInfo& info) {
   Args a{info, "fwdRope"};
@@ -337,6 +347,7 @@ void KvcRegisterForward(Napi::Env env, Napi::Object exports) {
   exports.Set("fwdMlp", Napi::Function::New(env, Mlp, "fwdMlp"));
   exports.Set("fwdAttend", Napi::Function::New(env, Attend, "fwdAttend"));
   exports.Set("fwdExp", Napi::Function::New(env, Exp, "fwdExp"));
+  exports.Set("fwdSoftmaxExp", Napi::Function::New(env, SoftmaxExp, "fwdSoftmaxExp"));
   exports.Set("fwdRope", Napi::Function::New(env, Rope, "fwdRope"));
   exports.Set("fwdKvWrite", Napi::Function::New(env, KvWrite, "fwdKvWrite"));
   exports.Set("fwdKvRead", Napi::Function::New(env, KvRead, "fwdKvRead"));

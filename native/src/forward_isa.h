@@ -30,6 +30,7 @@ struct Kernels {
   void (*attend)(const float* q, int qStride, int n, const float* k, const float* v, int hd, int start, int window,
                  double scale, float* out, int outStride);
   void (*exp)(const double* x, double* y, size_t n);
+  void (*softmaxExp)(const double* x, double* y, size_t n);
   void (*rope)(float* x, int stride, int T, int heads, int dim, const double* cos, const double* sin);
 };
 

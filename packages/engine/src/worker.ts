@@ -21,6 +21,7 @@
  * (before `saveKvLayer`), it copies their blocks host to device. The device is the KV's truth.
  * @module
  */
+import { softmaxExp } from './model/softmax-exp.js';
 import {
   DTYPE_BYTES,
   contiguousStrides,
@@ -698,11 +699,13 @@ export class Worker {
 }
 
 /**
- * Softmax attention over `n` keys in index order: `score(t)` for each, then, after zeroing `out`,
- * `acc(t, p)` with the normalized weights in index order, which adds `p * v[t]` into `out`.
- * Deterministic: fixed order, float64 throughout; the caller rounds `out` to float32 once (when it
- * stores the row into a Float32Array), not after every addition. native/src/forward_kernel.inc
- * (`attendGroup`, `accumulateByPosition`) computes the same bits.
+ * Softmax attention over `n` keys in index order: `score(t)` for each (float64), the weights
+ * `p = softmaxExp(score - max) / sum` (model/softmax-exp.ts: a float32 exponential, as attention
+ * kernels compute it; the sum and the division in float64), then, after zeroing `out`, `acc(t, p)`
+ * in index order, which adds `p * v[t]` into `out`. Deterministic: fixed order, float64 apart from
+ * the exponential; the caller rounds `out` to float32 once (when it stores the row into a
+ * Float32Array), not after every addition. native/src/forward_kernel.inc (`attendGroup`,
+ * `attendByPosition`) computes the same bits.
  */
 function softmaxAttend(n: number, score: (t: number) => number, acc: (t: number, p: number) => void, out: Float64Array): void {
   const s = new Float64Array(n);
@@ -713,7 +716,7 @@ function softmaxAttend(n: number, score: (t: number) => number, acc: (t: number,
   }
   let sum = 0;
   for (let t = 0; t < n; t++) {
-    s[t] = Math.exp(s[t] - mx);
+    s[t] = softmaxExp(s[t] - mx);
     sum += s[t];
   }
   out.fill(0);

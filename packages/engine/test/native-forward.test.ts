@@ -12,6 +12,7 @@ import { forward } from '../src/executor.js';
 import { resolveModel, type PresetName } from '../src/model/config.js';
 import { forwardPath, setForwardPath } from '../src/model/native-forward.js';
 import { applyRope, buildWeights } from '../src/model/weights.js';
+import { softmaxExp } from '../src/model/softmax-exp.js';
 import { Worker, type CacheLayout } from '../src/worker.js';
 import { argmax } from '../src/request.js';
 import { SeededRng } from '../src/rng.js';
@@ -27,6 +28,7 @@ interface Config {
 
 interface FwdAddon {
   fwdExp(x: Float64Array, y: Float64Array): void;
+  fwdSoftmaxExp(x: Float64Array, y: Float64Array): void;
   fwdMatmul(w: Float32Array, rows: number, cols: number, x: Float32Array, xStride: number, T: number, y: Float32Array, yStride: number, residual: boolean): void;
   fwdAttend(q: Float32Array, qStride: number, n: number, k: Float32Array, v: Float32Array, hd: number, start: number, window: number, scale: number, out: Float32Array, outStride: number): void;
   fwdRope(x: Float32Array, stride: number, T: number, heads: number, dim: number, cos: Float64Array, sin: Float64Array, tableOffset: number): void;
@@ -155,6 +157,37 @@ describe('native forward kernels', () => {
     addon!.setForwardIsa('auto');
   });
 
+  it.skipIf(!native)(`fwdSoftmaxExp is softmaxExp bit for bit, on every instruction set ${reason}`, () => {
+    const seed = 17;
+    console.log(`fwdSoftmaxExp property test seed ${seed}`);
+    const rng = new SeededRng(seed);
+    const xs: number[] = [0, -0, -1, 1, -1e-9, -1e-30, 5e-324, -87.3, -87.5, -87.7, -88, -88.5, -103, -104, -150, -1e6, -1e30, 88, 88.5, 89, 1e30, Infinity, -Infinity, NaN];
+    // Ties of the rounding of n (t = x * log2(e) in float32 exactly k + 0.5) and their neighbours,
+    // the flush and overflow edges (n = -126 / -127, 127 / 128) and float32 subnormal results.
+    const f32 = new Float32Array(1);
+    const u32 = new Uint32Array(f32.buffer);
+    const nextF = (v: number, d: number) => ((f32[0] = v), (u32[0] += v < 0 ? -d : d), f32[0]);
+    for (let k = -130; k <= 130; k++) {
+      const x = Math.fround((k + 0.5) / 1.4426950216293335);
+      for (let d = -3; d <= 3; d++) xs.push(nextF(x, d));
+    }
+    for (let i = 0; i < 20000; i++) {
+      const r = i % 5;
+      xs.push(r === 0 ? -rng.next() * 20 : r === 1 ? -rng.next() * 100 : r === 2 ? -87 - rng.next() * 1.5 : r === 3 ? -rng.next() * 1e-6 : (rng.next() - 0.5) * 200);
+    }
+    // Lengths that are not a multiple of any vector width run the scalar tail too.
+    const x = Float64Array.from(xs.slice(0, xs.length - (xs.length % 8) + 3));
+    for (const isa of ['generic', 'avx2', 'avx512']) {
+      if (!addon!.setForwardIsa(isa)) continue;
+      const y = new Float64Array(x.length);
+      addon!.fwdSoftmaxExp(x, y);
+      const bad: number[] = [];
+      for (let i = 0; i < x.length; i++) if (!Object.is(y[i], softmaxExp(x[i]))) bad.push(x[i]);
+      expect(bad, isa).toEqual([]);
+    }
+    addon!.setForwardIsa('auto');
+  });
+
   it.skipIf(!native)(`fwdAttend, fwdMatmul and fwdRope are their JavaScript loops bit for bit at odd shapes, on every instruction set ${reason}`, () => {
     // The JavaScript each kernel replaces (worker.ts attention + softmaxAttend, weights.ts dotRow and
     // applyRope), written out plainly: shapes the demo model never has (head sizes that are not a
@@ -179,7 +212,7 @@ describe('native forward kernels', () => {
         }
         let sum = 0;
         for (let t = 0; t < len; t++) {
-          sc[t] = Math.exp(sc[t] - mx);
+          sc[t] = softmaxExp(sc[t] - mx);
           sum += sc[t];
         }
         const o = new Float64Array(hd); // float64 sums, one float32 rounding per element (worker.ts softmaxAttend)
@@ -193,9 +226,9 @@ describe('native forward kernels', () => {
     const isas = ['generic', 'avx2', 'avx512'].filter((i) => addon!.setForwardIsa(i));
     for (const isa of isas) {
       addon!.setForwardIsa(isa);
-      // Scales past 1/sqrt(hd) spread a row's scores over hundreds to thousands: exp(s - max)
-      // then reaches float64's subnormals and zero, where the kernels' softmax division takes
-      // its other branch (native/src/forward_kernel.inc normalize).
+      // Scales past 1/sqrt(hd) spread a row's scores over hundreds to thousands: softmaxExp(s - max)
+      // then reaches float32's subnormals and its flush to zero, which the kernels' softmax
+      // division (native/src/forward_kernel.inc normalize) keeps on its one-division path.
       for (const [hd, start, n, window] of attendCases) {
         for (const scale of [1 / Math.sqrt(hd), 40, 400]) {
           const qs = hd + 3, os = hd + 5, end = start + n;

@@ -6,7 +6,7 @@
  *
  * The kernels compute the same float operations in the same order as the JavaScript
  * (weights.ts `dotRow`: float32 operands, float64 accumulation in index order, one rounding to
- * float32; `softmaxAttend`: two-pass softmax with V8's fdlibm `exp`, float64 accumulation of the
+ * float32; `softmaxAttend`: two-pass softmax with model/softmax-exp.ts's float32 `exp`, float64 accumulation of the
  * output rounded to float32 once per row), and RoPE angles come from the same `Math.pow` / `Math.cos` / `Math.sin` calls as
  * weights.ts `applyRope`, so each path is invariant under TP, PP and block size, and the two
  * paths agree bit for bit with each other (tested in packages/engine/test/native-forward.test.ts).
