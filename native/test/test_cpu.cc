@@ -39,12 +39,41 @@ struct Rng {
   uint32_t below(uint32_t n) { return (uint32_t)(next() % n); }
 };
 
-static kvc_entry blank() {
+// Builds a kvc_entry (include/kvc_checksum.h) one field group at a time: a field no call names
+// stays 0 (elem_count: 1). Each call sets the fields its comment names, so a test's entry is one
+// expression that reads as the geometry it describes.
+struct Entry {
   kvc_entry e;
-  std::memset(&e, 0, sizeof e);
-  e.elem_count[0] = e.elem_count[1] = e.elem_count[2] = 1;
-  return e;
-}
+  explicit Entry(uint32_t kind) {
+    std::memset(&e, 0, sizeof e);
+    e.elem_count[0] = e.elem_count[1] = e.elem_count[2] = 1;
+    e.kind = kind;
+  }
+  // num_blocks, block_stride
+  Entry& blocks(uint32_t n, int64_t stride) { e.num_blocks = n; e.block_stride = stride; return *this; }
+  // offset
+  Entry& at(uint64_t offset) { e.offset = offset; return *this; }
+  // factor_base
+  Entry& factor(uint64_t base) { e.factor_base = base; return *this; }
+  // outer_count, outer_stride (ATTN: local heads; ROWS: rows; STREAM: 1)
+  Entry& outer(uint32_t count, int64_t stride) { e.outer_count = count; e.outer_stride = stride; return *this; }
+  // ATTN: block_tokens, kblock_tokens, kblock_stride, token_stride
+  Entry& tokens(uint32_t block_tokens, uint32_t kblock_tokens, int64_t kblock_stride, int64_t token_stride) {
+    e.block_tokens = block_tokens; e.kblock_tokens = kblock_tokens; e.kblock_stride = kblock_stride; e.token_stride = token_stride;
+    return *this;
+  }
+  // ATTN: cell_pieces; the part's byte_start, byte_count
+  Entry& cell(uint32_t pieces, uint32_t byte_start, uint32_t byte_count) { e.cell_pieces = pieces; return bytes(byte_start, byte_count); }
+  // byte_start, byte_count (ATTN: the part of each cell; STREAM: this state in the stream)
+  Entry& bytes(uint32_t byte_start, uint32_t byte_count) { e.byte_start = byte_start; e.byte_count = byte_count; return *this; }
+  // ROWS: elem_count[d], elem_stride[d]
+  Entry& elem(int d, uint32_t count, int64_t stride) { e.elem_count[d] = count; e.elem_stride[d] = stride; return *this; }
+  // ROWS: elem_bytes
+  Entry& width(uint32_t elem_bytes) { e.elem_bytes = elem_bytes; return *this; }
+  // column
+  Entry& col(uint32_t column) { e.column = column; return *this; }
+  operator kvc_entry() const { return e; }
+};
 
 static kvc_row row(uint32_t group, uint32_t block_id, uint32_t first_token, uint32_t valid, uint32_t out_offset) {
   kvc_row r = {group, block_id, first_token, valid, out_offset, 0};
@@ -151,19 +180,7 @@ static void test_hand_attn() {
   const uint64_t want1 = 31ull * 393219ull + 231ull * 393221ull;
 
   Call c;
-  kvc_entry e = blank();
-  e.kind = KVC_ENTRY_ATTN;
-  e.factor_base = 3 * 65536 + 1;
-  e.block_stride = 64;
-  e.outer_stride = 32;
-  e.token_stride = 16;
-  e.kblock_tokens = 2;
-  e.kblock_stride = 32;
-  e.block_tokens = 2;
-  e.outer_count = 2;
-  e.byte_count = 16;
-  e.cell_pieces = 2;
-  e.num_blocks = 1;
+  const kvc_entry e = Entry(KVC_ENTRY_ATTN).blocks(1, 64).factor(3 * 65536 + 1).outer(2, 32).tokens(2, 2, 32, 16).cell(2, 0, 16);
   c.entries = {e};
   c.group_start = {0, 1};
   c.regions = {(const uint8_t*)words.data()};
@@ -187,10 +204,8 @@ static void test_hand_attn() {
         if (b < 5) kv[(h * 2 + t) * 5 + b] = v;
         else kv[20 + (h * 2 + t) * 11 + (b - 5)] = v;
       }
-  kvc_entry k = e, v = e;
-  k.outer_stride = 10; k.token_stride = 5; k.kblock_stride = 10; k.block_stride = 20; k.byte_count = 5;
-  v.offset = 20; v.outer_stride = 22; v.token_stride = 11; v.kblock_stride = 22; v.block_stride = 44;
-  v.byte_start = 5; v.byte_count = 11;
+  const kvc_entry k = Entry(KVC_ENTRY_ATTN).blocks(1, 20).factor(3 * 65536 + 1).outer(2, 10).tokens(2, 2, 10, 5).cell(2, 0, 5);
+  const kvc_entry v = Entry(KVC_ENTRY_ATTN).at(20).blocks(1, 44).factor(3 * 65536 + 1).outer(2, 22).tokens(2, 2, 22, 11).cell(2, 5, 11);
   Call d;
   d.entries = {k, v};
   d.group_start = {0, 2};
@@ -209,16 +224,7 @@ static void test_hand_rows() {
   // row 0: m = 2*(65536 + 4) + 1 = 131081; 1*1 + 2*3 + 3*5 = 22
   // row 1: m = 131083; 65535*1 + 5*3 + 6*5 = 65580
   const uint64_t want = 22ull * 131081ull + 65580ull * 131083ull;
-  kvc_entry e = blank();
-  e.kind = KVC_ENTRY_ROWS;
-  e.factor_base = 65536 + 4;
-  e.outer_count = 2;
-  e.outer_stride = 6;
-  e.elem_count[2] = 3;
-  e.elem_stride[2] = 2;
-  e.elem_bytes = 2;
-  e.num_blocks = 1;
-  e.column = 1;
+  const kvc_entry e = Entry(KVC_ENTRY_ROWS).blocks(1, 0).factor(65536 + 4).outer(2, 6).elem(2, 3, 2).width(2).col(1);
   Call c;
   c.entries = {e};
   c.group_start = {0, 1};
@@ -235,13 +241,7 @@ static void test_hand_rows() {
   const uint32_t f[4] = {7, 8, 0xfffffff0u, 10};
   // walk: f[0]=7 (j0), f[2] (j1), f[1]=8 (j2), f[3]=10 (j3); m = 2*0+1 = 1
   const uint64_t want4 = 7ull * 1 + 0xfffffff0ull * 3 + 8ull * 5 + 10ull * 7;
-  kvc_entry g = blank();
-  g.kind = KVC_ENTRY_ROWS;
-  g.outer_count = 1;
-  g.elem_count[1] = 2; g.elem_stride[1] = 4;
-  g.elem_count[2] = 2; g.elem_stride[2] = 8;
-  g.elem_bytes = 4;
-  g.num_blocks = 1;
+  const kvc_entry g = Entry(KVC_ENTRY_ROWS).blocks(1, 0).outer(1, 0).elem(1, 2, 4).elem(2, 2, 8).width(4);
   Call d;
   d.entries = {g};
   d.group_start = {0, 1};
@@ -271,18 +271,8 @@ static void test_hand_stream() {
   std::vector<uint8_t> region(32);
   std::memcpy(region.data() + 3, a, 12);   // unaligned addresses
   std::memcpy(region.data() + 17, b, 6);
-  kvc_entry e = blank();
-  e.kind = KVC_ENTRY_STREAM;
-  e.factor_base = fb;
-  e.outer_count = 1;
-  e.num_blocks = 1;
-  e.offset = 3;
-  e.byte_start = 0;
-  e.byte_count = 12;
-  kvc_entry f = e;
-  f.offset = 17;
-  f.byte_start = 12;
-  f.byte_count = 6;
+  const kvc_entry e = Entry(KVC_ENTRY_STREAM).at(3).blocks(1, 0).factor(fb).outer(1, 0).bytes(0, 12);
+  const kvc_entry f = Entry(KVC_ENTRY_STREAM).at(17).blocks(1, 0).factor(fb).outer(1, 0).bytes(12, 6);
   Call c;
   c.entries = {e, f};
   c.group_start = {0, 2};
@@ -324,21 +314,8 @@ static void test_random_attn() {
     const uint32_t lead = rng.below(9);
     std::vector<uint8_t> buf(total + lead + 8);
     for (auto& x : buf) x = (uint8_t)rng.next();
-    kvc_entry e = blank();
-    e.kind = KVC_ENTRY_ATTN;
-    e.factor_base = rng.below(4) * 65536ull + rng.below(100);
-    e.outer_count = heads;
-    e.outer_stride = os;
-    e.token_stride = ts;
-    e.kblock_tokens = kbt;
-    e.kblock_stride = kbs;
-    e.block_tokens = bt;
-    e.block_stride = bstr;
-    e.byte_start = bs;
-    e.byte_count = bc;
-    e.cell_pieces = P;
-    e.num_blocks = nblocks;
-    e.offset = lead;
+    kvc_entry e = Entry(KVC_ENTRY_ATTN).at(lead).blocks(nblocks, bstr).factor(rng.below(4) * 65536ull + rng.below(100))
+                      .outer(heads, os).tokens(bt, kbt, kbs, ts).cell(P, bs, bc);
     if (rng.below(4) == 0) {  // blocks in reverse order
       e.block_stride = -bstr;
       e.offset = lead + (uint64_t)bstr * (nblocks - 1);
@@ -391,25 +368,12 @@ static void test_token_major() {
     const uint32_t lead = rng.below(9);
     std::vector<uint8_t> buf((uint64_t)bstr * nblocks + lead + 8);
     for (auto& x : buf) x = (uint8_t)rng.next();
-    kvc_entry e = blank();
-    e.kind = KVC_ENTRY_ATTN;
-    e.factor_base = rng.below(4) * 65536ull + rng.below(100);
-    e.outer_count = heads;
-    e.outer_stride = os;
-    e.offset = lead;
+    kvc_entry e = Entry(KVC_ENTRY_ATTN).at(lead).blocks(nblocks, bstr).factor(rng.below(4) * 65536ull + rng.below(100))
+                      .outer(heads, os).tokens(bt, kbt, kbs, ts).cell(P, bs, bc);
     if (rng.below(3) == 0) {  // heads in reverse order
       e.outer_stride = -os;
       e.offset = lead + (uint64_t)os * (heads - 1);
     }
-    e.token_stride = ts;
-    e.kblock_tokens = kbt;
-    e.kblock_stride = kbs;
-    e.block_tokens = bt;
-    e.block_stride = bstr;
-    e.byte_start = bs;
-    e.byte_count = bc;
-    e.cell_pieces = P;
-    e.num_blocks = nblocks;
     Call c;
     c.entries = {e};
     c.group_start = {0, 1};
@@ -449,21 +413,16 @@ static void test_random_rows() {
     const uint32_t nrows = 1 + rng.below(4), nblocks = 1 + rng.below(3);
     // a state [nrows, d0, d1, d2] per block, walked in a random dim order (a permuted view)
     const int64_t st2 = w, st1 = st2 * d2, st0 = st1 * d1, rs = st0 * d0, bstr = rs * nrows + rng.below(5);
-    kvc_entry e = blank();
-    e.kind = KVC_ENTRY_ROWS;
-    e.factor_base = rng.below(3) * 65536ull + rng.below(50);
-    e.outer_count = nrows;
-    e.outer_stride = rs;
+    const uint64_t fb = rng.below(3) * 65536ull + rng.below(50);
     uint32_t cnt[3] = {d0, d1, d2};
     int64_t str[3] = {st0, st1, st2};
     int perm = (int)rng.below(3);
     if (perm == 1) { std::swap(cnt[1], cnt[2]); std::swap(str[1], str[2]); }
     if (perm == 2) { std::swap(cnt[0], cnt[2]); std::swap(str[0], str[2]); }
-    for (int d = 0; d < 3; ++d) { e.elem_count[d] = cnt[d]; e.elem_stride[d] = str[d]; }
-    e.elem_bytes = w;
-    e.block_stride = bstr;
-    e.num_blocks = nblocks;
-    e.offset = rng.below(7);  // unaligned element addresses
+    kvc_entry e = Entry(KVC_ENTRY_ROWS)
+                      .at(rng.below(7))  // unaligned element addresses
+                      .blocks(nblocks, bstr).factor(fb).outer(nrows, rs).width(w)
+                      .elem(0, cnt[0], str[0]).elem(1, cnt[1], str[1]).elem(2, cnt[2], str[2]);
     const uint64_t size = e.offset + (uint64_t)bstr * nblocks + 8;
     if (rng.below(3) == 0) {  // rows in reverse order, and the innermost dim reversed
       e.outer_stride = -rs;
@@ -508,15 +467,7 @@ static void test_random_stream() {
     uint64_t fb = rng.below(1000);
     uint32_t at = rng.below(5), pos = 0;
     for (uint32_t i = 0; i < nstates; ++i) {
-      kvc_entry e = blank();
-      e.kind = KVC_ENTRY_STREAM;
-      e.factor_base = fb;
-      e.outer_count = 1;
-      e.num_blocks = 1;
-      e.offset = at;
-      e.byte_start = pos;
-      e.byte_count = sizes[i];
-      c.entries.push_back(e);
+      c.entries.push_back(Entry(KVC_ENTRY_STREAM).at(at).blocks(1, 0).factor(fb).outer(1, 0).bytes(pos, sizes[i]));
       stream.insert(stream.end(), region.begin() + at, region.begin() + at + sizes[i]);
       at += sizes[i] + rng.below(3);
       pos += sizes[i];
@@ -536,14 +487,8 @@ static void test_random_stream() {
 // A valid one-group call that each error test breaks in one place.
 static Call good_call(std::vector<uint8_t>& buf) {
   buf.assign(2 * 2 * 4 * 16, 0x5a);  // 2 blocks of [2 heads, 4 tokens, 16 bytes]
-  kvc_entry e = blank();
-  e.kind = KVC_ENTRY_ATTN;
-  e.outer_count = 2; e.outer_stride = 64;
-  e.kblock_tokens = 4; e.kblock_stride = 128; e.token_stride = 16;
-  e.block_tokens = 4; e.block_stride = 128;
-  e.byte_count = 16; e.cell_pieces = 2; e.num_blocks = 2;
   Call c;
-  c.entries = {e};
+  c.entries = {Entry(KVC_ENTRY_ATTN).blocks(2, 128).outer(2, 64).tokens(4, 4, 128, 16).cell(2, 0, 16)};
   c.group_start = {0, 1};
   c.regions = {buf.data()};
   c.region_bytes = {buf.size()};
@@ -589,28 +534,23 @@ static void test_errors() {
     c.entries[0].byte_count = 16;
   });
   expect_error("ROWS elem_bytes 3", EI, ENT, 0, "elem_bytes is not 2 or 4", [](Call& c) {
-    kvc_entry& e = c.entries[0];
-    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 3;
+    c.entries[0] = Entry(KVC_ENTRY_ROWS).blocks(2, 0).outer(1, 0).width(3);
   });
   expect_error("ROWS elem_bytes 8", EI, ENT, 0, "elem_bytes is not 2 or 4", [](Call& c) {
-    kvc_entry& e = c.entries[0];
-    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 8;
+    c.entries[0] = Entry(KVC_ENTRY_ROWS).blocks(2, 0).outer(1, 0).width(8);
   });
   expect_error("ROWS elem_count 0", EI, ENT, 0, "an elem_count is 0", [](Call& c) {
-    kvc_entry& e = c.entries[0];
-    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 2; e.elem_count[1] = 0;
+    c.entries[0] = Entry(KVC_ENTRY_ROWS).blocks(2, 0).outer(1, 0).width(2).elem(1, 0, 0);
   });
   expect_error("ROWS block_tokens != 0", EI, ENT, 0, "block_tokens is not 0", [](Call& c) {
-    kvc_entry& e = c.entries[0];
-    e = blank(); e.kind = KVC_ENTRY_ROWS; e.outer_count = 1; e.num_blocks = 2; e.elem_bytes = 2; e.block_tokens = 1;
+    c.entries[0] = Entry(KVC_ENTRY_ROWS).blocks(2, 0).outer(1, 0).width(2);
+    c.entries[0].block_tokens = 1;
   });
   expect_error("STREAM outer_count 2", EI, ENT, 0, "outer_count is not 1", [](Call& c) {
-    kvc_entry& e = c.entries[0];
-    e = blank(); e.kind = KVC_ENTRY_STREAM; e.outer_count = 2; e.num_blocks = 2; e.byte_count = 8;
+    c.entries[0] = Entry(KVC_ENTRY_STREAM).blocks(2, 0).outer(2, 0).bytes(0, 8);
   });
   expect_error("STREAM byte_count 0", EI, ENT, 0, "byte_count is 0", [](Call& c) {
-    kvc_entry& e = c.entries[0];
-    e = blank(); e.kind = KVC_ENTRY_STREAM; e.outer_count = 1; e.num_blocks = 2;
+    c.entries[0] = Entry(KVC_ENTRY_STREAM).blocks(2, 0).outer(1, 0);
   });
   expect_error("negative extent", EI, ENT, 0, "starts before its region", [](Call& c) { c.entries[0].block_stride = -128; });
   expect_error("extent overflows 2^64", EI, ENT, 0, "overflows 64 bits", [](Call& c) {
@@ -698,27 +638,15 @@ static void test_errors() {
 
 static void test_extent() {
   uint64_t lo = 1, hi = 1;
-  kvc_entry e = blank();
-  e.kind = KVC_ENTRY_ATTN;
-  e.offset = 1000;
-  e.block_stride = 4096; e.num_blocks = 3;
-  e.outer_count = 4; e.outer_stride = -256;  // heads in reverse
-  e.kblock_tokens = 2; e.block_tokens = 6; e.kblock_stride = 1024; e.token_stride = 32;
-  e.byte_start = 8; e.byte_count = 24; e.cell_pieces = 4;
+  const kvc_entry e = Entry(KVC_ENTRY_ATTN).at(1000).blocks(3, 4096).outer(4, -256).tokens(6, 2, 1024, 32).cell(4, 8, 24);  // heads in reverse
   // lo = 1000 - 3*256 = 232; hi = 1000 + 2*4096 + 2*1024 + 1*32 + 24 = 11296
   int rc = kvc_entry_extent(&e, &lo, &hi);
   CHECK(rc == KVC_OK && lo == 232 && hi == 11296, "ATTN extent rc %d [%llu, %llu)", rc, (ull)lo, (ull)hi);
-  kvc_entry r = blank();
-  r.kind = KVC_ENTRY_ROWS;
-  r.offset = 10; r.num_blocks = 2; r.block_stride = 100;
-  r.outer_count = 3; r.outer_stride = 20;
-  r.elem_count[0] = 2; r.elem_stride[0] = -4; r.elem_count[2] = 5; r.elem_stride[2] = 2; r.elem_bytes = 2;
+  const kvc_entry r = Entry(KVC_ENTRY_ROWS).at(10).blocks(2, 100).outer(3, 20).elem(0, 2, -4).elem(2, 5, 2).width(2);
   // lo = 10 - 4 = 6; hi = 10 + 100 + 40 + 8 + 2 = 160
   rc = kvc_entry_extent(&r, &lo, &hi);
   CHECK(rc == KVC_OK && lo == 6 && hi == 160, "ROWS extent rc %d [%llu, %llu)", rc, (ull)lo, (ull)hi);
-  kvc_entry s = blank();
-  s.kind = KVC_ENTRY_STREAM;
-  s.offset = 5; s.num_blocks = 4; s.block_stride = 64; s.outer_count = 1; s.byte_start = 100; s.byte_count = 40;
+  kvc_entry s = Entry(KVC_ENTRY_STREAM).at(5).blocks(4, 64).outer(1, 0).bytes(100, 40);
   rc = kvc_entry_extent(&s, &lo, &hi);
   CHECK(rc == KVC_OK && lo == 5 && hi == 5 + 3 * 64 + 40, "STREAM extent rc %d [%llu, %llu)", rc, (ull)lo, (ull)hi);
   s.kind = 0;
@@ -753,17 +681,9 @@ static void test_long_and_parallel() {
     CHECK(kvc_weighted_sum64(buf.data() + 3, n) == want, "weighted sum of %u words", n);
   }
   // 64 heads x 16 tokens x 48 pieces, NHD, 40 blocks; 200 rows over the blocks, out offsets shared.
-  kvc_entry e = blank();
-  e.kind = KVC_ENTRY_ATTN;
-  e.outer_count = 4;
-  e.cell_pieces = 48;
-  e.byte_count = 8 * 48;
-  e.outer_stride = 8 * 48;
-  e.token_stride = 4 * 8 * 48;
-  e.kblock_tokens = e.block_tokens = 16;
-  e.kblock_stride = 16 * e.token_stride;
-  e.block_stride = e.kblock_stride;
-  e.num_blocks = (uint32_t)(buf.size() / (uint64_t)e.block_stride);
+  const int64_t token_stride = 4 * 8 * 48, block_stride = 16 * token_stride;
+  const kvc_entry e = Entry(KVC_ENTRY_ATTN).blocks((uint32_t)(buf.size() / (uint64_t)block_stride), block_stride)
+                          .outer(4, 8 * 48).tokens(16, 16, block_stride, token_stride).cell(48, 0, 8 * 48);
   Call c;
   c.entries = {e};
   c.group_start = {0, 1};

@@ -97,66 +97,80 @@ export interface ProxyProcessConfig {
   logLevel?: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 }
 
-// ---- config schemas (zod; messages as kvconnect has always given them) ----
+// ---- the option tables: each config key's shape and flags, the one source of schema, flags and help ----
 
+/**
+ * What a flag's text parses as: `integer` (digits only, `natArg`; the key's shape says which
+ * integers are good), `string`, `strings` (repeatable, or `<x...>` variadic), `json` (a JSON
+ * text), or `boolean` (no text: the flag gives true, a `--no-` flag false).
+ */
+type ArgKind = 'integer' | 'string' | 'strings' | 'json' | 'boolean';
+
+/**
+ * The shape of one config key: its zod type (with the messages kvconnect has always given),
+ * what a flag's text for it parses as, and, for a choice, its values (a flag's description
+ * writes them where it says `{choices}`).
+ */
+interface Shape<T> {
+  readonly type: z.ZodType<T>;
+  readonly arg: ArgKind;
+  readonly choices?: readonly string[];
+}
+
+const shape = <T>(arg: ArgKind, type: z.ZodType<T>, choices?: readonly string[]): Shape<T> => ({ type, arg, ...(choices ? { choices } : {}) });
 const got = (v: unknown) => (v === undefined ? 'nothing' : JSON.stringify(v));
-const posInt = () => z.custom<number>((v) => Number.isSafeInteger(v) && (v as number) >= 1, { error: (iss) => `expected a positive integer, got ${got(iss.input)}` });
-const natInt = () => z.custom<number>((v) => Number.isSafeInteger(v) && (v as number) >= 0, { error: (iss) => `expected a non-negative integer, got ${got(iss.input)}` });
-const portNum = () => z.custom<number>((v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 65535, { error: (iss) => `expected an integer in [0, 65535], got ${got(iss.input)}` });
-const text = () => z.custom<string>((v) => typeof v === 'string' && v.length > 0, { error: (iss) => `expected a non-empty string, got ${kindOf(iss.input)}` });
-const flag = () => z.custom<boolean>((v) => typeof v === 'boolean', { error: (iss) => `expected a boolean, got ${kindOf(iss.input)}` });
-const texts = () => z.custom<string[]>((v) => Array.isArray(v) && v.every((x) => typeof x === 'string' && x.length > 0), { error: 'expected an array of non-empty strings' });
+const posInt = () => shape('integer', z.custom<number>((v) => Number.isSafeInteger(v) && (v as number) >= 1, { error: (iss) => `expected a positive integer, got ${got(iss.input)}` }));
+const natInt = () => shape('integer', z.custom<number>((v) => Number.isSafeInteger(v) && (v as number) >= 0, { error: (iss) => `expected a non-negative integer, got ${got(iss.input)}` }));
+const portNum = () => shape('integer', z.custom<number>((v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 65535, { error: (iss) => `expected an integer in [0, 65535], got ${got(iss.input)}` }));
+const text = () => shape('string', z.custom<string>((v) => typeof v === 'string' && v.length > 0, { error: (iss) => `expected a non-empty string, got ${kindOf(iss.input)}` }));
+const flag = () => shape('boolean', z.custom<boolean>((v) => typeof v === 'boolean', { error: (iss) => `expected a boolean, got ${kindOf(iss.input)}` }));
+const texts = () => shape('strings', z.custom<string[]>((v) => Array.isArray(v) && v.every((x) => typeof x === 'string' && x.length > 0), { error: 'expected an array of non-empty strings' }));
 const choice = <const T extends readonly string[]>(values: T) =>
-  z.custom<T[number]>((v) => (values as readonly string[]).includes(v as string), { error: (iss) => `expected one of ${values.join(', ')}, got ${got(iss.input)}` });
+  shape('string', z.custom<T[number]>((v) => (values as readonly string[]).includes(v as string), { error: (iss) => `expected one of ${values.join(', ')}, got ${got(iss.input)}` }), values);
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+const DTYPES = ['bfloat16', 'float16', 'float32'] as const;
 
-/** The zod schema of an {@link EngineProcessConfig} (the keys of `--config` and `--config-json`). */
-export const engineProcessConfigSchema = strictObject({
-  model: z.custom<PresetName | ModelConfig>((v) => typeof v === 'string' || isPlainObject(v), { error: (iss) => `expected a preset name or a model config object, got ${kindOf(iss.input)}` }).optional(),
-  preset: choice(Object.keys(PRESETS) as PresetName[]).optional(),
-  tpSize: posInt().optional(),
-  ppSize: posInt().optional(),
-  blockSize: posInt().optional(),
-  numBlocks: posInt().optional(),
-  cacheLayout: strictObject({
-    layout: z.custom<'NHD' | 'HND'>((v) => v === 'NHD' || v === 'HND', { error: (iss) => `expected NHD or HND, got ${got(iss.input)}` }),
-    kvLayout: z.custom<'kv-first' | 'block-kv' | 'separate'>((v) => ['kv-first', 'block-kv', 'separate'].includes(v as string), { error: (iss) => `expected kv-first, block-kv or separate, got ${got(iss.input)}` }),
-  }).optional(),
-  kvDtype: choice(['bfloat16', 'float16', 'float32'] as const).optional(),
-  ssmDtype: choice(['bfloat16', 'float16', 'float32'] as const).optional(),
-  maxNumBatchedTokens: posInt().optional(),
-  maxNumSeqs: posInt().optional(),
-  longPrefillTokenThreshold: natInt().optional(),
-  kvTransferConfig: plainObject().optional(),
-  enablePrefixCaching: flag().optional(),
-  engineId: text().optional(),
-  checksumBackend: choice(['auto', 'ts', 'native', 'cuda', 'cuda-emulated'] as const).optional(),
-  device: choice(['cpu', 'cuda', 'cuda-emulated'] as const).optional(),
-  imports: texts().optional(),
-  executor: choice(['inprocess', 'processes'] as const).optional(),
-  host: text().optional(),
-  port: portNum().optional(),
-  maxBodyBytes: posInt().optional(),
-  requestTimeoutMs: natInt().optional(),
-  maxTokens: posInt().optional(),
-  maxModelLen: posInt().optional(),
-  servedModelName: texts().optional(),
-  logLevel: choice(LOG_LEVELS).optional(),
-}) satisfies z.ZodType<EngineProcessConfig>;
+/**
+ * One command-line flag of a config key: `flags` in commander's syntax (vLLM's name where vLLM has
+ * the same setting, e.g. `--tensor-parallel-size <n>`), the older kvconnect spellings that still
+ * work (`aliases`, hidden from the help), and, for flags that combine into their key, `apply`
+ * (the key's next value from the flag's value and the key's value so far; `arg` then says what
+ * the flag's text parses as, when not as the key's).
+ */
+export interface FlagSpec {
+  flags: string;
+  description: string;
+  aliases?: readonly string[];
+  arg?: ArgKind;
+  apply?: (value: unknown, current: unknown) => unknown;
+}
 
-/** The zod schema of a {@link ProxyProcessConfig}. */
-export const proxyProcessConfigSchema = strictObject({
-  prefill: texts().optional(),
-  decode: texts().optional(),
-  mode: choice(['sequential', 'concurrent'] as const).optional(),
-  host: text().optional(),
-  port: portNum().optional(),
-  timeoutMs: posInt().optional(),
-  connectTimeoutMs: natInt().optional(),
-  maxBodyBytes: posInt().optional(),
-  maxTokens: posInt().optional(),
-  logLevel: choice(LOG_LEVELS).optional(),
-}) satisfies z.ZodType<ProxyProcessConfig>;
+/** One config key: its {@link Shape} and its flags (in help order; none for a config-only key). */
+interface OptionSpec<T> extends Shape<T> {
+  readonly flags: readonly FlagSpec[];
+}
+
+/**
+ * Every key of a config `C`, in the order of `C`'s docs: the one source of the zod schema (its
+ * key order is the order of `unknown key (known: ...)`), the commander options and the help.
+ * Adding a flag = adding a row to its key.
+ */
+type OptionTable<C> = { readonly [K in keyof C]-?: OptionSpec<NonNullable<C[K]>> };
+
+const option = <T>(s: Shape<T>, ...flags: FlagSpec[]): OptionSpec<T> => ({ ...s, flags });
+
+/** The zod schema of a config: a strict object of the table's keys, each optional. */
+function schemaOf<C extends object>(table: OptionTable<C>): z.ZodType<C> {
+  const keys: Record<string, z.ZodType> = {};
+  for (const [k, o] of Object.entries(table) as [string, OptionSpec<unknown>][]) keys[k] = o.type.optional();
+  // the table's type gives each key of C a Shape of C[key]
+  return strictObject(keys) as unknown as z.ZodType<C>;
+}
+
+/** The flags of a table, in help order, with the key each sets. */
+function flagsOf<C>(table: OptionTable<C>): Array<FlagSpec & { key: keyof C }> {
+  return (Object.entries(table) as [keyof C & string, OptionSpec<unknown>][]).flatMap(([key, o]) => o.flags.map((f) => ({ ...f, key })));
+}
 
 function checkConfig<T extends object>(raw: unknown, schema: z.ZodType<T>, where: string): T {
   if (!isPlainObject(raw)) throw new UsageError(`${where}: expected a JSON object, got ${kindOf(raw)}`);
@@ -183,27 +197,6 @@ function readConfigFile(path: string): unknown {
   return parseJson(text, `--config ${path}`);
 }
 
-// ---- the flag tables ----
-
-/** How a flag's value becomes config: `int`/`nat` integers, a string, repeatable strings, JSON, or a fixed boolean. */
-type FlagKind = 'int' | 'nat' | 'string' | 'strings' | 'json' | 'true' | 'false';
-
-/**
- * One command-line flag: `flags` in commander's syntax (vLLM's name where vLLM has the same
- * setting, e.g. `--tensor-parallel-size <n>`), the older kvconnect spellings that still work
- * (`aliases`, hidden from the help), and where its value goes: a config key (`key`, `kind`), or
- * `apply` for flags that combine into one key. Adding a flag = adding a row.
- */
-export interface FlagSpec<C> {
-  flags: string;
-  description: string;
-  aliases?: readonly string[];
-  key?: keyof C;
-  kind?: FlagKind;
-  /** Puts the flag's value (its parsed kind) into `cfg`; `base` is the config before the flags. */
-  apply?: (value: unknown, cfg: Record<string, unknown>, base: Record<string, unknown>) => void;
-}
-
 /** Flags every program has (the config sources, help, the launcher's hook); handled by {@link parseWithTable}. */
 const COMMON_FLAGS = [
   { flags: '--config <file>', description: 'JSON config file' },
@@ -217,87 +210,114 @@ const backendToExecutor = (v: unknown): string => {
   return v === 'mp' ? 'processes' : 'inprocess';
 };
 
-/** The flags of `kvconnect-engine`, in help order. */
-export const ENGINE_FLAGS: readonly FlagSpec<EngineProcessConfig>[] = [
-  { flags: '--preset <name>', description: `model preset: ${Object.keys(PRESETS).join(' | ')}`, key: 'preset', kind: 'string' },
-  { flags: '--model <name>', description: 'a preset name (or, in the config, a model config object)', key: 'model', kind: 'string' },
-  { flags: '--served-model-name <name...>', description: 'names requests may give in "model" (repeatable; default the model\'s)', key: 'servedModelName', kind: 'strings' },
-  { flags: '--tensor-parallel-size <n>', aliases: ['--tp-size'], description: 'TP ranks per PP stage', key: 'tpSize', kind: 'int' },
-  { flags: '--pipeline-parallel-size <n>', aliases: ['--pp-size'], description: 'PP stages', key: 'ppSize', kind: 'int' },
-  { flags: '--block-size <n>', description: 'tokens per KV block (default 16)', key: 'blockSize', kind: 'int' },
-  { flags: '--num-blocks <n>', aliases: ['--num-gpu-blocks-override'], description: 'KV blocks in the pool (default 512)', key: 'numBlocks', kind: 'int' },
-  {
-    flags: '--cache-layout <layout>',
-    description: 'NHD | HND (default NHD)',
-    kind: 'string',
-    apply: (v, cfg, base) => (cfg.cacheLayout = { ...cacheLayoutOf(cfg, base), layout: v }),
-  },
-  {
-    flags: '--kv-layout <layout>',
-    description: 'kv-first | block-kv | separate (default kv-first)',
-    kind: 'string',
-    apply: (v, cfg, base) => (cfg.cacheLayout = { ...cacheLayoutOf(cfg, base), kvLayout: v }),
-  },
-  { flags: '--kv-dtype <dtype>', description: 'bfloat16 | float16 | float32 (default bfloat16)', key: 'kvDtype', kind: 'string' },
-  { flags: '--ssm-dtype <dtype>', description: 'Mamba state: bfloat16 | float16 | float32 (default float32)', key: 'ssmDtype', kind: 'string' },
-  { flags: '--max-num-batched-tokens <n>', description: 'token budget of one step (default 256)', key: 'maxNumBatchedTokens', kind: 'int' },
-  { flags: '--max-num-seqs <n>', description: 'most running requests (default 256)', key: 'maxNumSeqs', kind: 'int' },
-  {
-    flags: '--long-prefill-token-threshold <n>',
-    description: 'most prompt tokens of one request per step while others run (default max-num-batched-tokens / 4; 0 = no cap)',
-    key: 'longPrefillTokenThreshold',
-    kind: 'nat',
-  },
-  { flags: '--enable-prefix-caching', description: 'prefix caching (the default)', key: 'enablePrefixCaching', kind: 'true' },
-  { flags: '--no-enable-prefix-caching', aliases: ['--disable-prefix-caching'], description: 'no prefix caching', key: 'enablePrefixCaching', kind: 'false' },
-  { flags: '--engine-id <id>', description: 'the engine id connectors name this engine by (default kv_transfer_config.engine_id, else random)', key: 'engineId', kind: 'string' },
-  { flags: '--kv-transfer-config <json>', description: "vLLM's kv_transfer_config (JSON)", key: 'kvTransferConfig', kind: 'json' },
-  {
-    flags: '--kv-connector-module-path <module>',
-    description: 'sets kv_transfer_config.kv_connector_module_path',
-    kind: 'string',
-    apply: (v, cfg) => {
-      if (!isPlainObject(cfg.kvTransferConfig)) throw new UsageError('--kv-connector-module-path needs a kv_transfer_config (--kv-transfer-config or the config)');
-      cfg.kvTransferConfig = { ...cfg.kvTransferConfig, kv_connector_module_path: v };
-    },
-  },
-  { flags: '--import <module>', description: 'import a module first (repeatable; connector packages register themselves)', kind: 'strings', apply: (v, cfg) => (cfg.imports = [...((cfg.imports as string[] | undefined) ?? []), ...(v as string[])]) },
-  { flags: '--checksum-backend <name>', description: 'auto | ts | native | cuda | cuda-emulated (auto: cuda with --device cuda; cuda-emulated: tests)', key: 'checksumBackend', kind: 'string' },
-  {
-    flags: '--device <device>',
-    description: 'cpu | cuda | cuda-emulated: KV cache in host memory (default), GPU memory (addon built with CUDA), or emulated device memory (tests); the model computes on the host',
-    key: 'device',
-    kind: 'string',
-  },
-  { flags: '--workers <kind>', description: 'where the TP x PP workers run: inprocess (default) | processes (one worker process each)', key: 'executor', kind: 'string' },
-  { flags: '--distributed-executor-backend <backend>', description: "vLLM's spelling of --workers: uni (inprocess) | mp (processes)", kind: 'string', apply: (v, cfg) => (cfg.executor ??= backendToExecutor(v)) },
-  { flags: '--host <host>', description: 'interface to listen on (default 127.0.0.1)', key: 'host', kind: 'string' },
-  { flags: '--port <n>', description: 'port (default 0: any free port)', key: 'port', kind: 'nat' },
-  { flags: '--max-body-bytes <n>', description: 'largest request body', key: 'maxBodyBytes', kind: 'nat' },
-  { flags: '--request-timeout-ms <n>', description: 'deadline of one request (0 = none)', key: 'requestTimeoutMs', kind: 'nat' },
-  { flags: '--max-tokens <n>', description: 'largest max_tokens a request may ask for', key: 'maxTokens', kind: 'nat' },
-  { flags: '--max-model-len <n>', description: 'longest prompt + output, tokens', key: 'maxModelLen', kind: 'nat' },
-  { flags: '--log-level <level>', description: 'pino level of the logs on stderr: fatal | error | warn | info | debug | trace | silent (default warn)', key: 'logLevel', kind: 'string' },
-];
-
-function cacheLayoutOf(cfg: Record<string, unknown>, base: Record<string, unknown>): Record<string, unknown> {
-  const b = isPlainObject(cfg.cacheLayout) ? cfg.cacheLayout : isPlainObject(base.cacheLayout) ? base.cacheLayout : {};
+/** `cacheLayout` so far (the config's, or an earlier flag's) with the defaults filled in. */
+function cacheLayoutOf(current: unknown): Record<string, unknown> {
+  const b = isPlainObject(current) ? current : {};
   return { layout: b.layout ?? 'NHD', kvLayout: b.kvLayout ?? 'kv-first' };
 }
 
-/** The flags of `kvconnect-proxy`, in help order. */
-export const PROXY_FLAGS: readonly FlagSpec<ProxyProcessConfig>[] = [
-  { flags: '--prefill <url>', description: 'a producer engine server (repeatable: round robin)', key: 'prefill', kind: 'strings' },
-  { flags: '--decode <url>', description: 'a consumer engine server (repeatable: round robin)', key: 'decode', kind: 'strings' },
-  { flags: '--mode <mode>', description: 'sequential (NIXL style, default) | concurrent (Mooncake style)', key: 'mode', kind: 'string' },
-  { flags: '--host <host>', description: 'interface to listen on (default 127.0.0.1)', key: 'host', kind: 'string' },
-  { flags: '--port <n>', description: 'port (default 0: any free port)', key: 'port', kind: 'nat' },
-  { flags: '--timeout-ms <n>', description: 'deadline of one engine request (default 120000)', key: 'timeoutMs', kind: 'nat' },
-  { flags: '--connect-timeout-ms <n>', description: 'how long to wait for the engines at start (default 10000)', key: 'connectTimeoutMs', kind: 'nat' },
-  { flags: '--max-body-bytes <n>', description: 'largest request body', key: 'maxBodyBytes', kind: 'nat' },
-  { flags: '--max-tokens <n>', description: 'largest max_tokens a request may ask for', key: 'maxTokens', kind: 'nat' },
-  { flags: '--log-level <level>', description: 'pino level of the logs (access log: info) on stderr (default info)', key: 'logLevel', kind: 'string' },
-];
+/** The keys and flags of `kvconnect-engine` (an {@link EngineProcessConfig}). */
+export const ENGINE_OPTIONS: OptionTable<EngineProcessConfig> = {
+  model: option(
+    shape('string', z.custom<PresetName | ModelConfig>((v) => typeof v === 'string' || isPlainObject(v), { error: (iss) => `expected a preset name or a model config object, got ${kindOf(iss.input)}` })),
+    { flags: '--model <name>', description: 'a preset name (or, in the config, a model config object)' },
+  ),
+  preset: option(choice(Object.keys(PRESETS) as PresetName[]), { flags: '--preset <name>', description: 'model preset: {choices}' }),
+  tpSize: option(posInt(), { flags: '--tensor-parallel-size <n>', aliases: ['--tp-size'], description: 'TP ranks per PP stage' }),
+  ppSize: option(posInt(), { flags: '--pipeline-parallel-size <n>', aliases: ['--pp-size'], description: 'PP stages' }),
+  blockSize: option(posInt(), { flags: '--block-size <n>', description: 'tokens per KV block (default 16)' }),
+  numBlocks: option(posInt(), { flags: '--num-blocks <n>', aliases: ['--num-gpu-blocks-override'], description: 'KV blocks in the pool (default 512)' }),
+  cacheLayout: option(
+    shape(
+      'json',
+      strictObject({
+        layout: z.custom<'NHD' | 'HND'>((v) => v === 'NHD' || v === 'HND', { error: (iss) => `expected NHD or HND, got ${got(iss.input)}` }),
+        kvLayout: z.custom<'kv-first' | 'block-kv' | 'separate'>((v) => ['kv-first', 'block-kv', 'separate'].includes(v as string), { error: (iss) => `expected kv-first, block-kv or separate, got ${got(iss.input)}` }),
+      }),
+    ),
+    { flags: '--cache-layout <layout>', description: 'NHD | HND (default NHD)', arg: 'string', apply: (v, cur) => ({ ...cacheLayoutOf(cur), layout: v }) },
+    { flags: '--kv-layout <layout>', description: 'kv-first | block-kv | separate (default kv-first)', arg: 'string', apply: (v, cur) => ({ ...cacheLayoutOf(cur), kvLayout: v }) },
+  ),
+  kvDtype: option(choice(DTYPES), { flags: '--kv-dtype <dtype>', description: '{choices} (default bfloat16)' }),
+  ssmDtype: option(choice(DTYPES), { flags: '--ssm-dtype <dtype>', description: 'Mamba state: {choices} (default float32)' }),
+  maxNumBatchedTokens: option(posInt(), { flags: '--max-num-batched-tokens <n>', description: 'token budget of one step (default 256)' }),
+  maxNumSeqs: option(posInt(), { flags: '--max-num-seqs <n>', description: 'most running requests (default 256)' }),
+  longPrefillTokenThreshold: option(natInt(), {
+    flags: '--long-prefill-token-threshold <n>',
+    description: 'most prompt tokens of one request per step while others run (default max-num-batched-tokens / 4; 0 = no cap)',
+  }),
+  kvTransferConfig: option(
+    shape('json', plainObject()),
+    { flags: '--kv-transfer-config <json>', description: "vLLM's kv_transfer_config (JSON)" },
+    {
+      flags: '--kv-connector-module-path <module>',
+      description: 'sets kv_transfer_config.kv_connector_module_path',
+      arg: 'string',
+      apply: (v, cur) => {
+        if (!isPlainObject(cur)) throw new UsageError('--kv-connector-module-path needs a kv_transfer_config (--kv-transfer-config or the config)');
+        return { ...cur, kv_connector_module_path: v };
+      },
+    },
+  ),
+  enablePrefixCaching: option(
+    flag(),
+    { flags: '--enable-prefix-caching', description: 'prefix caching (the default)' },
+    { flags: '--no-enable-prefix-caching', aliases: ['--disable-prefix-caching'], description: 'no prefix caching' },
+  ),
+  engineId: option(text(), { flags: '--engine-id <id>', description: 'the engine id connectors name this engine by (default kv_transfer_config.engine_id, else random)' }),
+  checksumBackend: option(choice(['auto', 'ts', 'native', 'cuda', 'cuda-emulated'] as const), {
+    flags: '--checksum-backend <name>',
+    description: '{choices} (auto: cuda with --device cuda; cuda-emulated: tests)',
+  }),
+  device: option(choice(['cpu', 'cuda', 'cuda-emulated'] as const), {
+    flags: '--device <device>',
+    description: '{choices}: KV cache in host memory (default), GPU memory (addon built with CUDA), or emulated device memory (tests); the model computes on the host',
+  }),
+  imports: option(texts(), {
+    flags: '--import <module>',
+    description: 'import a module first (repeatable; connector packages register themselves)',
+    apply: (v, cur) => [...((cur as string[] | undefined) ?? []), ...(v as string[])],
+  }),
+  executor: option(
+    choice(['inprocess', 'processes'] as const),
+    { flags: '--workers <kind>', description: 'where the TP x PP workers run: inprocess (default) | processes (one worker process each)' },
+    { flags: '--distributed-executor-backend <backend>', description: "vLLM's spelling of --workers: uni (inprocess) | mp (processes)", apply: (v, cur) => cur ?? backendToExecutor(v) },
+  ),
+  host: option(text(), { flags: '--host <host>', description: 'interface to listen on (default 127.0.0.1)' }),
+  port: option(portNum(), { flags: '--port <n>', description: 'port (default 0: any free port)' }),
+  maxBodyBytes: option(posInt(), { flags: '--max-body-bytes <n>', description: 'largest request body' }),
+  requestTimeoutMs: option(natInt(), { flags: '--request-timeout-ms <n>', description: 'deadline of one request (0 = none)' }),
+  maxTokens: option(posInt(), { flags: '--max-tokens <n>', description: 'largest max_tokens a request may ask for' }),
+  maxModelLen: option(posInt(), { flags: '--max-model-len <n>', description: 'longest prompt + output, tokens' }),
+  servedModelName: option(texts(), { flags: '--served-model-name <name...>', description: 'names requests may give in "model" (repeatable; default the model\'s)' }),
+  logLevel: option(choice(LOG_LEVELS), { flags: '--log-level <level>', description: 'pino level of the logs on stderr: {choices} (default warn)' }),
+};
+
+/** The keys and flags of `kvconnect-proxy` (a {@link ProxyProcessConfig}). */
+export const PROXY_OPTIONS: OptionTable<ProxyProcessConfig> = {
+  prefill: option(texts(), { flags: '--prefill <url>', description: 'a producer engine server (repeatable: round robin)' }),
+  decode: option(texts(), { flags: '--decode <url>', description: 'a consumer engine server (repeatable: round robin)' }),
+  mode: option(choice(['sequential', 'concurrent'] as const), { flags: '--mode <mode>', description: 'sequential (NIXL style, default) | concurrent (Mooncake style)' }),
+  host: option(text(), { flags: '--host <host>', description: 'interface to listen on (default 127.0.0.1)' }),
+  port: option(portNum(), { flags: '--port <n>', description: 'port (default 0: any free port)' }),
+  timeoutMs: option(posInt(), { flags: '--timeout-ms <n>', description: 'deadline of one engine request (default 120000)' }),
+  connectTimeoutMs: option(natInt(), { flags: '--connect-timeout-ms <n>', description: 'how long to wait for the engines at start (default 10000)' }),
+  maxBodyBytes: option(posInt(), { flags: '--max-body-bytes <n>', description: 'largest request body' }),
+  maxTokens: option(posInt(), { flags: '--max-tokens <n>', description: 'largest max_tokens a request may ask for' }),
+  logLevel: option(choice(LOG_LEVELS), { flags: '--log-level <level>', description: 'pino level of the logs (access log: info) on stderr (default info)' }),
+};
+
+/** The zod schema of an {@link EngineProcessConfig} (the keys of `--config` and `--config-json`), from {@link ENGINE_OPTIONS}. */
+export const engineProcessConfigSchema: z.ZodType<EngineProcessConfig> = schemaOf(ENGINE_OPTIONS);
+
+/** The zod schema of a {@link ProxyProcessConfig}, from {@link PROXY_OPTIONS}. */
+export const proxyProcessConfigSchema: z.ZodType<ProxyProcessConfig> = schemaOf(PROXY_OPTIONS);
+
+/** The flags of `kvconnect-engine`, in help order (from {@link ENGINE_OPTIONS}). */
+export const ENGINE_FLAGS: readonly FlagSpec[] = flagsOf(ENGINE_OPTIONS);
+
+/** The flags of `kvconnect-proxy`, in help order (from {@link PROXY_OPTIONS}). */
+export const PROXY_FLAGS: readonly FlagSpec[] = flagsOf(PROXY_OPTIONS);
 
 function natArg(v: string): number {
   if (!/^\d+$/.test(v)) throw new InvalidArgumentError('expected a non-negative integer');
@@ -308,42 +328,40 @@ function collect(v: string, prev: string[] | undefined): string[] {
   return [...(prev ?? []), v];
 }
 
-function optionsOf<C>(spec: FlagSpec<C>, flags: string, hidden: boolean): Option {
-  const o = new Option(flags, spec.description);
+/** One flag of a table, with its key and what its text parses as. */
+type FlagOf<C> = { spec: FlagSpec; key: keyof C; arg: ArgKind; attr: string; alias: boolean };
+
+function optionsOf(spec: FlagSpec, arg: ArgKind, choices: readonly string[] | undefined, flags: string, hidden: boolean): Option {
+  const o = new Option(flags, choices ? spec.description.replace('{choices}', choices.join(' | ')) : spec.description);
   if (hidden) o.hideHelp();
-  if (spec.kind === 'int' || spec.kind === 'nat') o.argParser(natArg);
-  else if (spec.kind === 'strings' && !flags.includes('...')) o.argParser(collect);
+  if (arg === 'integer') o.argParser(natArg);
+  else if (arg === 'strings' && !flags.includes('...')) o.argParser(collect);
   return o;
 }
 
-/** The commander program of a flag table (not parsed; throws instead of exiting). */
-function programOf<C>(name: string, summary: string, table: readonly FlagSpec<C>[]): { program: Command; attrs: Array<{ spec: FlagSpec<C>; attr: string; alias: boolean }> } {
+/** The commander program of an option table (not parsed; throws instead of exiting). */
+function programOf<C>(name: string, summary: string, table: OptionTable<C>): { program: Command; attrs: FlagOf<C>[] } {
   const program = new Command(name).description(summary).allowExcessArguments(false).helpOption(false).exitOverride().configureOutput({ writeOut: () => {}, writeErr: () => {} });
   for (const c of COMMON_FLAGS) program.addOption(new Option(c.flags, c.description));
-  const attrs: Array<{ spec: FlagSpec<C>; attr: string; alias: boolean }> = [];
-  for (const spec of table) {
+  const attrs: FlagOf<C>[] = [];
+  for (const { key, ...spec } of flagsOf(table)) {
+    const { arg: keyArg, choices } = table[key] as OptionSpec<unknown>;
+    const arg = spec.arg ?? keyArg;
     for (const [i, flags] of [spec.flags, ...(spec.aliases ?? []).map((a) => `${a}${spec.flags.slice(spec.flags.indexOf(' ') < 0 ? spec.flags.length : spec.flags.indexOf(' '))}`)].entries()) {
-      const o = optionsOf(spec, flags, i > 0);
+      const o = optionsOf(spec, arg, choices, flags, i > 0);
       program.addOption(o);
-      attrs.push({ spec, attr: o.attributeName(), alias: i > 0 });
+      attrs.push({ spec, key, arg, attr: o.attributeName(), alias: i > 0 });
     }
   }
   return { program, attrs };
 }
 
-function valueOf<C>(spec: FlagSpec<C>, v: unknown, flagName: string): unknown {
-  if (spec.kind === 'json') return parseJson(v as string, flagName);
-  if (spec.kind === 'true') return true;
-  if (spec.kind === 'false') return false;
-  return v;
-}
-
 /**
- * Parses `argv` with a flag table: `--config FILE`, then `--config-json`, then the flags (later
- * wins; `imports` accumulate), checked against `schema`.
+ * Parses `argv` with an option table: `--config FILE`, then `--config-json`, then the flags (later
+ * wins; `imports` accumulate), checked against the table's schema.
  * @throws UsageError for unknown flags, bad values or config keys.
  */
-function parseWithTable<C extends object>(argv: readonly string[], name: string, table: readonly FlagSpec<C>[], schema: z.ZodType<C>): Parsed<C> {
+function parseWithTable<C extends object>(argv: readonly string[], name: string, table: OptionTable<C>, schema: z.ZodType<C>): Parsed<C> {
   const { program, attrs } = programOf(name, '', table);
   try {
     program.parse([...argv], { from: 'user' });
@@ -361,24 +379,23 @@ function parseWithTable<C extends object>(argv: readonly string[], name: string,
     cfg = { ...cfg, ...j };
     if (imports.length > 0) cfg.imports = imports;
   }
-  const base = { ...cfg };
-  for (const { spec, attr, alias } of attrs) {
+  for (const { spec, key, arg, attr, alias } of attrs) {
     const x = v[attr];
+    const negated = spec.flags.startsWith('--no-');
     // `--x` and `--no-x` share commander's attribute (true / false); a hidden alias has its own (true)
-    const given = spec.kind === 'true' ? x === true : spec.kind === 'false' ? x === (alias ? true : false) : x !== undefined;
+    const given = arg === 'boolean' ? x === (negated && !alias ? false : true) : x !== undefined;
     if (!given) continue;
-    const value = valueOf(spec, x, spec.flags.split(' ')[0]);
-    if (spec.apply) spec.apply(value, cfg, base);
-    else if (spec.key !== undefined) cfg[spec.key as string] = value;
+    const value = arg === 'json' ? parseJson(x as string, spec.flags.split(' ')[0]) : arg === 'boolean' ? !negated : x;
+    cfg[key as string] = spec.apply ? spec.apply(value, cfg[key as string]) : value;
   }
   const config = checkConfig<C>(cfg, schema, `${name.replace('kvconnect-', '')} config`);
   return { help: false, config, exitWithParent: v.exitWithParent === true };
 }
 
-function usageOf<C>(name: string, head: string, table: readonly FlagSpec<C>[]): string {
+function usageOf<C>(name: string, head: string, table: OptionTable<C>): string {
   const { program } = programOf(name, head, table);
   program.usage('[options]');
-  const aliases = table.filter((s) => s.aliases?.length).map((s) => `${s.aliases!.join(', ')} = ${s.flags.split(' ')[0]}`);
+  const aliases = flagsOf(table).filter((s) => s.aliases?.length).map((s) => `${s.aliases!.join(', ')} = ${s.flags.split(' ')[0]}`);
   return aliases.length ? `${program.helpInformation()}\nOlder spellings that still work: ${aliases.join('; ')}\n` : program.helpInformation();
 }
 
@@ -389,7 +406,7 @@ export const ENGINE_USAGE = usageOf(
     'Starts one kvconnect engine behind an OpenAI-compatible HTTP API (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /version, GET /health, GET /metrics, POST /shutdown) and prints {"event":"ready","url":...,"engineId":...} on stdout. Flags take vLLM\'s names where vLLM has the same setting.',
     'Config (later wins): --config FILE < --config-json JSON < flags. Config keys are EngineOptions (camelCase: preset, tpSize, ppSize, blockSize, numBlocks, cacheLayout, kvDtype, kvTransferConfig, engineId, ...) plus host, port, imports, maxBodyBytes, requestTimeoutMs, maxTokens, maxModelLen, servedModelName, logLevel.',
   ].join('\n\n'),
-  ENGINE_FLAGS,
+  ENGINE_OPTIONS,
 );
 
 /** Usage of `kvconnect-proxy`. */
@@ -399,7 +416,7 @@ export const PROXY_USAGE = usageOf(
     'Starts the P/D proxy over engine servers (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, POST /shutdown) and prints {"event":"ready","url":...} on stdout.',
     'Config keys (--config, --config-json): prefill, decode, mode, host, port, timeoutMs, connectTimeoutMs, maxBodyBytes, maxTokens, logLevel.',
   ].join('\n\n'),
-  PROXY_FLAGS,
+  PROXY_OPTIONS,
 );
 
 /** The result of parsing a command line: a config, or a request for help. */
@@ -411,7 +428,7 @@ export type Parsed<T> = { help: true } | { help: false; config: T; exitWithParen
  * @throws UsageError for unknown flags, bad values or config keys.
  */
 export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessConfig> {
-  const parsed = parseWithTable(argv, 'kvconnect-engine', ENGINE_FLAGS, engineProcessConfigSchema as z.ZodType<EngineProcessConfig>);
+  const parsed = parseWithTable(argv, 'kvconnect-engine', ENGINE_OPTIONS, engineProcessConfigSchema);
   if (!parsed.help && parsed.config.model === undefined && parsed.config.preset === undefined) throw new UsageError('engine config: give a model (--preset NAME, or model/preset in the config)');
   return parsed;
 }
@@ -421,7 +438,7 @@ export function parseEngineArgs(argv: readonly string[]): Parsed<EngineProcessCo
  * @throws UsageError for unknown flags, bad values, or no prefill/decode URL.
  */
 export function parseProxyArgs(argv: readonly string[]): Parsed<ProxyProcessConfig> {
-  const parsed = parseWithTable(argv, 'kvconnect-proxy', PROXY_FLAGS, proxyProcessConfigSchema as z.ZodType<ProxyProcessConfig>);
+  const parsed = parseWithTable(argv, 'kvconnect-proxy', PROXY_OPTIONS, proxyProcessConfigSchema);
   if (parsed.help) return parsed;
   const { config } = parsed;
   for (const k of ['prefill', 'decode'] as const) {
