@@ -24,7 +24,14 @@
  *   a deadline (`timeout`). Once a transfer completed (done, timeout, canceled, released), no
  *   byte of a late RDATA lands in its local memory: liveness is checked per received chunk.
  * - WRITE sends straight from the registered memory and READ answers straight from it (no
- *   staging copy): like RDMA, do not modify a region while a transfer that reads it is in flight.
+ *   staging copy: the frame's header and views of the memory go to the socket corked, one
+ *   `writev`): like RDMA, do not modify a region while a transfer that reads it is in flight.
+ *   A WRITE whose source is deregistered fails `invalid` at once, and none of its frames not yet
+ *   handed to the socket is sent; the bytes of those the socket holds (at most `maxInflightBytes`,
+ *   in practice one frame: the next waits for the socket's `drain`) are still read from that
+ *   memory as the kernel takes them (the socket keeps it alive), as a NIC may read an RDMA
+ *   source until completion. Host frames carry up to 16 MiB (`MAX_PAYLOAD_BYTES`, what every
+ *   peer accepts), frames with device segments up to {@link STAGING_CHUNK_BYTES}.
  * - Receiving (READ answers at the initiator, WRITE payloads at the target), every connection of
  *   the agent reads into its one reused 1 MiB buffer, or, for the body of a segment of 256 KiB and
  *   more, straight into the segment's memory, already bounds-checked (`SocketReads` of
@@ -125,7 +132,11 @@ export interface EmbeddedAgentOptions {
   readonly advertiseHost?: string;
   /** Most bytes of outstanding frames per outgoing connection (default 64 MiB). */
   readonly maxInflightBytes?: number;
-  /** Most payload bytes per frame (default 4 MiB, at most 16 MiB). */
+  /**
+   * Most payload bytes per frame (default and most: 16 MiB, `MAX_PAYLOAD_BYTES` of `wire.ts`, the
+   * most any peer accepts). Frames with device segments, local or at the peer, are cut at
+   * {@link STAGING_CHUNK_BYTES} (or this, if smaller): the size of their host staging buffers.
+   */
   readonly chunkBytes?: number;
   /** Default transfer deadline in milliseconds (default 30 000). */
   readonly transferTimeoutMs?: number;
@@ -185,6 +196,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private closed = false;
   private readonly maxInflight: number;
   private readonly chunk: number;
+  /** Most payload bytes of a frame with device segments: the size of the staging pools' buffers. */
+  private readonly stageChunk: number;
   private readonly timeoutMs: number;
   /** Connect and handshake deadline, ms. */
   readonly connectTimeoutMs: number;
@@ -233,7 +246,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   ) {
     super();
     this.maxInflight = checkPositiveInt('maxInflightBytes', o.maxInflightBytes, 64 * 1024 * 1024);
-    this.chunk = checkPositiveInt('chunkBytes', o.chunkBytes, 4 * 1024 * 1024, MAX_PAYLOAD_BYTES);
+    this.chunk = checkPositiveInt('chunkBytes', o.chunkBytes, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES);
+    this.stageChunk = Math.min(this.chunk, STAGING_CHUNK_BYTES);
     this.timeoutMs = checkPositiveInt('transferTimeoutMs', o.transferTimeoutMs, 30_000);
     this.connectTimeoutMs = checkPositiveInt('connectTimeoutMs', o.connectTimeoutMs, 5_000);
     this.maxQueuedResponseBytes = checkPositiveInt('maxQueuedResponseBytes', o.maxQueuedResponseBytes, 256 * 1024 * 1024);
@@ -438,18 +452,25 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private postTcp(req: EmbeddedRequest, peer: PeerInfo, timeoutMs: number): XferStatus {
     const frames: OutFrame[] = [];
     let cur: OutFrame | null = null;
+    /** The current frame has device segments, here or at the peer (which stages them too). */
+    let curStaged = false;
     const t = req.op === 'READ' ? F.READ : F.WRITE;
     for (const [i, p] of req.pairs.entries()) {
       const r = this.regions.find(p.local.addr, p.local.length);
       if (!r) return this.finish(req, 'invalid', `pair ${i}: local descriptor is no longer inside registered memory`);
       const view = r.view.subarray(p.local.addr - r.addr, p.local.addr - r.addr + p.local.length);
       let off = 0;
+      // A frame holding device segments, local or remote, is cut at the staging buffers' size.
+      const staged = r.device !== undefined || (peer.devices.length > 0 && findPeerDevice(peer.devices, p.remote.addr, p.remote.length) !== null);
+      const cap = () => (staged || curStaged ? this.stageChunk : this.chunk);
       while (off < p.local.length) {
-        if (!cur || cur.bytes === this.chunk || cur.segs.length >= 2 * MAX_SEGMENTS) {
+        if (!cur || cur.bytes >= cap() || cur.segs.length >= 2 * MAX_SEGMENTS) {
           cur = { id: 0, req, gen: req.gen, t, segs: [], locals: [], bytes: 0 };
           frames.push(cur);
+          curStaged = false;
         }
-        const k = Math.min(p.local.length - off, this.chunk - cur.bytes);
+        curStaged ||= staged;
+        const k = Math.min(p.local.length - off, cap() - cur.bytes);
         cur.segs.push(p.remote.addr + off, k);
         if (r.device) (cur.dev ??= []).push({ i: cur.locals.length, at: cur.bytes, region: r, off: p.local.addr - r.addr + off, len: k });
         cur.locals.push(off === 0 && k === view.length ? view : view.subarray(off, off + k));
@@ -729,7 +750,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   private stagingPool(dm: DeviceMemory): StagingPool {
     let p = this.pools.get(dm);
-    if (!p) this.pools.set(dm, (p = new StagingPool(dm, this.chunk)));
+    if (!p) this.pools.set(dm, (p = new StagingPool(dm, this.stageChunk)));
     return p;
   }
 
@@ -895,6 +916,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
 
 const EMPTY = new Uint8Array(0);
+
+/**
+ * Bytes of the host staging buffers of the TCP path of device regions (`StagingPool` of
+ * `device.ts`; pinned for CUDA), and so the most payload of a frame with device segments: 4 MiB,
+ * the frame size before host frames grew to 16 MiB, so that pinned staging stays as it was.
+ */
+export const STAGING_CHUNK_BYTES = 4 * 1024 * 1024;
 
 /** One pair of a same-host copy: the local view, the peer's region and the byte range in its mapping. */
 interface ShmCopy {
