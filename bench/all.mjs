@@ -25,6 +25,7 @@ const opt = (f, d) => {
 const BENCHES = [
   { name: 'checksum', script: 'checksum.mjs' },
   { name: 'checksum-extensions', script: 'checksum-extensions.mjs' },
+  { name: 'verify', script: 'verify.mjs' },
   { name: 'transfer', script: 'transfer.mjs' },
   { name: 'executor', script: 'executor.mjs' },
   { name: 'openai-stream', script: 'openai-stream.mjs' },

@@ -41,7 +41,9 @@
 // in one session and "on" in the next), so one pair of topologies measures that, not checksums.
 // Defaults: 8 runs per mode at c = 1 and at c = 32, in 4 blocks (KVC_BENCH_QUICK=1: 3 and 2 runs, 1 block).
 // Knobs: KVC_BENCH_RUNS (runs per mode, both concurrencies), KVC_BENCH_BLOCKS, KVC_BENCH_CONCURRENCY=1,32,
-// KVC_BENCH_PROMPT_TOKENS=1024, KVC_BENCH_PIN=auto|off|P/D/X, KVC_BENCH_WARMUP=16 (requests per topology and block).
+// KVC_BENCH_PROMPT_TOKENS=1024, KVC_BENCH_PIN=auto|off|P/D/X, KVC_BENCH_WARMUP=16 (requests per topology and block),
+// KVC_BENCH_ENGINE_ARGS (Node flags for the engine processes, space-separated, e.g.
+// `--cpu-prof --cpu-prof-dir=/tmp/prof`: Node 20 refuses --cpu-prof in NODE_OPTIONS).
 import { spawnSync } from 'node:child_process';
 import { readFileSync, readdirSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
@@ -65,6 +67,8 @@ const QUICK = process.env.KVC_BENCH_QUICK === '1';
 const CONCURRENCY = (process.env.KVC_BENCH_CONCURRENCY ?? '1,32').split(',').map(Number);
 const PROMPT_TOKENS = Number(process.env.KVC_BENCH_PROMPT_TOKENS ?? 1024);
 const WARMUP = Number(process.env.KVC_BENCH_WARMUP ?? 16);
+/** Node flags of the engine processes (KVC_BENCH_ENGINE_ARGS, space-separated), e.g. for `--cpu-prof`. */
+const ENGINE_ARGS = (process.env.KVC_BENCH_ENGINE_ARGS ?? '').split(' ').filter((a) => a !== '');
 /** Blocks of fresh topologies (both modes relaunched per block); the runs per mode are spread over them. */
 const BLOCKS = Math.max(1, Number(process.env.KVC_BENCH_BLOCKS ?? (QUICK ? 1 : 4)));
 /** Runs of block `b` when `total` runs per mode are spread over {@link BLOCKS} blocks (at least one each). */
@@ -226,7 +230,7 @@ async function topology(name, checksums) {
     ...(role === 'kv_consumer' && checksums ? { kv_checksum_fail_closed: true, kv_load_failure_policy: 'recompute' } : {}),
   });
   const cfg = { p: { ...base, engineId: `bench-${name}-p`, kvTransferConfig: kv('kv_producer') }, d: { ...base, engineId: `bench-${name}-d`, kvTransferConfig: kv('kv_consumer') } };
-  const [p, d] = await Promise.all([launchEngineProcess({ config: cfg.p }), launchEngineProcess({ config: cfg.d })]);
+  const [p, d] = await Promise.all([launchEngineProcess({ config: cfg.p, execArgv: ENGINE_ARGS }), launchEngineProcess({ config: cfg.d, execArgv: ENGINE_ARGS })]);
   children.push(p, d);
   const proxy = await launchProxyProcess({ config: { prefill: [p.url], decode: [d.url], mode: 'sequential', timeoutMs: 1_800_000 } });
   children.push(proxy);

@@ -26,7 +26,7 @@
  * @module
  */
 
-import { createHash } from 'node:crypto';
+import { createHash, hash } from 'node:crypto';
 import type { ChecksumPayload, PayloadGroup, PayloadVersion, SubBlockValues } from './types.js';
 import { SAMPLE_THRESHOLD_ALL } from './sampling.js';
 
@@ -128,7 +128,12 @@ const HOST_IS_LE = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
  * token ids, each written as a little-endian uint32, and the digest's first 8 bytes read as a
  * little-endian uint64. `numTokens` 0 digests no bytes. Vectors: `identity-v2.json`, `tokenDigest[]`.
  *
- * Cost: one pass over the ids into a `4 * numTokens`-byte buffer, then one hash.
+ * Cost: one pass over the ids, written as uint32 words into a buffer of at most
+ * {@link DIGEST_PIECE_TOKENS} ids that is hashed piece by piece (a prompt of that many ids or fewer
+ * in one call of the one-shot `crypto.hash`). A buffer as large as the whole prompt (512 KiB at
+ * 128K tokens) would be fresh memory on every call: page faults and zeroing cost more than the
+ * hash. The consumer runs this once per load on its scheduler thread (SPEC 8.0), the producer
+ * once per payload.
  *
  * @param tokenIds - the request's token ids (prompt order); only the first `numTokens` are read.
  * @param numTokens - how many ids to digest; default all of them.
@@ -140,15 +145,45 @@ export function tokenDigest(tokenIds: ArrayLike<number>, numTokens: number = tok
   if (!Number.isSafeInteger(numTokens) || numTokens < 0 || numTokens > tokenIds.length) {
     throw new RangeError(`numTokens must be an integer in [0, ${tokenIds.length}], got ${numTokens}`);
   }
-  const bytes = new Uint8Array(4 * numTokens);
-  const view = new DataView(bytes.buffer);
-  for (let i = 0; i < numTokens; i++) {
-    const t = tokenIds[i];
-    if (!Number.isInteger(t) || t < 0 || t >= TWO_POW_32) throw new RangeError(`token id ${t} at ${i} is not a uint32`);
-    view.setUint32(4 * i, t, true);
+  const words = new Uint32Array(Math.min(numTokens, DIGEST_PIECE_TOKENS));
+  const bytes = new Uint8Array(words.buffer);
+  if (numTokens <= DIGEST_PIECE_TOKENS) {
+    writeWords(tokenIds, 0, words, numTokens);
+    return hash('sha256', bytes, 'buffer').readBigUInt64LE(0);
   }
-  const digest = createHash('sha256').update(bytes).digest();
-  return digest.readBigUInt64LE(0);
+  const h = createHash('sha256');
+  for (let from = 0; from < numTokens; from += DIGEST_PIECE_TOKENS) {
+    const n = Math.min(DIGEST_PIECE_TOKENS, numTokens - from);
+    writeWords(tokenIds, from, words, n);
+    h.update(bytes.subarray(0, 4 * n));
+  }
+  return h.digest().readBigUInt64LE(0);
+}
+
+/** Token ids per piece hashed by {@link tokenDigest} (16 KiB of words). */
+const DIGEST_PIECE_TOKENS = 4096;
+
+/**
+ * Writes ids `from .. from + n - 1` into `words[0 .. n-1]` as uint32, LE (SPEC 6.1). Its own
+ * function so that its loop is the function's end (V8 compiles a long loop on the stack, and code
+ * after it in the same function would be deoptimized on every call).
+ * @throws RangeError for an id that is not an integer in [0, 2^32).
+ */
+function writeWords(tokenIds: ArrayLike<number>, from: number, words: Uint32Array, n: number): void {
+  for (let i = 0; i < n; i++) {
+    const t = tokenIds[from + i];
+    // The store wraps a number to uint32 (ToUint32), so it reads back as `t` exactly when `t` is an
+    // integer in [0, 2^32) (-0 included, written as 0); a fraction, a negative or NaN reads back
+    // different. A non-number is refused before the store (which would convert it, or throw).
+    if (typeof t === 'number') words[i] = t;
+    if (words[i] !== t) throw new RangeError(`token id ${String(t)} at ${from + i} is not a uint32`);
+  }
+  if (!HOST_IS_LE) swapUint32Bytes(new Uint8Array(words.buffer, 0, 4 * n));
+}
+
+/** Reverses the bytes of each 4-byte word in place (host order <-> LE on a big-endian host). */
+function swapUint32Bytes(b: Uint8Array): void {
+  for (let i = 0; i < b.length; i += 4) b.subarray(i, i + 4).reverse();
 }
 
 // ---------------------------------------------------------------------------------------------

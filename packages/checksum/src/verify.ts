@@ -23,6 +23,9 @@ import {
   type WorkerRecord,
 } from './types.js';
 
+/** The sub-block values of a payload without any (shared, never written). */
+const NO_SUB_BLOCKS: ReadonlyMap<number, SubBlockValues> = new Map();
+
 /** Reduces to uint64: every checksum sum is modulo 2^64 (SPEC, preamble). */
 const u64 = (x: bigint): bigint => BigInt.asUintN(64, x);
 
@@ -95,7 +98,8 @@ interface LoadContext {
  * - worker records outside the `ppSize x tpSize` grid are not workers of this load and are ignored,
  *   and of several records for one (PP rank, TP rank) the first counts (a duplicate neither fills a
  *   missing worker nor is summed twice);
- * - a partial array whose length is not the record's `nBlocks` is `rows-differ`;
+ * - a partial array whose length is not the record's `nBlocks` is `rows-differ`, and so is an attention
+ *   group with chunks to compare whose `start` (or its payload group's) is not an integer;
  * - a replica key that does not parse as `"R:r"` with `0 <= r < R` is `replica-missing`;
  * - a block size that is not a positive integer is `block-size`;
  * - an attention group whose loaded blocks hold no valid consumer token compares nothing, so alone it
@@ -130,7 +134,7 @@ export function verifyLoad(payload: ChecksumPayload | null | 'malformed', load: 
     consumerTpSize: load.tpSize,
     workers,
     sample: sampling,
-    subBlocks: new Map((payload.subBlocks ?? []).map((s) => [s.groupId, s])),
+    subBlocks: payload.subBlocks?.length ? new Map(payload.subBlocks.map((s) => [s.groupId, s])) : NO_SUB_BLOCKS,
   };
   const producerGroups = new Map<number, PayloadGroup>();
   for (const g of payload.groups) if (!producerGroups.has(g.groupId)) producerGroups.set(g.groupId, g);
@@ -231,10 +235,10 @@ function wrongRequest(load: ConsumerLoad, workers: readonly WorkerRecord[]): Ver
  */
 function gridWorkers(load: ConsumerLoad): WorkerRecord[] {
   const inGrid = (rank: number, size: number): boolean => Number.isInteger(rank) && rank >= 0 && rank < size;
-  const seen = new Set<string>();
+  const seen = new Set<number>();
   const out: WorkerRecord[] = [];
   for (const w of load.workers) {
-    const place = `${w.ppRank}/${w.tpRank}`;
+    const place = w.ppRank * load.tpSize + w.tpRank; // one number per grid place (both ranks checked in range)
     if (!inGrid(w.ppRank, load.ppSize) || !inGrid(w.tpRank, load.tpSize) || seen.has(place)) continue;
     seen.add(place);
     out.push(w);
@@ -278,13 +282,17 @@ function checkGroup(group: ConsumerGroup, producer: PayloadGroup | undefined, ct
  * block (index = offset from the group's `start`): over every worker, the sum of the partials whose
  * key `(R, r)` has `r == k mod R`. Returns `null` (`replica-missing`) when no key is present, a key
  * does not parse, or an `R` is seen without every replica `0 .. R-1`.
+ *
+ * Every array holds `nBlocks` values (step 4 checked the partials' lengths). A sum of one term is
+ * that term's array itself, not a copy (the common case: TP 1, or one rank per replica key and
+ * check); the caller only reads the result, and nothing here writes into a worker's partials.
  */
-function replicaChecks(partials: ReadonlyArray<Map<string, BigUint64Array>>, nBlocks: number): bigint[][] | null {
-  // Per key present: the key and its per-block sum over every worker.
-  const byKey = new Map<string, { key: ReplicaKey; sums: bigint[] }>();
+function replicaChecks(partials: ReadonlyArray<Map<string, BigUint64Array>>, nBlocks: number): BigUint64Array[] | null {
+  // Per key present: the key and its per-block sum over every worker (`owned`: a copy of ours).
+  const byKey = new Map<string, { key: ReplicaKey; sums: BigUint64Array; owned: boolean }>();
   for (const map of partials) {
     for (const [name, values] of map) {
-      let entry = byKey.get(name);
+      const entry = byKey.get(name);
       if (entry === undefined) {
         let key: ReplicaKey;
         try {
@@ -292,10 +300,12 @@ function replicaChecks(partials: ReadonlyArray<Map<string, BigUint64Array>>, nBl
         } catch {
           return null;
         }
-        entry = { key, sums: new Array<bigint>(nBlocks).fill(0n) };
-        byKey.set(name, entry);
+        byKey.set(name, { key, sums: asUint64Array(values), owned: false });
+        continue;
       }
-      for (let i = 0; i < nBlocks; i++) entry.sums[i] = u64(entry.sums[i] + values[i]);
+      if (!entry.owned) entry.sums = entry.sums.slice();
+      entry.owned = true;
+      addInto(entry.sums, values, nBlocks);
     }
   }
   if (byKey.size === 0) return null;
@@ -309,23 +319,56 @@ function replicaChecks(partials: ReadonlyArray<Map<string, BigUint64Array>>, nBl
   for (const [replicas, seen] of replicasSeen) if (seen.size !== replicas) return null;
 
   const maxR = Math.max(...replicasSeen.keys());
-  const checks: bigint[][] = [];
+  const checks: BigUint64Array[] = [];
   for (let k = 0; k < maxR; k++) {
-    const check = new Array<bigint>(nBlocks).fill(0n);
+    // Every R seen has all its replicas, so at least one key has r == k mod R.
+    let check: BigUint64Array | undefined;
+    let owned = false;
     for (const { key, sums } of byKey.values()) {
       if (key.replica !== k % key.replicas) continue;
-      for (let i = 0; i < nBlocks; i++) check[i] = u64(check[i] + sums[i]);
+      if (check === undefined) {
+        check = sums;
+        continue;
+      }
+      if (!owned) check = check.slice();
+      owned = true;
+      addInto(check, sums, nBlocks);
     }
-    checks.push(check);
+    checks.push(check!);
   }
   return checks;
+}
+
+/**
+ * `acc[i] = (acc[i] + x[i]) mod 2^64` for `i < n`: a BigUint64Array element store reduces modulo
+ * 2^64 (ECMAScript ToBigUint64), which is the SPEC's arithmetic (preamble: every sum is modulo
+ * 2^64); no `BigInt.asUintN` per element.
+ */
+function addInto(acc: BigUint64Array, x: ArrayLike<bigint>, n: number): void {
+  for (let i = 0; i < n; i++) acc[i] += x[i];
+}
+
+/**
+ * The values as a BigUint64Array: the array itself when it is one (what the types ask of
+ * partials), else a copy reduced modulo 2^64, which changes no sum modulo 2^64.
+ */
+function asUint64Array(values: ArrayLike<bigint>): BigUint64Array {
+  return values instanceof BigUint64Array ? values : BigUint64Array.from(values as ArrayLike<bigint>);
+}
+
+/**
+ * True when `a[ai .. ai+n)` and `b[bi .. bi+n)` hold the same values: one native comparison of
+ * their bytes (equal uint64 values have equal bytes in one host's order), no BigInt per element.
+ */
+function sameValues(a: BigUint64Array, ai: number, b: BigUint64Array, bi: number, n: number): boolean {
+  return Buffer.from(a.buffer, a.byteOffset + 8 * ai, 8 * n).equals(Buffer.from(b.buffer, b.byteOffset + 8 * bi, 8 * n));
 }
 
 /**
  * SPEC 8 step 6 (kinds `state` and `state-local`): the payload holds exactly one value, at block
  * position 0, and the consumer exactly one row, at position 0; every check must equal that value.
  */
-function compareState(group: ConsumerGroup, producer: PayloadGroup, checks: bigint[][], ctx: LoadContext): GroupOutcome {
+function compareState(group: ConsumerGroup, producer: PayloadGroup, checks: readonly BigUint64Array[], ctx: LoadContext): GroupOutcome {
   if (producer.start !== 0 || producer.values.length !== 1 || group.start !== 0 || group.nBlocks !== 1) {
     return { kind: 'unverified', reason: 'uncovered-tokens' };
   }
@@ -363,7 +406,7 @@ function validTokens(numTokens: number, k: number, chunkTokens: number): number 
 function compareAttention(
   group: ConsumerGroup,
   payloadGroup: PayloadGroup,
-  checks: bigint[][],
+  checks: readonly BigUint64Array[],
   ctx: LoadContext,
 ): GroupOutcome {
   let producer: Pick<PayloadGroup, 'blockSize' | 'start' | 'values'> = payloadGroup;
@@ -387,13 +430,7 @@ function compareAttention(
     sub = true;
   }
 
-  // Chunks holding a loaded consumer block with a valid consumer token, ascending. Loaded blocks
-  // are consecutive, so their chunks are too.
-  const all: number[] = [];
-  for (let pos = Math.max(group.start, 0); pos < group.start + group.nBlocks && pos * bd < ctx.consumerTokens; pos++) {
-    const k = Math.floor((pos * bd) / c);
-    if (all[all.length - 1] !== k) all.push(k);
-  }
+  const { all, loaded } = loadedChunks(group, bd, c, ctx.consumerTokens);
   if (all.length === 0) return { kind: 'empty' };
   // Sampled checking: only chunks whose every block (both sides) the sample names were summed.
   const { sample } = ctx;
@@ -403,38 +440,145 @@ function compareAttention(
     for (let pos = k * (c / bd); pos < (k + 1) * (c / bd); pos++) if (pos >= group.start && pos < group.start + group.nBlocks && pos * bd < ctx.consumerTokens) n++;
     return n;
   };
-  let checked = 0;
-  for (const k of chunks) checked += loadedIn(k);
+  // The counts of the sample (verdict.sampled); without a sample they are not reported, and
+  // `checked` is just the loaded blocks with valid tokens.
+  let checked = loaded;
   let skipped = 0;
-  for (const k of all) skipped += loadedIn(k);
-  skipped -= checked;
+  if (sample) {
+    checked = 0;
+    for (const k of chunks) checked += loadedIn(k);
+    for (const k of all) skipped += loadedIn(k);
+    skipped -= checked;
+  }
 
-  // Coverage: equal valid-token counts, and each side holds every block with valid tokens of the chunk.
-  const spans: Array<{ p: BlockSpan; d: BlockSpan }> = [];
+  const sides: ChunkSides = { c, bp, bd, producer, group, producerTokens: ctx.producerTokens, consumerTokens: ctx.consumerTokens };
+  const cover = coverage(chunks, sides);
+  if (cover === 'uncovered') return { kind: 'unverified', reason: 'uncovered-tokens' };
+  // A start that is not an integer names no block position (a correct scheduler never gives one):
+  // fail-safe, nothing is compared.
+  if (chunks.length > 0 && !(Number.isInteger(group.start) && Number.isInteger(producer.start))) return { kind: 'unverified', reason: 'rows-differ' };
+  const differs = cover === 'single' ? singleBlockDiffs(chunks, sides, checks) : spanDiffs(chunks, sides, checks);
+  return { kind: 'compared', bad: badPositions(chunks, sides, differs), checked, skipped, ...(sub ? { sub } : {}) };
+}
+
+/**
+ * What the value comparison of one attention group reads (SPEC 8 step 7): the chunk size `c`, both
+ * block sizes, the producer's values (its own or sub-block values), the consumer's group and both
+ * token counts. The loops over chunks live in small functions of their own, each returning right
+ * after its loop (V8 compiles a long loop on the stack; code after it in the same function would
+ * be deoptimized on every call).
+ */
+interface ChunkSides {
+  readonly c: number;
+  readonly bp: number;
+  readonly bd: number;
+  readonly producer: Pick<PayloadGroup, 'start' | 'values'>;
+  readonly group: ConsumerGroup;
+  readonly producerTokens: number;
+  readonly consumerTokens: number;
+}
+
+/**
+ * Chunks (of `c` tokens) holding a loaded consumer block with a valid consumer token, ascending,
+ * and how many such blocks there are. Loaded blocks are consecutive, so their chunks are too.
+ */
+function loadedChunks(group: ConsumerGroup, bd: number, c: number, consumerTokens: number): { all: number[]; loaded: number } {
+  const all: number[] = [];
+  let loaded = 0;
+  for (let pos = Math.max(group.start, 0); pos < group.start + group.nBlocks && pos * bd < consumerTokens; pos++) {
+    const k = Math.floor((pos * bd) / c);
+    if (all[all.length - 1] !== k) all.push(k);
+    loaded++;
+  }
+  return { all, loaded };
+}
+
+/**
+ * Coverage of every chunk to compare: equal valid-token counts on both sides, and each side holds
+ * every block with valid tokens of the chunk (chunkBlocks). `single` when, besides, every chunk is
+ * one block on each side (then its sums are block values: Bp == Bd, or one last chunk).
+ */
+function coverage(chunks: readonly number[], s: ChunkSides): 'uncovered' | 'single' | 'spans' {
+  let single = true;
   for (const k of chunks) {
-    const valid = validTokens(ctx.consumerTokens, k, c);
-    if (validTokens(ctx.producerTokens, k, c) !== valid) return { kind: 'unverified', reason: 'uncovered-tokens' };
-    const p = chunkBlocks(k, c, bp, valid);
-    const d = chunkBlocks(k, c, bd, valid);
-    const producerHolds = p.first >= producer.start && p.last < producer.start + producer.values.length;
-    const consumerHolds = d.first >= group.start && d.last < group.start + group.nBlocks;
-    if (!producerHolds || !consumerHolds) return { kind: 'unverified', reason: 'uncovered-tokens' };
-    spans.push({ p, d });
+    const valid = validTokens(s.consumerTokens, k, s.c);
+    if (validTokens(s.producerTokens, k, s.c) !== valid) return 'uncovered';
+    const p = chunkBlocks(k, s.c, s.bp, valid);
+    const d = chunkBlocks(k, s.c, s.bd, valid);
+    const producerHolds = p.first >= s.producer.start && p.last < s.producer.start + s.producer.values.length;
+    const consumerHolds = d.first >= s.group.start && d.last < s.group.start + s.group.nBlocks;
+    if (!producerHolds || !consumerHolds) return 'uncovered';
+    if (p.first !== p.last || d.first !== d.last) single = false;
   }
+  return single ? 'single' : 'spans';
+}
 
-  // Values: blocks past a side's numTokens are outside its span, so they count as zero.
-  const bad: number[] = [];
-  for (const { p, d } of spans) {
-    let expected = 0n;
-    for (let pos = p.first; pos <= p.last; pos++) expected = u64(expected + producer.values[pos - producer.start]);
-    const differs = checks.some((check) => {
-      let got = 0n;
-      for (let pos = d.first; pos <= d.last; pos++) got = u64(got + check[pos - group.start]);
-      return got !== expected;
-    });
-    if (differs) for (let pos = d.first; pos <= d.last; pos++) bad.push(pos);
+/** The consumer's or the producer's blocks of chunk `k` that hold its valid tokens (chunkBlocks). */
+function spanOf(k: number, s: ChunkSides, blockSize: number): BlockSpan {
+  return chunkBlocks(k, s.c, blockSize, validTokens(s.consumerTokens, k, s.c));
+}
+
+/**
+ * Values of covered chunks that are one block on each side: `differs[j]` = 1 when any check's
+ * block value of `chunks[j]` differs from the producer's. Runs of chunks whose blocks are
+ * consecutive on both sides are compared in bulk ({@link markDiffering}).
+ */
+function singleBlockDiffs(chunks: readonly number[], s: ChunkSides, checks: readonly BigUint64Array[]): Uint8Array {
+  const n = chunks.length;
+  const differs = new Uint8Array(n);
+  let first = 0;
+  // A chunk's first block (chunkBlocks: k * C / B) is its only one on each side here.
+  for (let j = 1; j <= n; j++) {
+    if (j < n && (chunks[j] * s.c) / s.bp === (chunks[j - 1] * s.c) / s.bp + 1 && (chunks[j] * s.c) / s.bd === (chunks[j - 1] * s.c) / s.bd + 1) continue;
+    const pOff = (chunks[first] * s.c) / s.bp - s.producer.start;
+    const dOff = (chunks[first] * s.c) / s.bd - s.group.start;
+    for (const check of checks) markDiffering(s.producer.values, pOff, check, dOff, j - first, differs, first);
+    first = j;
   }
-  return { kind: 'compared', bad, checked, skipped, ...(sub ? { sub } : {}) };
+  return differs;
+}
+
+/**
+ * Values of covered chunks in general: `differs[j]` = 1 when any check's sum over the consumer's
+ * blocks of `chunks[j]` differs from the producer's sum over its blocks of it (mod 2^64; blocks
+ * past a side's numTokens are outside its span, so they count as zero).
+ */
+function spanDiffs(chunks: readonly number[], s: ChunkSides, checks: readonly BigUint64Array[]): Uint8Array {
+  const n = chunks.length;
+  const differs = new Uint8Array(n);
+  const expected = spanSums(chunks, s, s.bp, s.producer.values, s.producer.start);
+  for (const check of checks) markDiffering(expected, 0, spanSums(chunks, s, s.bd, check, s.group.start), 0, n, differs, 0);
+  return differs;
+}
+
+/** Per chunk, the sum mod 2^64 of `values[pos - base]` over one side's blocks `pos` of the chunk. */
+function spanSums(chunks: readonly number[], s: ChunkSides, blockSize: number, values: BigUint64Array, base: number): BigUint64Array {
+  const sums = new BigUint64Array(chunks.length);
+  for (let j = 0; j < chunks.length; j++) {
+    const span = spanOf(chunks[j], s, blockSize);
+    for (let pos = span.first; pos <= span.last; pos++) sums[j] += values[pos - base];
+  }
+  return sums;
+}
+
+/** The consumer's block positions of the chunks marked in `differs`, ascending (SPEC 8 step 7). */
+function badPositions(chunks: readonly number[], s: ChunkSides, differs: Uint8Array): number[] {
+  const bad: number[] = [];
+  for (let j = 0; j < chunks.length; j++) {
+    if (differs[j] !== 1) continue;
+    const d = spanOf(chunks[j], s, s.bd);
+    for (let pos = d.first; pos <= d.last; pos++) bad.push(pos);
+  }
+  return bad;
+}
+
+/**
+ * Sets `differs[at + q]` to 1 for each `q < n` where `a[ai + q] != b[bi + q]`; one bulk comparison
+ * first, so a run that matches costs no BigInt.
+ */
+function markDiffering(a: BigUint64Array, ai: number, b: BigUint64Array, bi: number, n: number, differs: Uint8Array, at: number): void {
+  if (sameValues(a, ai, b, bi, n)) return;
+  for (let q = 0; q < n; q++) if (a[ai + q] !== b[bi + q]) differs[at + q] = 1;
 }
 
 /**

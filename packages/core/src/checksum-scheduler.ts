@@ -657,7 +657,7 @@ export class KVChecksumScheduler implements KVChecksumSchedulerHooks {
           }
           if (replica !== 0) continue;
           if (v.length !== n) return { notSent: 'rows-differ', detail: `worker ${w.pp}:${w.tp} reported ${v.length} values for ${n} blocks` };
-          for (let b = 0; b < n; b++) values[b] = u64(values[b] + v[b]);
+          for (let b = 0; b < n; b++) values[b] += v[b]; // the BigUint64Array store is mod 2^64
         }
       }
       if (skip || !anyKind) continue;
@@ -701,7 +701,7 @@ function subBlockPayload(groupId: number, subs: ReadonlyArray<ReportGroup['sub']
       }
       if (replica !== 0) continue;
       if (v.length !== first.nBlocks) return undefined;
-      for (let b = 0; b < v.length; b++) values[b] = u64(values[b] + v[b]);
+      for (let b = 0; b < v.length; b++) values[b] += v[b]; // the BigUint64Array store is mod 2^64
     }
   }
   return { groupId, blockSize: first.blockSize, start: first.start, values };
