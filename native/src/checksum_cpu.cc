@@ -162,7 +162,9 @@ const IsaVariant* variant_named(const char* name) {
   // "auto" prefers AVX2 where both run: the loop is bound by memory, and on the Xeon of the GPU
   // machine (bench/README.md, 2026-12-01) the AVX2 loop reached 0.91-1.02 of the read-sum on
   // contiguous KV where the AVX-512 one reached 0.75-0.81 (512-bit operations lower the core's
-  // clock). KVC_CPU_ISA=avx512 or kvc_set_cpu_isa("avx512") still chooses it.
+  // clock). KVC_CPU_ISA=avx512 or kvc_set_cpu_isa("avx512") still chooses it. (Those AVX-512
+  // figures predate the software prefetch of its HND walk, which it lacked: 2 iterations per
+  // token were under the prefetch threshold; checksum_kernel.inc, wsum_slice_v.)
   if (std::strcmp(name, "avx512") == 0) return avx512 ? &kAvx512 : nullptr;
   if ((any || std::strcmp(name, "avx2") == 0) && avx2) return &kAvx2;
   if (std::strcmp(name, "avx2") == 0) return nullptr;

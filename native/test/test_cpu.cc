@@ -343,6 +343,72 @@ static void test_random_attn() {
   CHECK(bad == 0, "%d of %d random ATTN cases differ from the reference", bad, cases);
 }
 
+// Token parts that follow each other in memory and hold whole pieces only (the K or V half of a
+// cell in an HND layout: token stride == byte_count, byte_start % 8 == 0, byte_count a multiple of
+// 32, 64 or 128 bytes): the kernel walks each kernel block's parts as one run of bytes
+// (checksum_kernel.inc, dense_add). Kernel blocks adjacent or padded, one token per kernel block
+// (kbt 1), partial last kernel blocks (valid % kbt != 0), 0 and 1 valid tokens, every vector
+// width's loop; against the naive reference.
+static void test_adjacent_parts() {
+  Rng rng(777);
+  int bad = 0, cases = 0;
+  const uint32_t widths[] = {32, 64, 128, 256, 384};  // bytes: multiples of each width's iteration
+  for (int it = 0; it < 300; ++it) {
+    const uint32_t bc = widths[it % 5] * (1 + rng.below(2)), halves = 1 + rng.below(2);
+    const uint32_t P = halves * bc / 8 + rng.below(2), cell = 8 * P;  // K and V halves, maybe a spare piece
+    const uint32_t bs = halves == 2 && rng.below(2) ? bc : 8 * rng.below((cell - bc) / 8 + 1);
+    const uint32_t kbt = it % 7 == 0 ? 1 : 1 + rng.below(16), nkb = 1 + rng.below(3), bt = kbt * nkb;
+    const uint32_t heads = 1 + rng.below(3), nblocks = 1 + rng.below(3);
+    const int64_t ts = bc, hpad = rng.below(2) * (1 + rng.below(40));
+    int64_t os, kbs, bstr;
+    if (kbt == 1 && rng.below(2)) {  // [block][head][token][part]: a head's tokens adjacent through kbs
+      kbs = bc; os = (int64_t)nkb * bc + hpad; bstr = os * heads;
+    } else {  // [block][kblock][head][token][part]
+      os = ts * kbt + hpad; kbs = os * heads; bstr = kbs * nkb;
+    }
+    const uint32_t lead = rng.below(9);
+    std::vector<uint8_t> buf((uint64_t)bstr * nblocks + lead + 8);
+    for (auto& x : buf) x = (uint8_t)rng.next();
+    kvc_entry e = blank();
+    e.kind = KVC_ENTRY_ATTN;
+    e.factor_base = rng.below(4) * 65536ull + rng.below(100);
+    e.outer_count = heads;
+    e.outer_stride = os;
+    e.token_stride = ts;
+    e.kblock_tokens = kbt;
+    e.kblock_stride = kbs;
+    e.block_tokens = bt;
+    e.block_stride = bstr;
+    e.byte_start = bs;
+    e.byte_count = bc;
+    e.cell_pieces = P;
+    e.num_blocks = nblocks;
+    e.offset = lead;
+    Call c;
+    c.entries = {e};
+    c.group_start = {0, 1};
+    c.regions = {buf.data()};
+    c.region_bytes = {buf.size()};
+    std::vector<uint64_t> want;
+    for (uint32_t b = 0; b < nblocks; ++b) {
+      const uint32_t pick = rng.below(4);
+      const uint32_t valid = pick == 0 ? bt : pick == 1 ? rng.below(2) : rng.below(bt + 1);
+      kvc_row r = row(0, b, rng.below(1000) * bt, valid, b);
+      c.rows.push_back(r);
+      want.push_back(ref_attn(e, buf.data(), r));
+    }
+    c.out.assign(nblocks, 0);
+    int rc = c.run();
+    ++cases;
+    if (rc != KVC_OK || c.out != want) {
+      if (++bad <= 3)
+        std::printf("  adjacent-parts case %d: rc %d (%s) P=%u heads=%u kbt=%u nkb=%u bs=%u bc=%u\n", it, rc, c.diag.reason, P,
+                    heads, kbt, nkb, bs, bc);
+    }
+  }
+  CHECK(bad == 0, "%d of %d adjacent-part ATTN cases differ from the reference", bad, cases);
+}
+
 // Strided layouts whose heads of one token lie closer than the tokens of one head (NHD): the
 // kernel walks them token by token over all heads at once (checksum_kernel.inc, wsum_heads_v, up
 // to 32 heads). Odd head counts, 32 and 33 heads (the limit and past it), 1 valid token, kernel
@@ -729,6 +795,7 @@ int main() {
       test_hand_rows();
       test_hand_stream();
       test_random_attn();
+      test_adjacent_parts();
       test_random_rows();
       test_random_stream();
       test_errors();
