@@ -556,7 +556,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     const cap = st.spec.leaseCapability;
     if (cap !== undefined) return sameCapability(cap, capability) ? null : capability === null || capability === undefined ? 'no lease capability given' : 'another lease capability';
     const foreign = this.bindings.check(st.spec.transferId, consumerKey);
-    return foreign === null ? null : `was ${foreign}`;
+    return foreign;
   }
 
   private onLocalize(identity: Buffer, session: ProducerSession, body: Uint8Array): void {
