@@ -4,11 +4,14 @@
  * debug into a capture while a load verifies, a load with a tampered capability fails (refused
  * `forbidden`, the load failure policy recomputes) and another cluster member is refused; then
  * no captured line, no metrics text, and no error text holds either capability (the positive
- * control: the producer's returned params do hold it, so the search would find it).
+ * control: the producer's returned params do hold it, so the search would find it). The proxy
+ * forwards the field untouched to the consumer (sequential), draws one for both sides
+ * (concurrent), and leaves it out of the producer's params in its answer to the HTTP client.
  */
 import { describe, expect, it } from 'vitest';
 import type { KVTransferConfig, LocalizeQuery } from '@kvconnect/core';
 import { NixlPeers, SideChannelError, newLeaseCapability, nixlMetrics, parseNixlConfig } from '@kvconnect/nixl-common';
+import { PDProxy, startEngineServer, startProxyServer } from '@kvconnect/engine';
 import { Registry } from 'prom-client';
 import { checksumCounter, connectorOf, makeNixlPD } from './utils.js';
 
@@ -66,3 +69,48 @@ for (const mode of ['pull', 'push'] as const) {
     });
   });
 }
+
+describe('the P/D proxy and the lease capability', () => {
+  it('sequential: forwards the producer params untouched to the consumer; concurrent: draws one per request for both sides', async () => {
+    const seen: Array<Record<string, unknown> | undefined> = [];
+    const cap = newLeaseCapability();
+    const endpoint = (engineId: string, returned?: Record<string, unknown>) => ({
+      engineId,
+      generate: async (_p: unknown, _s: unknown, kv?: Record<string, unknown>) => {
+        seen.push(kv);
+        return { requestId: engineId, tokenIds: [1], text: 'x', finishReason: 'length' as const, numPreemptions: 0, ...(returned ? { kvTransferParams: returned } : {}) };
+      },
+    });
+    await new PDProxy({ prefill: endpoint('p', { remote_request_id: 'x-p', lease_capability: cap }), decode: endpoint('d') }).generate('hi');
+    expect(seen[1]).toMatchObject({ remote_request_id: 'x-p', lease_capability: cap, do_remote_prefill: true });
+    seen.length = 0;
+    const proxy = new PDProxy({ prefill: endpoint('p'), decode: endpoint('d'), mode: 'concurrent' });
+    await proxy.generate('hi');
+    await proxy.generate('hi');
+    const [p1, d1, p2, d2] = seen.map((k) => k?.lease_capability);
+    expect(p1).toMatch(/^[0-9a-f]{64}$/);
+    expect(d1).toBe(p1);
+    expect(d2).toBe(p2);
+    expect(p2).not.toBe(p1);
+  });
+
+  it("the proxy server's answer shows the producer's params without lease_capability; the load verifies", async () => {
+    const pd = await makeNixlPD({ mode: 'pull', model: 'dense-gqa' });
+    const p = await startEngineServer(pd.producer);
+    const d = await startEngineServer(pd.consumer);
+    const proxy = await startProxyServer({ prefill: [p.url], decode: [d.url] });
+    try {
+      const res = await fetch(`${proxy.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: PROMPT, max_tokens: 2, ignore_eos: true }) });
+      expect(res.status).toBe(200);
+      const body = (await res.json()) as { kvconnect: { prefill: { kv_transfer_params: Record<string, unknown> }; decode: { load?: { verdict: string } } } };
+      expect(body.kvconnect.prefill.kv_transfer_params).toMatchObject({ remote_engine_id: pd.producer.engineId });
+      expect(body.kvconnect.prefill.kv_transfer_params).not.toHaveProperty('lease_capability');
+      expect(body.kvconnect.decode.load?.verdict).toBe('verified');
+    } finally {
+      await proxy.close();
+      await p.close();
+      await d.close();
+      await pd.shutdown();
+    }
+  });
+});
