@@ -1,22 +1,20 @@
 /**
- * Who may ask about a producer's request after it was served, and how much (`docs/localize.md`,
- * "Binding and budget"): one rule for NIXL (`LOCALIZE`, `RELEASE`; producer.ts) and Mooncake
- * (`loc`; `@kvconnect/mooncake` worker.ts).
+ * Who may act on a producer's request after it was served, and how much (`docs/localize.md`,
+ * "Binding and budget"): one rule for NIXL (`LEASE`, `RELEASE`, `PUSH_REG`, `LOCALIZE`;
+ * producer.ts) and Mooncake (`md`, `loc`; `@kvconnect/mooncake` worker.ts).
  *
- * **Binding.** Every consumer engine draws a random {@link newConsumerKey} once (its scheduler
- * half) and sends it, through its connector metadata, with everything its halves say about a
- * load: NIXL `LEASE` (heartbeat and pin), `PUSH_REG`, `RELEASE`, `LOCALIZE`; Mooncake `md` and `loc`.
- * The producer binds a request to the first key it sees for it while the request is held
- * ({@link ConsumerBindings.claim}: the consumer it is served to). From then on a `LOCALIZE`, a
- * `RELEASE` or a `loc` for that request with another key, or none, is refused (NIXL `forbidden`,
- * Mooncake `refuse` `forbidden`) and changes nothing: the hold, the lease and the real
- * consumer's later question are intact. The side channels authenticate the cluster, not a
- * consumer (one shared secret, `docs/security.md`): the key is what tells the consumer that got
- * the request from another holder of the secret that merely knows the request id. It travels
- * in clear text like the rest of the side channel (proven, not encrypted), so an attacker that
- * reads the consumer's side-channel traffic can learn it.
+ * **Binding by consumer key** (protocol 18 / Mooncake 5; since NIXL 19 / Mooncake 6 only for a
+ * Mooncake transfer whose proxy drew no lease capability, below). Every consumer engine draws a
+ * random {@link newConsumerKey} once (its scheduler half) and sends it, through its connector
+ * metadata, with everything its halves say about a load (NIXL `LEASE`, `PUSH_REG`, `RELEASE`,
+ * `LOCALIZE`; Mooncake `md` and `loc`). The producer binds a request to the first key it sees for
+ * it while the request is held ({@link ConsumerBindings.claim}: the consumer it is served to).
+ * From then on an `md` or `loc` for that request with another key, or none, is refused
+ * (`forbidden`) and changes nothing. The side channels authenticate the cluster, not a consumer
+ * (one shared secret, `docs/security.md`); the key travels in clear text like the rest of the
+ * side channel (proven, not encrypted).
  *
- * **Lease capability** (NIXL protocol 19, Mooncake protocol 6). The first-come binding above
+ * **Lease capability** (NIXL protocol 19, Mooncake protocol 6). A first-come binding
  * lets a holder of the cluster secret that knows a request id and asks first take the request
  * from its real consumer. So each request also gets a {@link newLeaseCapability}: an unguessable
  * secret (32 bytes of `crypto.randomBytes`, 64 hex digits) that travels in `kv_transfer_params`

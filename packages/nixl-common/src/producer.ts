@@ -5,7 +5,9 @@
  *
  * - `INFO` from the engine's handshake info ({@link engineInfoOf}: every worker's
  *   {@link RankInfo}, collected through `getHandshakeMetadata` -> `setXferHandshakeMetadata`);
- * - `LEASE` / `RELEASE` on the producer's {@link LeaseTable}, which this object owns;
+ * - `LEASE` / `RELEASE` on the producer's {@link LeaseTable}, which this object owns (every request
+ *   about a held request, `PUSH_REG` and `LOCALIZE` too, only with its lease capability,
+ *   consumer-binding.ts: else `forbidden`);
  * - `PUSH_REG` (push mode): checks the lease and queues the registration; the scheduler half
  *   passes it to the producer workers in the next step's metadata (the workers WRITE);
  * - `LOCALIZE` (docs/localize.md): while the request's blocks are still held, queues an order for
@@ -22,7 +24,7 @@ import type { FineSum } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
 import { checkBindHost } from '@kvconnect/transfer';
 import type { NixlConfig } from './config.js';
-import { ConsumerBindings, LeaseCapabilities, LocalizeBudget, localizeQueryRanges } from './consumer-binding.js';
+import { LeaseCapabilities, LocalizeBudget, localizeQueryRanges } from './consumer-binding.js';
 import { LeaseTable } from './lease.js';
 import { mergeLocalizeResults } from './localize.js';
 import type { NixlMetrics } from './metrics.js';
@@ -110,12 +112,11 @@ export class NixlProducerChannel {
   private readonly localizing = new Map<number, { order: LocalizeOrder; results: Map<string, LocalizeResult>; resolve: (a: LocalizeAnswer | Error) => void; timer: NodeJS.Timeout }>();
   private nextTicket = 1;
   /**
-   * The lease capability of each held request (protocol 19, consumer-binding.ts): `LEASE`,
-   * `RELEASE`, `PUSH_REG` and `LOCALIZE` of the request must carry it, else `forbidden`.
+   * The lease capability of each held request (protocol 19, consumer-binding.ts; drawn by
+   * {@link heldBlocks}): `LEASE`, `RELEASE`, `PUSH_REG` and `LOCALIZE` of the request must carry
+   * it, else `forbidden`. It is the request's binding: consumer keys bind nothing here since 19.
    */
   readonly capabilities = new LeaseCapabilities();
-  /** The consumer key each held request without a capability is bound to (`LOCALIZE` and `RELEASE` need it; consumer-binding.ts). */
-  readonly bindings = new ConsumerBindings();
   /** The `LOCALIZE` budget: token ranges per request, computations per connection (consumer-binding.ts). */
   private readonly budget: LocalizeBudget;
   /** Requests served, by type (diagnostics; a verified load never makes a `localize`). */
@@ -169,14 +170,10 @@ export class NixlProducerChannel {
     return this.capabilities.grant(requestId);
   }
 
-  /** Why a message with `capability` may not act on `requestId` (a `forbidden` text without the capability), or null. */
-  private denied(requestId: string, capability: string | null | undefined, consumerKey: string | null): string | null {
-    if (this.capabilities.has(requestId)) {
-      const why = this.capabilities.check(requestId, capability);
-      return why === null ? null : `engine ${this.o.engineId}: request ${requestId}: ${why}`;
-    }
-    const foreign = this.bindings.foreign(requestId, consumerKey);
-    return foreign === null ? null : `engine ${this.o.engineId}: request ${requestId} was ${foreign}`;
+  /** Why a message with `capability` may not act on `requestId` (a `forbidden` text that never holds a capability), or null. */
+  private denied(requestId: string, capability: string | null | undefined, what: string): string | null {
+    const why = this.capabilities.check(requestId, capability);
+    return why === null ? null : `engine ${this.o.engineId}: request ${requestId}: ${why}; ${what}`;
   }
 
   /** The `LOCALIZE` orders accepted since the previous call (for the next step's metadata). */
@@ -184,7 +181,6 @@ export class NixlProducerChannel {
     for (const id of this.finished.keys()) {
       if (this.leases.stateOf(id) !== undefined) continue;
       this.finished.delete(id);
-      this.bindings.forget(id);
       this.capabilities.forget(id);
     }
     const r = this.localizeOrders;
@@ -203,11 +199,10 @@ export class NixlProducerChannel {
 
   /**
    * Serves `LOCALIZE`: see the module comment. Refused `forbidden` without the request's lease
-   * capability (or, for a request without one, from another consumer key), `busy` over the
-   * request's budget or the connection `peer`'s computations in flight; a refusal changes nothing
-   * (consumer-binding.ts).
+   * capability, `busy` over the request's budget or the connection `peer`'s computations in
+   * flight; a refusal changes nothing (consumer-binding.ts).
    */
-  private async localize(requestId: string, query: LocalizeQuery, consumerKey: string | null, capability: string | null, peer: string): Promise<HandlerResult> {
+  private async localize(requestId: string, query: LocalizeQuery, capability: string | null, peer: string): Promise<HandlerResult> {
     const held = this.finished.get(requestId);
     if (!held || !this.leases.blocksHeld(requestId)) {
       const state = this.leases.stateOf(requestId);
@@ -215,13 +210,8 @@ export class NixlProducerChannel {
       const why = state === 'held' || state === 'done' ? 'blocks being freed' : state !== undefined ? `lease ${state}` : ended !== undefined ? `blocks freed (lease ${ended})` : 'unknown request';
       return { ok: encodeLocalizeBody({ status: 'gone', detail: `request ${requestId}: ${why}` }) };
     }
-    if (this.capabilities.has(requestId)) {
-      const why = this.capabilities.check(requestId, capability);
-      if (why !== null) return { refuse: 'forbidden', message: `engine ${this.o.engineId}: request ${requestId}: ${why}` };
-    } else {
-      const foreign = this.bindings.check(requestId, consumerKey);
-      if (foreign !== null) return { refuse: 'forbidden', message: `engine ${this.o.engineId}: request ${requestId} was ${foreign}` };
-    }
+    const denied = this.denied(requestId, capability, 'nothing summed');
+    if (denied !== null) return { refuse: 'forbidden', message: denied };
     // One LOCALIZE per request at a time: a peer cannot fill the queue with copies of one order.
     for (const p of this.localizing.values()) {
       if (p.order.requestId === requestId) return { refuse: 'busy', message: `engine ${this.o.engineId}: a LOCALIZE of request ${requestId} is already being served` };
@@ -268,21 +258,16 @@ export class NixlProducerChannel {
       case 'lease': {
         // All or nothing: a LEASE naming a request without its capability extends and pins none.
         for (const [i, id] of req.requestIds.entries()) {
-          const why = this.capabilities.check(id, req.capabilities?.[i]);
-          if (why !== null) return { refuse: 'forbidden', message: `engine ${engineId}: request ${id}: ${why}; nothing leased` };
+          const denied = this.denied(id, req.capabilities?.[i], 'nothing leased');
+          if (denied !== null) return { refuse: 'forbidden', message: denied };
         }
-        const expiries = this.leases.touch(req.requestIds, req.pinMs);
-        // Held requests without a capability bind to the first consumer key that leases them.
-        const key = req.consumerKey ?? null;
-        if (key !== null) for (const [id, expiry] of expiries) if (expiry > 0 && !this.capabilities.has(id)) this.bindings.claim(id, key);
-        return { ok: encodeLeaseBody(expiries) };
+        return { ok: encodeLeaseBody(this.leases.touch(req.requestIds, req.pinMs)) };
       }
       case 'release': {
-        // All or nothing: a RELEASE naming a request without its capability (or served to another consumer) releases none.
-        const key = req.consumerKey ?? null;
+        // All or nothing: a RELEASE naming a request without its capability releases none.
         for (const [i, id] of req.requestIds.entries()) {
-          const why = this.denied(id, req.capabilities?.[i], key);
-          if (why !== null) return { refuse: 'forbidden', message: `${why}; nothing released` };
+          const denied = this.denied(id, req.capabilities?.[i], 'nothing released');
+          if (denied !== null) return { refuse: 'forbidden', message: denied };
         }
         for (const id of req.requestIds) this.leases.release(id);
         return { ok: [] };
@@ -290,8 +275,8 @@ export class NixlProducerChannel {
       case 'push-reg': {
         if (mode !== 'push') return { refuse: 'incompatible', message: 'PUSH_REG to a pull engine' };
         const id = req.reg.producerRequestId;
-        const why = this.capabilities.check(id, req.capability);
-        if (why !== null) return { refuse: 'forbidden', message: `engine ${engineId}: request ${id}: ${why}; not registered` };
+        const denied = this.denied(id, req.capability, 'not registered');
+        if (denied !== null) return { refuse: 'forbidden', message: denied };
         const state = this.leases.stateOf(id);
         if (state === undefined) {
           const ended = this.leases.endedAs(id);
@@ -299,13 +284,12 @@ export class NixlProducerChannel {
         }
         if (state !== 'held') return { refuse: 'lease-expired', message: `request ${id}: lease ${state}` };
         if (this.pushRegs.length >= MAX_QUEUED_PUSH_REGS) return { refuse: 'busy', message: `engine ${engineId}: ${MAX_QUEUED_PUSH_REGS} push registrations wait for the next step` };
-        if (!this.capabilities.has(id)) this.bindings.claim(id, req.consumerKey ?? null);
         this.leases.touch([id], 0);
         this.pushRegs.push(req.reg);
         return { ok: [] };
       }
       case 'localize':
-        return this.localize(req.requestId, req.query, req.consumerKey ?? null, req.capability ?? null, peer);
+        return this.localize(req.requestId, req.query, req.capability ?? null, peer);
     }
   }
 
