@@ -256,12 +256,20 @@ export class NixlProducerChannel {
         return { ok: encodeEngineInfo(info) };
       }
       case 'lease': {
-        // All or nothing: a LEASE naming a request without its capability extends and pins none.
+        // Requests named without their capability are neither extended nor pinned: answered 0 when
+        // others of the LEASE carry theirs (a consumer's heartbeat batches all of its loads from this
+        // producer; one forged request among them must not starve the others), refused `forbidden`
+        // when none does (a pin before a READ names one request).
+        const ok: string[] = [];
+        let denied: string | null = null;
         for (const [i, id] of req.requestIds.entries()) {
-          const denied = this.denied(id, req.capabilities?.[i], 'nothing leased');
-          if (denied !== null) return { refuse: 'forbidden', message: denied };
+          const why = this.denied(id, req.capabilities?.[i], 'nothing leased');
+          if (why === null) ok.push(id);
+          else denied ??= why;
         }
-        return { ok: encodeLeaseBody(this.leases.touch(req.requestIds, req.pinMs)) };
+        if (denied !== null && ok.length === 0) return { refuse: 'forbidden', message: denied };
+        const expiries = this.leases.touch(ok, req.pinMs);
+        return { ok: encodeLeaseBody(new Map(req.requestIds.map((id) => [id, expiries.get(id) ?? 0]))) };
       }
       case 'release': {
         // All or nothing: a RELEASE naming a request without its capability releases none.

@@ -225,6 +225,18 @@ describe('NIXL producer: a request is acted on only with its lease capability (p
     expect(producer.leases.stateOf('r1')).toBe('released');
   });
 
+  it('a LEASE naming requests with and without their capability extends only the former (the others answer 0, unpinned); one without any is refused', async () => {
+    const { producer, consumer, caps } = await producerWith(['h1', 'h2']);
+    const c = consumer();
+    const m = await c.c.request({ type: 'lease', requestIds: ['h1', 'h2'], pinMs: 3_600_000, consumerKey: c.key, capabilities: [caps.get('h1')!, newLeaseCapability()] }, decodeLeaseBody);
+    expect(m.get('h1')).toBeGreaterThan(Date.now() + 3_000_000);
+    expect(m.get('h2')).toBe(0);
+    // h2 was not pinned: its own heartbeat sees the plain lease.
+    expect((await c.c.request({ type: 'lease', requestIds: ['h2'], pinMs: 0, capabilities: [caps.get('h2')!] }, decodeLeaseBody)).get('h2')).toBeLessThanOrEqual(Date.now() + 10_000);
+    await expect(c.c.request({ type: 'lease', requestIds: ['h1', 'h2'], pinMs: 0, capabilities: [null, null] }, decodeLeaseBody)).rejects.toMatchObject({ code: 'forbidden' });
+    expect(producer.leases.stateOf('h2')).toBe('held');
+  });
+
   it('the capability, not a consumer key, is the binding: a holder of it with another key is served', async () => {
     const { producer, consumer, caps } = await producerWith(['r2']);
     const first = consumer();
