@@ -50,7 +50,7 @@ import { loadBlockIds, silentLogger, type Logger } from '@kvconnect/core';
 import type { KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import { checkBindHost, readDeviceBytes, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
-import { ConsumerBindings, LocalizeBudget, localizeOrderOnRank, localizeQueryRanges, sameCapability } from '@kvconnect/nixl-common';
+import { ConsumerBindings, LocalizeBudget, capabilityDenied, localizeOrderOnRank, localizeQueryRanges } from '@kvconnect/nixl-common';
 import type { GroupPlan } from '@kvconnect/checksum';
 import { createAgent } from './agent.js';
 import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
@@ -114,7 +114,7 @@ export interface MooncakeWorkerStats {
   /** Producer: `loc` (localize) requests received, and answered `held` (fine sums sent). */
   localizeReceived: number;
   localizeAnswered: number;
-  /** Producer: `loc` requests refused `forbidden` (another consumer's transfer) or `busy` (over the consumer's budget). */
+  /** Producer: `loc` requests refused `forbidden` (no or another lease capability, or another consumer's transfer) or `busy` (over the transfer's budget). */
   localizeRefused: number;
   /** Producer: `md` requests refused `forbidden` (no or another lease capability, or another consumer's transfer); nothing was written. */
   metadataForbidden: number;
@@ -541,24 +541,24 @@ export class MooncakeWorker implements KVConnectorWorker {
   }
 
   /**
-   * A consumer's `loc`: the fine sums of this rank over the held blocks of its transfer, or `gone`;
-   * the answer ends the send's hold (`localize_hold_ms`). A malformed request is refused
-   * (`bad-message`); one whose transfer was served to another consumer key (`forbidden`) or over
-   * the asking consumer's budget (`busy`) is refused and changes nothing (`consumer-binding.ts`).
-   * Synchronous: the blocks cannot be freed while they are summed.
-   */
-  /**
    * Why a message about `st` with `capability` and `consumerKey` may not act on it (a text without
    * the capability), or null: a send with a capability needs it; one without is bound to the
    * first consumer key that asks (an unbound one is bound to `consumerKey` now, a null key binds nothing).
    */
   private denied(st: SendState, capability: string | null | undefined, consumerKey: string | null): string | null {
     const cap = st.spec.leaseCapability;
-    if (cap !== undefined) return sameCapability(cap, capability) ? null : capability === null || capability === undefined ? 'no lease capability given' : 'another lease capability';
-    const foreign = this.bindings.check(st.spec.transferId, consumerKey);
-    return foreign;
+    if (cap !== undefined) return capabilityDenied(cap, capability);
+    return this.bindings.check(st.spec.transferId, consumerKey);
   }
 
+  /**
+   * A consumer's `loc`: the fine sums of this rank over the held blocks of its transfer, or `gone`;
+   * the answer ends the send's hold (`localize_hold_ms`). A malformed request is refused
+   * (`bad-message`); one without the transfer's lease capability (or, for a transfer without one,
+   * of another consumer key than the one served: `forbidden`) or over the transfer's budget
+   * (`busy`) is refused and changes nothing (`consumer-binding.ts`).
+   * Synchronous: the blocks cannot be freed while they are summed.
+   */
   private onLocalize(identity: Buffer, session: ProducerSession, body: Uint8Array): void {
     this.stats.localizeReceived++;
     let req;

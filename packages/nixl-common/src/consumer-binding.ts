@@ -58,6 +58,15 @@ export function isConsumerKey(x: unknown): x is string {
 
 export { LEASE_CAPABILITY_CHARS, LEASE_CAPABILITY_PARAM, isLeaseCapability, newLeaseCapability, sameCapability } from '@kvconnect/core';
 
+/**
+ * Why `given` is not the capability `expected` (`no lease capability given`, `another lease
+ * capability`: texts that never hold a capability), or null when it is (constant time, `sameCapability`).
+ */
+export function capabilityDenied(expected: string, given: string | null | undefined): string | null {
+  if (sameCapability(expected, given)) return null;
+  return given === null || given === undefined ? 'no lease capability given' : 'another lease capability';
+}
+
 /** The lease capability of each held request of one producer (see the module comment). */
 export class LeaseCapabilities {
   private readonly caps = new Map<string, string>();
@@ -88,8 +97,7 @@ export class LeaseCapabilities {
    */
   check(requestId: string, given: string | null | undefined): string | null {
     const c = this.caps.get(requestId);
-    if (c === undefined || sameCapability(c, given)) return null;
-    return given === null || given === undefined ? 'no lease capability given' : 'another lease capability';
+    return c === undefined ? null : capabilityDenied(c, given);
   }
 
   /** Forgets `requestId`'s capability (its blocks are freed). */
