@@ -59,8 +59,9 @@ export interface MooncakeSendSpec {
   kvChecksums?: Uint8Array;
   /**
    * The transfer's lease capability (`kv_transfer_params.lease_capability`, drawn by the proxy;
-   * `consumer-binding.ts`): the consumer's `md` and `loc` must carry it. Absent: the proxy gave
-   * none, and the first consumer key served binds the transfer.
+   * `consumer-binding.ts`): the consumer's `md` and `loc` must carry it. Absent (the proxy gave
+   * none, or a malformed one, which the consumer refuses as unusable params): the first consumer
+   * key served binds the transfer.
    */
   leaseCapability?: string;
 }
