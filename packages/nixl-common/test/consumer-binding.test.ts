@@ -277,17 +277,26 @@ describe('NIXL producer: LOCALIZE budget per request, computations per connectio
   });
 
   it('a peer cycling consumer keys and connections on one request is refused busy once its budget is spent; another request is still served', async () => {
-    const { producer, consumer, caps } = await producerWith(['a1', 'b1']);
+    // 1 range per second: the bucket (one largest question) does not refill between the asks, however slow the machine.
+    const { producer, consumer, caps } = await producerWith(['a1', 'b1'], { localize_ranges_per_second_per_peer: 1 });
     const ask = async (id: string) => {
       const peer = consumer(); // a fresh connection and a fresh consumer key each time
-      const p = peer.c.request({ type: 'localize', requestId: id, query: largest, consumerKey: peer.key, capability: caps.get(id) }, decodeLocalizeBody, 5_000);
-      p.catch(() => {});
-      await settle();
-      for (const o of producer.takeLocalizeOrders()) producer.onLocalized('0:0', { ticket: o.ticket, groups: [] });
+      let settled = false;
+      const p = peer.c.request({ type: 'localize', requestId: id, query: largest, consumerKey: peer.key, capability: caps.get(id) }, decodeLocalizeBody, 10_000);
+      p.then(
+        () => (settled = true),
+        () => (settled = true),
+      );
+      // Answer the order as the workers would, once it is queued (or the producer refused).
+      for (const t0 = Date.now(); !settled && Date.now() - t0 < 10_000; await new Promise((r) => setTimeout(r, 5))) {
+        const orders = producer.takeLocalizeOrders();
+        for (const o of orders) producer.onLocalized('0:0', { ticket: o.ticket, groups: [] });
+        if (orders.length > 0) break;
+      }
       return p;
     };
     expect((await ask('a1')).status).toBe('held');
-    for (let i = 0; i < 3; i++) await expect(ask('a1')).rejects.toMatchObject({ code: 'busy', message: expect.stringMatching(/more than 65536 token ranges per second asked about this request/) });
+    for (let i = 0; i < 3; i++) await expect(ask('a1')).rejects.toMatchObject({ code: 'busy', message: expect.stringMatching(/more than 1 token ranges per second asked about this request/) });
     expect((await ask('b1')).status).toBe('held');
   });
 });
