@@ -31,6 +31,8 @@ export interface NixlPDOptions {
   consumerConnector?: string;
   /** The transfer engine of both sides (`backend`; default `embedded`; `nixl`: the library found through NIXL_PREFIX). */
   transfer?: TransferEngine;
+  /** Where both engines' log lines go, at level debug (default: silent). */
+  logs?: { write(line: string): void };
 }
 
 /** A P/D pair over a NIXL connector. */
@@ -53,7 +55,7 @@ export const connectorOf = (mode: 'pull' | 'push') => (mode === 'pull' ? 'NixlCo
 export async function makeNixlPD(o: NixlPDOptions): Promise<NixlPD> {
   const id = seq++;
   const checks = o.checksums ?? true;
-  const obs = new KVChecksumObservability({ level: 'silent' });
+  const obs = new KVChecksumObservability(o.logs ? { level: 'debug', destination: o.logs, bindings: { engine: 'consumer' } } : { level: 'silent' });
   const producerMetrics = new Registry();
   const consumerMetrics = new Registry();
   const base = { model: o.model, numBlocks: 128, maxNumBatchedTokens: 256 } as const;
@@ -68,7 +70,7 @@ export async function makeNixlPD(o: NixlPDOptions): Promise<NixlPD> {
       enable_kv_checksum: checks,
       kv_connector_extra_config: { metrics_registry: producerMetrics, ...transfer, ...o.producerExtra },
     },
-    observability: new KVChecksumObservability({ level: 'silent' }),
+    observability: new KVChecksumObservability(o.logs ? { level: 'debug', destination: o.logs, bindings: { engine: 'producer' } } : { level: 'silent' }),
   });
   const consumer = new Engine({
     ...base,

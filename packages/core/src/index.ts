@@ -19,3 +19,4 @@ export * from './checksum-scheduler.js';
 export * from './unusable-params.js';
 export * from './checksum-localize.js';
 export * from './checksum-block-sizes.js';
+export * from './lease-capability.js';

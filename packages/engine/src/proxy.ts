@@ -4,8 +4,11 @@
  *   `kv_transfer_params: { do_remote_decode: true }` and `maxTokens: 1`; the params the producer
  *   returns go to the consumer with `do_remote_prefill: true`, and the consumer's output is the answer;
  * - `concurrent` (Mooncake style): the proxy sends to both at once with a shared `transfer_id`
- *   (producer: `do_remote_decode`, consumer: `do_remote_prefill` and `remote_engine_id`); the
- *   connector pairs the two sides.
+ *   (producer: `do_remote_decode`, consumer: `do_remote_prefill` and `remote_engine_id`) and a
+ *   fresh `lease_capability` (the transfer's unguessable capability, which the producer's side
+ *   channel asks of the consumer; `@kvconnect/core` lease-capability.ts); the connector
+ *   pairs the two sides. In `sequential` mode the producer's params (NIXL's carry its own
+ *   `lease_capability`) are forwarded untouched.
  *
  * In both modes, when the producer's block size of a KV cache group is a larger multiple of the
  * consumer's and both endpoints name their groups (`groupConfigs`), the producer's request also
@@ -14,7 +17,7 @@
  * @module
  */
 import { randomUUID } from 'node:crypto';
-import { KV_CHECKSUM_BLOCK_SIZES_PARAM, kvChecksumBlockSizes, type BlockSizeGroup } from '@kvconnect/core';
+import { KV_CHECKSUM_BLOCK_SIZES_PARAM, LEASE_CAPABILITY_PARAM, kvChecksumBlockSizes, newLeaseCapability, type BlockSizeGroup } from '@kvconnect/core';
 import type { KVTransferParams } from './contracts.js';
 import type { GenerateResult } from './engine.js';
 import type { SamplingParams } from './request.js';
@@ -114,9 +117,12 @@ export class PDProxy {
     if (signal?.aborted) return aborted({ requestId: `${id}-p`, tokenIds: [], text: '', finishReason: 'abort', numPreemptions: 0 });
     if (this.mode === 'concurrent') {
       const transferId = randomUUID();
+      // The transfer's lease capability goes to these two engines only (the producer returns no
+      // params before the consumer starts): `@kvconnect/core` lease-capability.ts.
+      const capability = newLeaseCapability();
       const [p, d] = await Promise.all([
-        side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, transfer_id: transferId, ...this.producerExtras() }, `${id}-p`),
-        side(this.o.decode, prompt, sampling, { do_remote_prefill: true, transfer_id: transferId, remote_engine_id: this.o.prefill.engineId }, `${id}-d`, call.onDelta),
+        side(this.o.prefill, prompt, { ...sampling, maxTokens: 1 }, { do_remote_decode: true, transfer_id: transferId, [LEASE_CAPABILITY_PARAM]: capability, ...this.producerExtras() }, `${id}-p`),
+        side(this.o.decode, prompt, sampling, { do_remote_prefill: true, transfer_id: transferId, remote_engine_id: this.o.prefill.engineId, [LEASE_CAPABILITY_PARAM]: capability }, `${id}-d`, call.onDelta),
       ]);
       return { ...d, prefill: p };
     }

@@ -65,14 +65,15 @@ export interface MooncakeOptions {
    */
   localizeHoldMs: number;
   /**
-   * [`localize_max_inflight_per_peer`] Producer: `loc` requests of one consumer (its consumer key)
-   * being computed at once, at most (default 4; a worker computes one at a time, so this bounds
-   * nothing more than NIXL's); more are refused `busy` (`docs/localize.md`, "Binding and budget").
+   * [`localize_max_inflight_per_peer`] Producer: `loc` requests of one connection being computed
+   * at once, at most (default 4; a worker computes one at a time, so this bounds nothing more than
+   * NIXL's); more are refused `busy` (`docs/localize.md`, "Binding and budget").
    */
   localizeMaxInflightPerPeer: number;
   /**
-   * [`localize_ranges_per_second_per_peer`] Producer: token ranges one consumer may ask `loc` for
-   * per second and worker, at most (default 65 536: one largest request); more are refused `busy`.
+   * [`localize_ranges_per_second_per_peer`] Producer: token ranges that may be asked about one
+   * transfer per second and worker, whatever consumer key or connection asks (default 65 536: one
+   * largest request); more are refused `busy`.
    */
   localizeRangesPerSecondPerPeer: number;
 }

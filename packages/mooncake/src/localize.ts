@@ -28,6 +28,8 @@ export interface LocalizeTarget {
   transferId: string;
   /** The asking consumer engine's key (`@kvconnect/nixl-common` `consumer-binding.ts`; the one its loads' `md` carried). */
   consumerKey: string | null;
+  /** The transfer's lease capability (`kv_transfer_params.lease_capability`), or null. */
+  leaseCapability: string | null;
   secret: Buffer | null;
   maxMessageBytes: number;
   /** Deadline of the bootstrap query, ms (bounded by the drill-down's own). */
@@ -38,11 +40,11 @@ export interface LocalizeTarget {
  * Asks one producer worker (its ROUTER at `addr`) for the fine sums of `transferId` over `query`,
  * as the consumer of key `o.consumerKey`.
  * @throws LocalizeBusyError when the producer refuses for its budget (`busy`);
- *   SideChannelAuthError when it refuses otherwise (its `code`: `forbidden`, the transfer was
- *   served to another consumer key) or fails the handshake;
+ *   SideChannelAuthError when it refuses otherwise (its `code`: `forbidden`, no or another lease
+ *   capability, or the transfer was served to another consumer key) or fails the handshake;
  *   MooncakeProtocolError for a malformed answer; Error on the deadline (`timeoutMs`).
  */
-export async function askProducerWorker(addr: string, transferId: string, query: LocalizeQuery, o: { secret: Buffer | null; maxMessageBytes: number; timeoutMs: number; consumerKey?: string | null }): Promise<LocalizeAnswer> {
+export async function askProducerWorker(addr: string, transferId: string, query: LocalizeQuery, o: { secret: Buffer | null; maxMessageBytes: number; timeoutMs: number; consumerKey?: string | null; leaseCapability?: string | null }): Promise<LocalizeAnswer> {
   const sock = new zmq.Dealer({ linger: 0, maxMessageSize: o.maxMessageBytes, routingId: randomBytes(16).toString('hex'), receiveTimeout: Math.max(1, o.timeoutMs), sendTimeout: Math.max(1, o.timeoutMs) });
   const end = Date.now() + o.timeoutMs;
   try {
@@ -66,7 +68,7 @@ export async function askProducerWorker(addr: string, transferId: string, query:
     const w = await next();
     if (w.kind !== 'welcome') throw new SideChannelAuthError('bad-message', `producer worker ${addr}: expected welcome, got ${w.kind}`);
     session.welcome(w);
-    await sock.send(encodeEnvelope(session.seal(encodeLocalizeRequest({ transferId, query, consumerKey: o.consumerKey ?? null }), 'loc')));
+    await sock.send(encodeEnvelope(session.seal(encodeLocalizeRequest({ transferId, query, consumerKey: o.consumerKey ?? null, leaseCapability: o.leaseCapability ?? null }), 'loc')));
     const r = await next();
     if (r.kind !== 'resp') throw new SideChannelAuthError('bad-message', `producer worker ${addr}: expected resp, got ${r.kind}`);
     return decodeLocalizeReply(session.open(r), o.maxMessageBytes);
@@ -86,7 +88,7 @@ export async function localizeAtProducer(t: LocalizeTarget, query: LocalizeQuery
   const workers = await queryEngine(t.bootstrapAddr, t.engineId, { deadlineMs: Math.max(1, Math.min(timeoutMs, t.bootstrapTimeoutMs)), secret: t.secret });
   const addrs = [...new Set(workers.workers.flat().filter((a): a is string => a !== undefined))];
   if (addrs.length === 0) throw new Error(`producer ${t.engineId} has no registered workers`);
-  const answers = await Promise.all(addrs.map((a) => askProducerWorker(a, t.transferId, query, { secret: t.secret, maxMessageBytes: t.maxMessageBytes, timeoutMs: Math.max(1, end - Date.now()), consumerKey: t.consumerKey })));
+  const answers = await Promise.all(addrs.map((a) => askProducerWorker(a, t.transferId, query, { secret: t.secret, maxMessageBytes: t.maxMessageBytes, timeoutMs: Math.max(1, end - Date.now()), consumerKey: t.consumerKey, leaseCapability: t.leaseCapability })));
   const gone = answers.find((a) => a.status === 'gone');
   if (gone) return gone;
   return mergeLocalizeResults(

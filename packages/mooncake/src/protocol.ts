@@ -10,7 +10,7 @@
  *   base addresses") and the memory they are in (`memory`: `[kind, device]`, `DRAM` host memory or
  *   `VRAM` device memory of CUDA device `device`; one kind and device per worker), the layout of its caches (per cache: strides, block sizes, parts), and the
  *   requests to write: consumer request id -> `[transfer_id, block ids per group, first token,
- *   numTokens]`.
+ *   numTokens, lease capability or nil]`.
  * - {@link TransferResponse}, producer -> consumer: `status` (0 finish, 1 continue, 2 error),
  *   `ok_reqs`, `err_reqs`, `err_msg`, and `kv_checksums` (SPEC 7: consumer request id -> the
  *   encoded checksum payload, a bin; left out when empty).
@@ -40,6 +40,13 @@
  *   engine's key, `@kvconnect/nixl-common` `consumer-binding.ts`): a producer worker binds a
  *   transfer to the key of the first `md` it serves and refuses a `loc` with another key
  *   (`refuse` `forbidden`), or one over the consumer's budget (`refuse` `busy`).
+ * - 6: the lease capability (`kv_transfer_params.lease_capability`, 64 hex digits, drawn by the
+ *   proxy with the `transfer_id`; `consumer-binding.ts`) as a fifth element of each request of
+ *   {@link TransferMetadata} (nil when none) and `lease_capability` in {@link LocalizeRequest};
+ *   `err_code` (`forbidden`) in {@link TransferResponse}. A producer worker serves an `md` request
+ *   or a `loc` of a transfer that has a capability only with it, and an `md` request of a
+ *   transfer bound to another consumer key not at all (`err_code` `forbidden`); the `loc` budget
+ *   is charged per transfer.
  *
  * The field helpers (`uint`, `str`, `arr`, `bin`, `strMap`) are `@kvconnect/transfer`'s
  * `strictDecoders` (`packages/transfer/src/strict-decode.ts`), the set nixl-common's codec uses too.
@@ -48,7 +55,7 @@
 import { createHash } from 'node:crypto';
 import { isDtype, type Dtype } from '@kvconnect/checksum';
 import type { LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
-import { CONSUMER_KEY_CHARS, decodeLocalizeBody, encodeLocalizeBody, isConsumerKey } from '@kvconnect/nixl-common';
+import { CONSUMER_KEY_CHARS, LEASE_CAPABILITY_CHARS, decodeLocalizeBody, encodeLocalizeBody, isConsumerKey, isLeaseCapability } from '@kvconnect/nixl-common';
 import { describeValue, strictDecoders } from '@kvconnect/transfer';
 import { Packr, Unpackr } from 'msgpackr';
 
@@ -140,6 +147,8 @@ export interface WireLoad {
   firstToken: number;
   /** Tokens of the load (first token + external tokens). */
   numTokens: number;
+  /** The transfer's lease capability (version 6, `kv_transfer_params.lease_capability`); null or absent: none. */
+  leaseCapability?: string | null;
 }
 
 /** The memory a worker's KV regions are in (one kind and device per worker). */
@@ -180,6 +189,8 @@ export interface TransferResponse {
   okReqs: string[];
   errReqs: string[];
   errMsg?: string;
+  /** Why `errReqs` failed, when typed (version 6): `forbidden`, no or another lease capability, or another consumer's transfer. */
+  errCode?: 'forbidden';
   /** SPEC 7 `kv_checksums`: consumer request id -> encoded checksum payload. */
   kvChecksums: Map<string, Uint8Array>;
 }
@@ -217,7 +228,7 @@ export function encodeTransferMetadata(m: TransferMetadata): Uint8Array {
     return o;
   });
   const requests = new Map<string, unknown>();
-  for (const [id, r] of m.requests) requests.set(id, [r.transferId, r.blocks, r.firstToken, r.numTokens]);
+  for (const [id, r] of m.requests) requests.set(id, [r.transferId, r.blocks, r.firstToken, r.numTokens, r.leaseCapability ?? null]);
   return pack(
     new Map<string, unknown>([
       ['agent_metadata', m.agentMetadata],
@@ -252,6 +263,7 @@ export function encodeTransferResponse(r: TransferResponse): Uint8Array {
     ['err_reqs', r.errReqs],
   ]);
   if (r.errMsg !== undefined) o.set('err_msg', r.errMsg);
+  if (r.errCode !== undefined) o.set('err_code', r.errCode);
   if (r.kvChecksums.size > 0) o.set('kv_checksums', r.kvChecksums);
   return pack(o);
 }
@@ -429,14 +441,16 @@ export function decodeTransferMetadata(bytes: Uint8Array, maxBytes: number = LIM
     for (const [id, v] of reqMap) {
       // Paths are built only on failure: this loop runs up to LIMITS.requests times per message.
       const p = () => `requests[${JSON.stringify(id)}]`;
-      if (!Array.isArray(v) || v.length !== 4) fail(p(), Array.isArray(v) ? 'expected [transfer_id, blocks, first_token, num_tokens]' : `expected an array, got ${describe(v)}`);
+      if (!Array.isArray(v) || v.length !== 5) fail(p(), Array.isArray(v) ? 'expected [transfer_id, blocks, first_token, num_tokens, lease_capability]' : `expected an array, got ${describe(v)}`);
       const a = v as unknown[];
       const blocks = decodeBlocks(a[1], p);
       const firstToken = typeof a[2] === 'number' && Number.isSafeInteger(a[2]) && a[2] >= 0 ? a[2] : uint(a[2], `${p()}[2]`);
       const numTokens = typeof a[3] === 'number' && Number.isSafeInteger(a[3]) && a[3] >= 0 ? a[3] : uint(a[3], `${p()}[3]`);
       if (numTokens <= firstToken) fail(p(), `num_tokens ${numTokens} must exceed first_token ${firstToken}`);
       const transferId = typeof a[0] === 'string' && a[0].length > 0 && a[0].length <= LIMITS.idLength ? a[0] : str(a[0], `${p()}[0]`);
-      requests.set(id, { transferId, blocks, firstToken, numTokens });
+      // The capability is never echoed in the error (it would reach logs).
+      if (a[4] !== null && !isLeaseCapability(a[4])) fail(`${p()}[4]`, `expected nil or ${LEASE_CAPABILITY_CHARS} lowercase hex digits`);
+      requests.set(id, a[4] === null ? { transferId, blocks, firstToken, numTokens } : { transferId, blocks, firstToken, numTokens, leaseCapability: a[4] as string });
     }
     return {
       agentMetadata: bin(field(m, 'agent_metadata', true), 'agent_metadata', LIMITS.agentMetadataBytes),
@@ -475,12 +489,14 @@ export function decodeTransferResponse(bytes: Uint8Array, maxBytes: number = LIM
     const errReqs = ids('err_reqs');
     const em = m.get('err_msg');
     const errMsg = em === undefined || em === null ? undefined : str(em, 'err_msg', LIMITS.errorMessage, true);
+    const ec = m.get('err_code');
+    if (ec !== undefined && ec !== null && ec !== 'forbidden') fail('err_code', `expected "forbidden", got ${describe(ec)}`);
     const kvChecksums = new Map<string, Uint8Array>();
     const kc = m.get('kv_checksums');
     if (kc !== undefined) {
       for (const [id, p] of strMap(kc, 'kv_checksums', LIMITS.requests)) kvChecksums.set(id, bin(p, `kv_checksums[${JSON.stringify(id)}]`, LIMITS.payloadBytes));
     }
-    return { status, okReqs, errReqs, errMsg, kvChecksums };
+    return { status, okReqs, errReqs, errMsg, ...(ec === 'forbidden' ? { errCode: 'forbidden' as const } : {}), kvChecksums };
   } catch (e) {
     if (e instanceof MooncakeProtocolError) throw e;
     throw new MooncakeProtocolError('(message)', e instanceof Error ? e.message : String(e));
@@ -491,7 +507,7 @@ export function decodeTransferResponse(bytes: Uint8Array, maxBytes: number = LIM
 // The envelope (protocol version 2)
 
 /** Side-channel protocol version (see the version history in the module comment). */
-export const MOONCAKE_PROTOCOL_VERSION = 5;
+export const MOONCAKE_PROTOCOL_VERSION = 6;
 
 /** The envelope's message kinds: the handshake, the messages (`loc`: a {@link LocalizeRequest}, since version 4), and a refusal. */
 export type EnvelopeKind = 'hello' | 'welcome' | 'md' | 'resp' | 'refuse' | 'loc';
@@ -514,8 +530,9 @@ export const MOONCAKE_COMPAT_HASH: string = createHash('sha256')
       envelope: ['v', 'compat', 'kind', 'cn', 'sn', 'ts', 'seq', 'body', 'proof', 'code', 'message'],
       kinds: KINDS,
       metadata: ['agent_metadata', 'backend', 'engine_id', 'tp_size', 'tp_rank', 'pp_size', 'pp_rank', 'regions', 'memory', 'caches', 'requests', 'consumer_key'],
-      response: ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'kv_checksums'],
-      localize: ['transfer_id', 'range_tokens', 'groups', 'consumer_key'],
+      response: ['status', 'ok_reqs', 'err_reqs', 'err_msg', 'err_code', 'kv_checksums'],
+      request: ['transfer_id', 'blocks', 'first_token', 'num_tokens', 'lease_capability'],
+      localize: ['transfer_id', 'range_tokens', 'groups', 'consumer_key', 'lease_capability'],
       localize_reply: ['answer'],
     }),
   )
@@ -644,13 +661,16 @@ export const LOCALIZE_LIMITS = Object.freeze({ groups: 64, ranges: 1024, rangeTo
  * width in tokens and, per group, the request positions `[tokenStart, tokenEnd)`).
  * Wire: a MessagePack map `{transfer_id: str, range_tokens: uint 1..2^20, groups: [[groupId < 64,
  * tokenStart, tokenEnd], ...]}` (at most 64 distinct groups, at most 1024 ranges of
- * `range_tokens` per group, version 5: `consumer_key`, 32 hex digits, absent or nil when none).
+ * `range_tokens` per group, version 5: `consumer_key`, 32 hex digits, absent or nil when none;
+ * version 6: `lease_capability`, 64 hex digits, absent or nil when none).
  */
 export interface LocalizeRequest {
   transferId: string;
   query: LocalizeQuery;
   /** The asking consumer engine's key (`consumer-binding.ts`); null or absent: none. */
   consumerKey?: string | null;
+  /** The transfer's lease capability (version 6, `consumer-binding.ts`); null or absent: none. */
+  leaseCapability?: string | null;
 }
 
 /** Encodes a {@link LocalizeRequest}. */
@@ -661,6 +681,7 @@ export function encodeLocalizeRequest(r: LocalizeRequest): Uint8Array {
       ['range_tokens', r.query.rangeTokens],
       ['groups', r.query.groups.map((g) => [g.groupId, g.tokenStart, g.tokenEnd])],
       ...(r.consumerKey ? [['consumer_key', r.consumerKey] as [string, unknown]] : []),
+      ...(r.leaseCapability ? [['lease_capability', r.leaseCapability] as [string, unknown]] : []),
     ]),
   );
 }
@@ -688,7 +709,9 @@ export function decodeLocalizeRequest(bytes: Uint8Array, maxBytes: number = LIMI
       if (Math.ceil((tokenEnd - tokenStart) / rangeTokens) > LOCALIZE_LIMITS.ranges) fail(`groups[${i}]`, `more than ${LOCALIZE_LIMITS.ranges} token ranges`);
       return { groupId, tokenStart, tokenEnd };
     });
-    return { transferId, query: { rangeTokens, groups }, ...consumerKeyField(m) };
+    const cap = m.get('lease_capability');
+    if (cap !== undefined && cap !== null && !isLeaseCapability(cap)) fail('lease_capability', `expected ${LEASE_CAPABILITY_CHARS} lowercase hex digits`);
+    return { transferId, query: { rangeTokens, groups }, ...consumerKeyField(m), ...(typeof cap === 'string' ? { leaseCapability: cap } : {}) };
   } catch (err) {
     if (err instanceof MooncakeProtocolError) throw err;
     throw new MooncakeProtocolError('(message)', err instanceof Error ? err.message : String(err));

@@ -41,7 +41,7 @@ import type {
   SchedulerContext,
 } from '@kvconnect/core';
 import { UnusableParams, hasRemoteKeys } from '@kvconnect/core';
-import { newConsumerKey } from '@kvconnect/nixl-common';
+import { LEASE_CAPABILITY_CHARS, LEASE_CAPABILITY_PARAM, isLeaseCapability, newConsumerKey } from '@kvconnect/nixl-common';
 import { checkBindHost } from '@kvconnect/transfer';
 import { BootstrapServer, parseRegistration } from './bootstrap.js';
 import type { MooncakeOptions } from './config.js';
@@ -57,6 +57,13 @@ export interface MooncakeSendSpec {
   numTokens: number;
   /** The SPEC 6 checksum payload, when checksums are on. */
   kvChecksums?: Uint8Array;
+  /**
+   * The transfer's lease capability (`kv_transfer_params.lease_capability`, drawn by the proxy;
+   * `consumer-binding.ts`): the consumer's `md` and `loc` must carry it. Absent (the proxy gave
+   * none, or a malformed one, which the consumer refuses as unusable params): the first consumer
+   * key served binds the transfer.
+   */
+  leaseCapability?: string;
 }
 
 /** A consumer load the workers start. */
@@ -72,6 +79,8 @@ export interface MooncakeLoadSpec {
   numTokens: number;
   /** The consumer engine's key (`@kvconnect/nixl-common` `consumer-binding.ts`): sent in the load's `md`. */
   consumerKey: string;
+  /** The transfer's lease capability from the params (`lease_capability`), sent in the load's `md` and `loc`; null or absent: none. */
+  leaseCapability?: string | null;
 }
 
 /** The connector's per-step metadata. */
@@ -89,7 +98,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
   private sends = new Map<string, MooncakeSendSpec>();
   private loads: MooncakeLoadSpec[] = [];
   private aborts: string[] = [];
-  private readonly asked = new Map<string, { local: number; bootstrapAddr: string; remoteEngineId: string; transferId: string }>();
+  private readonly asked = new Map<string, { local: number; bootstrapAddr: string; remoteEngineId: string; transferId: string; leaseCapability: string | null }>();
   private readonly server: Promise<BootstrapServer> | null = null;
   /** Loads not started because no bootstrap address was known (the request prefilled locally). */
   noBootstrap = 0;
@@ -157,6 +166,12 @@ export class MooncakeScheduler implements KVConnectorScheduler {
       this.unusable.reject(request.requestId, `kv_transfer_params unusable by Mooncake (${isStr(p.transfer_id) ? 'remote_engine_id' : 'transfer_id'} missing: Mooncake pairs the two sides by a proxy-given transfer_id); prefilled locally`);
       return { count: 0, loadAsync: false };
     }
+    const cap = p[LEASE_CAPABILITY_PARAM];
+    if (cap !== undefined && cap !== null && !isLeaseCapability(cap)) {
+      // Never echo the value: the reason goes to logs and the returned params.
+      this.unusable.reject(request.requestId, `kv_transfer_params unusable by Mooncake (${LEASE_CAPABILITY_PARAM}: malformed, expected ${LEASE_CAPABILITY_CHARS} lowercase hex digits); prefilled locally`);
+      return { count: 0, loadAsync: false };
+    }
     const bootstrapAddr = this.bootstrapFor(p);
     if (bootstrapAddr === undefined) {
       this.noBootstrap++;
@@ -165,7 +180,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
     }
     const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
     if (count === 0) return { count: 0, loadAsync: false };
-    this.asked.set(request.requestId, { local: numComputedTokens, bootstrapAddr, remoteEngineId: p.remote_engine_id, transferId: p.transfer_id });
+    this.asked.set(request.requestId, { local: numComputedTokens, bootstrapAddr, remoteEngineId: p.remote_engine_id, transferId: p.transfer_id, leaseCapability: typeof cap === 'string' ? cap : null });
     return { count, loadAsync: true };
   }
 
@@ -182,6 +197,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
       firstToken: a.local,
       numTokens: a.local + numExternalTokens,
       consumerKey: this.consumerKey,
+      ...(a.leaseCapability !== null ? { leaseCapability: a.leaseCapability } : {}),
     });
   }
 
@@ -209,7 +225,8 @@ export class MooncakeScheduler implements KVConnectorScheduler {
       this.aborts.push(p.transfer_id);
       return { delayFree: false };
     }
-    this.sends.set(id, { requestId: id, transferId: p.transfer_id, blocks: blocks.map((b) => b.slice()), numTokens: Math.min(request.numComputedTokens, request.numTokens) });
+    const cap = p[LEASE_CAPABILITY_PARAM];
+    this.sends.set(id, { requestId: id, transferId: p.transfer_id, blocks: blocks.map((b) => b.slice()), numTokens: Math.min(request.numComputedTokens, request.numTokens), ...(isLeaseCapability(cap) ? { leaseCapability: cap } : {}) });
     return { delayFree: true };
   }
 
@@ -243,7 +260,7 @@ export class MooncakeScheduler implements KVConnectorScheduler {
     const bootstrapAddr = this.bootstrapFor(p);
     if (!isStr(p.transfer_id) || !isStr(p.remote_engine_id) || bootstrapAddr === undefined) throw new Error(`request ${request.requestId}: its kv_transfer_params name no Mooncake producer (transfer_id, remote_engine_id, bootstrap address)`);
     return localizeAtProducer(
-      { bootstrapAddr, engineId: p.remote_engine_id, transferId: p.transfer_id, consumerKey: this.consumerKey, secret: this.opts.clusterSecret, maxMessageBytes: this.opts.maxMessageBytes, bootstrapTimeoutMs: this.opts.bootstrapTimeoutMs },
+      { bootstrapAddr, engineId: p.remote_engine_id, transferId: p.transfer_id, consumerKey: this.consumerKey, leaseCapability: isLeaseCapability(p[LEASE_CAPABILITY_PARAM]) ? p[LEASE_CAPABILITY_PARAM] : null, secret: this.opts.clusterSecret, maxMessageBytes: this.opts.maxMessageBytes, bootstrapTimeoutMs: this.opts.bootstrapTimeoutMs },
       query,
       timeoutMs,
     );

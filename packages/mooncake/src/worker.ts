@@ -37,6 +37,12 @@
  * that long after every consumer worker was served, and answers a consumer's `loc` (side-channel
  * protocol 4) with the fine sums of its rank over the held blocks (`localizeOrderOnRank`); the
  * answer ends the hold. A send no longer held is answered `gone`.
+ *
+ * Lease capability (protocol 6, `@kvconnect/nixl-common` `consumer-binding.ts`): a send whose
+ * params held `lease_capability` is written only for an `md` request that carries it, and
+ * localized only for a `loc` that does (constant-time comparison); without one, the first consumer
+ * key served binds the send and an `md` or `loc` with another key is refused. Refused `md`
+ * requests are answered `err_code` `forbidden` and do not count as served.
  * @module
  */
 import { randomBytes, randomUUID } from 'node:crypto';
@@ -44,7 +50,7 @@ import { loadBlockIds, silentLogger, type Logger } from '@kvconnect/core';
 import type { KVConnectorWorker, KVRole, LoadError, SchedulerOutput, TransferResults, WorkerContext, WorkerKVCaches } from '@kvconnect/core';
 import { checkBindHost, readDeviceBytes, toMemoryRegion, type RegisteredRegion, type TransferAgent } from '@kvconnect/transfer';
 import * as zmq from 'zeromq';
-import { ConsumerBindings, LocalizeBudget, localizeOrderOnRank, localizeQueryRanges } from '@kvconnect/nixl-common';
+import { ConsumerBindings, LocalizeBudget, capabilityDenied, localizeOrderOnRank, localizeQueryRanges } from '@kvconnect/nixl-common';
 import type { GroupPlan } from '@kvconnect/checksum';
 import { createAgent } from './agent.js';
 import { ConsumerSession, ProducerSessions, SideChannelAuthError, type ProducerSession } from './channel.js';
@@ -108,8 +114,10 @@ export interface MooncakeWorkerStats {
   /** Producer: `loc` (localize) requests received, and answered `held` (fine sums sent). */
   localizeReceived: number;
   localizeAnswered: number;
-  /** Producer: `loc` requests refused `forbidden` (another consumer's transfer) or `busy` (over the consumer's budget). */
+  /** Producer: `loc` requests refused `forbidden` (no or another lease capability, or another consumer's transfer) or `busy` (over the transfer's budget). */
   localizeRefused: number;
+  /** Producer: `md` requests refused `forbidden` (no or another lease capability, or another consumer's transfer); nothing was written. */
+  metadataForbidden: number;
   /** Consumer: loads finished, failed, responses received, malformed responses. */
   loadsFinished: number;
   loadsFailed: number;
@@ -186,6 +194,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     localizeReceived: 0,
     localizeAnswered: 0,
     localizeRefused: 0,
+    metadataForbidden: 0,
     loadsFinished: 0,
     loadsFailed: 0,
     responsesReceived: 0,
@@ -532,10 +541,22 @@ export class MooncakeWorker implements KVConnectorWorker {
   }
 
   /**
+   * Why a message about `st` with `capability` and `consumerKey` may not act on it (a text without
+   * the capability), or null: a send with a capability needs it; one without is bound to the
+   * first consumer key that asks (an unbound one is bound to `consumerKey` now, a null key binds nothing).
+   */
+  private denied(st: SendState, capability: string | null | undefined, consumerKey: string | null): string | null {
+    const cap = st.spec.leaseCapability;
+    if (cap !== undefined) return capabilityDenied(cap, capability);
+    return this.bindings.check(st.spec.transferId, consumerKey);
+  }
+
+  /**
    * A consumer's `loc`: the fine sums of this rank over the held blocks of its transfer, or `gone`;
    * the answer ends the send's hold (`localize_hold_ms`). A malformed request is refused
-   * (`bad-message`); one whose transfer was served to another consumer key (`forbidden`) or over
-   * the asking consumer's budget (`busy`) is refused and changes nothing (`consumer-binding.ts`).
+   * (`bad-message`); one without the transfer's lease capability (or, for a transfer without one,
+   * of another consumer key than the one served: `forbidden`) or over the transfer's budget
+   * (`busy`) is refused and changes nothing (`consumer-binding.ts`).
    * Synchronous: the blocks cannot be freed while they are summed.
    */
   private onLocalize(identity: Buffer, session: ProducerSession, body: Uint8Array): void {
@@ -558,10 +579,11 @@ export class MooncakeWorker implements KVConnectorWorker {
         this.lastError = message;
         this.sendEnvelope(identity, { kind: 'refuse', code, message });
       };
-      const foreign = this.bindings.check(req.transferId, req.consumerKey ?? null);
-      if (foreign !== null) return refuse('forbidden', `transfer ${req.transferId} was ${foreign}`);
-      const asker = req.consumerKey ?? `connection ${identity.toString('hex')}`;
-      const over = this.localizeBudget.take(asker, localizeQueryRanges(req.query));
+      const why = this.denied(st, req.leaseCapability, req.consumerKey ?? null);
+      if (why !== null) return refuse('forbidden', `transfer ${req.transferId}: ${why}`);
+      // Charged to the transfer (what its capability grants), not to a key the asker drew.
+      const asker = `connection ${identity.toString('hex')}`;
+      const over = this.localizeBudget.take(`transfer ${req.transferId}`, localizeQueryRanges(req.query), asker);
       if (over !== null) return refuse('busy', `transfer ${req.transferId}: ${over}`);
       let r;
       try {
@@ -619,21 +641,29 @@ export class MooncakeWorker implements KVConnectorWorker {
         const status = !r.ok ? XferStatusCode.ERROR : left === 0 ? XferStatusCode.FINISH : XferStatusCode.CONTINUE;
         const kvChecksums = new Map<string, Uint8Array>();
         if (r.ok && r.payload) kvChecksums.set(id, r.payload);
-        answer({ status, okReqs: r.ok ? [id] : [], errReqs: r.ok ? [] : [id], errMsg: r.ok ? undefined : r.error, kvChecksums });
+        answer({ status, okReqs: r.ok ? [id] : [], errReqs: r.ok ? [] : [id], errMsg: r.ok ? undefined : r.error, ...(!r.ok && r.code ? { errCode: r.code } : {}), kvChecksums });
       }),
     );
   }
 
   /** Writes one request's blocks for one consumer worker. */
-  private async serve(md: TransferMetadata, agentName: string, load: WireLoad, peer: string): Promise<{ ok: true; payload?: Uint8Array } | { ok: false; error: string }> {
+  private async serve(md: TransferMetadata, agentName: string, load: WireLoad, peer: string): Promise<{ ok: true; payload?: Uint8Array } | { ok: false; error: string; code?: 'forbidden' }> {
     const got = await this.waitForSend(load.transferId, peer);
     if (typeof got === 'string') {
       this.lastError = got;
       return { ok: false, error: got };
     }
     const st = got;
-    // The transfer is served to this consumer: its key (the first served) may `loc` it later.
-    this.bindings.claim(st.spec.transferId, md.consumerKey ?? null);
+    // Only with the transfer's capability (or, without one, from the consumer key that bound it);
+    // a refused request writes nothing and does not count as served. Binds an unbound transfer
+    // without a capability to this key: the consumer it is served to, which may `loc` it later.
+    const why = this.denied(st, load.leaseCapability, md.consumerKey ?? null);
+    if (why !== null) {
+      this.stats.metadataForbidden++;
+      const error = `forbidden: transfer ${st.spec.transferId}: ${why}`;
+      this.lastError = error;
+      return { ok: false, error, code: 'forbidden' };
+    }
     const consumerKey = `${md.engineId}\u0000${md.ppRank}:${md.tpRank}`;
     st.expected = md.tpSize * md.ppSize;
     st.inflight++;
@@ -786,7 +816,7 @@ export class MooncakeWorker implements KVConnectorWorker {
       const live = specs.filter((s) => this.loads.has(s.requestId));
       if (live.length === 0 || this.closed) return;
       const requests = new Map<string, WireLoad>();
-      for (const s of live) requests.set(s.requestId, { transferId: s.transferId, blocks: s.blocks, firstToken: s.firstToken, numTokens: s.numTokens });
+      for (const s of live) requests.set(s.requestId, { transferId: s.transferId, blocks: s.blocks, firstToken: s.firstToken, numTokens: s.numTokens, leaseCapability: s.leaseCapability });
       const bytes = encodeTransferMetadata({
         agentMetadata: this.agentMetadata!,
         backend: this.agent!.backend,
@@ -839,7 +869,7 @@ export class MooncakeWorker implements KVConnectorWorker {
     }
     for (const id of r.errReqs) {
       const st = this.loads.get(id);
-      if (st?.waiting?.has(addr)) this.fail(st, `producer ${addr}: ${r.errMsg ?? 'error'}`, addr, false);
+      if (st?.waiting?.has(addr)) this.fail(st, `producer ${addr}: ${r.errMsg ?? 'error'}`, addr, false, r.errCode ?? 'producer-error');
     }
     if (r.status === XferStatusCode.ERROR && r.okReqs.length === 0 && r.errReqs.length === 0) this.failAddr(addr, `producer ${addr}: ${r.errMsg ?? 'error'}`, false);
   }

@@ -63,7 +63,7 @@ function metadata(): TransferMetadata {
       },
     ],
     requests: new Map([
-      ['req-a', { transferId: 'xfer-1', blocks: [[3, 4, 5], [7]], firstToken: 16, numTokens: 40 }],
+      ['req-a', { transferId: 'xfer-1', blocks: [[3, 4, 5], [7]], firstToken: 16, numTokens: 40, leaseCapability: 'ab'.repeat(32) }],
       ['req-b', { transferId: 'xfer-2', blocks: [[-1, 9], [2]], firstToken: 0, numTokens: 20 }],
     ]),
   };
@@ -111,9 +111,11 @@ describe('transfer metadata', () => {
     ['a too long engine id', (m) => m.set('engine_id', 'x'.repeat(LIMITS.idLength + 1)), /engine_id: longer than/],
     ['requests as an array', (m) => m.set('requests', []), /requests: expected a map/],
     ['a request key that is a number', (m) => m.set('requests', new Map([[5, ['x', [[1]], 0, 1]]])), /requests key: expected a string/],
-    ['num_tokens <= first_token', (m) => m.set('requests', new Map([['r', ['x', [[1]], 4, 4]]])), /must exceed first_token/],
-    ['a block id that is not an integer', (m) => m.set('requests', new Map([['r', ['x', [['7']], 0, 1]]])), /expected a block id/],
-    ['too many groups', (m) => m.set('requests', new Map([['r', ['x', Array.from({ length: LIMITS.groups + 1 }, () => []), 0, 1]]])), /more than 64 entries/],
+    ['num_tokens <= first_token', (m) => m.set('requests', new Map([['r', ['x', [[1]], 4, 4, null]]])), /must exceed first_token/],
+    ['a block id that is not an integer', (m) => m.set('requests', new Map([['r', ['x', [['7']], 0, 1, null]]])), /expected a block id/],
+    ['a request of four elements (version 5)', (m) => m.set('requests', new Map([['r', ['x', [[1]], 0, 1]]])), /expected \[transfer_id, blocks, first_token, num_tokens, lease_capability\]/],
+    ['a malformed lease capability (its value is not echoed)', (m) => m.set('requests', new Map([['r', ['x', [[1]], 0, 1, 'F'.repeat(63) + 'q']]])), /requests\["r"\]\[4\]: expected nil or 64 lowercase hex digits$/],
+    ['too many groups', (m) => m.set('requests', new Map([['r', ['x', Array.from({ length: LIMITS.groups + 1 }, () => []), 0, 1, null]]])), /more than 64 entries/],
     [
       'a part in a region not advertised',
       (m) => {

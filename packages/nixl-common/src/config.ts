@@ -41,13 +41,14 @@ export interface NixlConfig {
    */
   localizeHoldMs: number;
   /**
-   * Producer: `LOCALIZE` requests of one consumer (its consumer key) being computed at once, at most
+   * Producer: `LOCALIZE` requests of one side-channel connection being computed at once, at most
    * (`localize_max_inflight_per_peer`, default 4); more are refused `busy` (docs/localize.md, "Binding and budget").
    */
   localizeMaxInflightPerPeer: number;
   /**
-   * Producer: token ranges one consumer may ask `LOCALIZE` for per second (`localize_ranges_per_second_per_peer`,
-   * default 65 536: one largest request, 64 groups x 1024 ranges); more are refused `busy`.
+   * Producer: token ranges that may be asked about one request per second, charged to the request
+   * whatever consumer key or connection asks (`localize_ranges_per_second_per_peer`, default 65 536:
+   * one largest request, 64 groups x 1024 ranges); more are refused `busy`.
    */
   localizeRangesPerSecondPerPeer: number;
   /** Deadline of one transfer, ms (default 30 000); also how long a consumer pins the lease before a READ. */

@@ -125,17 +125,19 @@ export class NixlPeers {
    * answer (default the handshake timeout; a pin before a READ passes the transfer's deadline: a
    * producer busy with a long engine step answers only after it). `consumerKey`: this consumer
    * engine's key (`consumer-binding.ts`; `LoadSpec.consumerKey`), in this and the calls below.
+   * `capabilities` / `capability`: the requests' lease capabilities (protocol 19,
+   * `LoadSpec.leaseCapability`; `capabilities[i]` is `requestIds[i]`'s), in this and the calls below.
    * @returns expiry per request (ms since epoch; 0 = gone).
    */
-  lease(host: string, port: number, requestIds: string[], pinMs: number, timeoutMs?: number, consumerKey?: string | null): Promise<Map<string, number>> {
-    return this.client(host, port).request({ type: 'lease', requestIds, pinMs, consumerKey }, decodeLeaseBody, timeoutMs);
+  lease(host: string, port: number, requestIds: string[], pinMs: number, timeoutMs?: number, consumerKey?: string | null, capabilities?: readonly (string | null)[]): Promise<Map<string, number>> {
+    return this.client(host, port).request({ type: 'lease', requestIds, pinMs, consumerKey, capabilities }, decodeLeaseBody, timeoutMs);
   }
 
   /** RELEASE to a producer (best effort; errors are swallowed). */
-  release(host: string, port: number, requestIds: string[], consumerKey?: string | null): void {
+  release(host: string, port: number, requestIds: string[], consumerKey?: string | null, capabilities?: readonly (string | null)[]): void {
     if (this.closed) return;
     this.client(host, port)
-      .request({ type: 'release', requestIds, consumerKey }, decodeEmptyBody)
+      .request({ type: 'release', requestIds, consumerKey, capabilities }, decodeEmptyBody)
       .catch(() => {});
   }
 
@@ -143,13 +145,13 @@ export class NixlPeers {
    * PUSH_REG to a producer; `timeoutMs` as for {@link lease} (a push load passes what is left of
    * its deadline). @throws SideChannelError with the refusal code.
    */
-  pushRegister(host: string, port: number, reg: PushRegistration, timeoutMs?: number, consumerKey?: string | null): Promise<void> {
-    return this.client(host, port).request({ type: 'push-reg', reg, consumerKey }, decodeEmptyBody, timeoutMs);
+  pushRegister(host: string, port: number, reg: PushRegistration, timeoutMs?: number, consumerKey?: string | null, capability?: string | null): Promise<void> {
+    return this.client(host, port).request({ type: 'push-reg', reg, consumerKey, capability }, decodeEmptyBody, timeoutMs);
   }
 
   /** LOCALIZE to a producer (docs/localize.md). @throws SideChannelError with the refusal code, or `timeout` / `transport`. */
-  localize(host: string, port: number, requestId: string, query: LocalizeQuery, timeoutMs?: number, consumerKey?: string | null): Promise<LocalizeAnswer> {
-    return this.client(host, port).request({ type: 'localize', requestId, query, consumerKey }, decodeLocalizeBody, timeoutMs);
+  localize(host: string, port: number, requestId: string, query: LocalizeQuery, timeoutMs?: number, consumerKey?: string | null, capability?: string | null): Promise<LocalizeAnswer> {
+    return this.client(host, port).request({ type: 'localize', requestId, query, consumerKey, capability }, decodeLocalizeBody, timeoutMs);
   }
 
   /** Closes every client (pending requests fail). */

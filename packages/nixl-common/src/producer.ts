@@ -5,7 +5,9 @@
  *
  * - `INFO` from the engine's handshake info ({@link engineInfoOf}: every worker's
  *   {@link RankInfo}, collected through `getHandshakeMetadata` -> `setXferHandshakeMetadata`);
- * - `LEASE` / `RELEASE` on the producer's {@link LeaseTable}, which this object owns;
+ * - `LEASE` / `RELEASE` on the producer's {@link LeaseTable}, which this object owns (every request
+ *   about a held request, `PUSH_REG` and `LOCALIZE` too, only with its lease capability,
+ *   consumer-binding.ts: else `forbidden`);
  * - `PUSH_REG` (push mode): checks the lease and queues the registration; the scheduler half
  *   passes it to the producer workers in the next step's metadata (the workers WRITE);
  * - `LOCALIZE` (docs/localize.md): while the request's blocks are still held, queues an order for
@@ -22,7 +24,7 @@ import type { FineSum } from '@kvconnect/checksum';
 import type { KVCacheGroupConfig, LocalizeAnswer, LocalizeQuery } from '@kvconnect/core';
 import { checkBindHost } from '@kvconnect/transfer';
 import type { NixlConfig } from './config.js';
-import { ConsumerBindings, LocalizeBudget, localizeQueryRanges } from './consumer-binding.js';
+import { LeaseCapabilities, LocalizeBudget, localizeQueryRanges } from './consumer-binding.js';
 import { LeaseTable } from './lease.js';
 import { mergeLocalizeResults } from './localize.js';
 import type { NixlMetrics } from './metrics.js';
@@ -109,9 +111,13 @@ export class NixlProducerChannel {
   private localizeOrders: LocalizeOrder[] = [];
   private readonly localizing = new Map<number, { order: LocalizeOrder; results: Map<string, LocalizeResult>; resolve: (a: LocalizeAnswer | Error) => void; timer: NodeJS.Timeout }>();
   private nextTicket = 1;
-  /** The consumer key each held request is bound to (`LOCALIZE` and `RELEASE` need it; consumer-binding.ts). */
-  readonly bindings = new ConsumerBindings();
-  /** Per consumer `LOCALIZE` budget (consumer-binding.ts). */
+  /**
+   * The lease capability of each held request (protocol 19, consumer-binding.ts; drawn by
+   * {@link heldBlocks}): `LEASE`, `RELEASE`, `PUSH_REG` and `LOCALIZE` of the request must carry
+   * it, else `forbidden`. It is the request's binding: consumer keys bind nothing here since 19.
+   */
+  readonly capabilities = new LeaseCapabilities();
+  /** The `LOCALIZE` budget: token ranges per request, computations per connection (consumer-binding.ts). */
   private readonly budget: LocalizeBudget;
   /** Requests served, by type (diagnostics; a verified load never makes a `localize`). */
   readonly served: Record<SideRequest['type'], number> = { info: 0, lease: 0, release: 0, 'push-reg': 0, localize: 0 };
@@ -155,9 +161,19 @@ export class NixlProducerChannel {
     return r;
   }
 
-  /** A finished request whose blocks are held under a lease: what a later `LOCALIZE` sums. */
-  heldBlocks(requestId: string, blocks: number[][], numTokens: number): void {
+  /**
+   * A finished request whose blocks are held under a lease: what a later `LOCALIZE` sums.
+   * @returns the request's fresh lease capability (consumer-binding.ts), for its `kv_transfer_params`.
+   */
+  heldBlocks(requestId: string, blocks: number[][], numTokens: number): string {
     this.finished.set(requestId, { blocks, numTokens });
+    return this.capabilities.grant(requestId);
+  }
+
+  /** Why a message with `capability` may not act on `requestId` (a `forbidden` text that never holds a capability), or null. */
+  private denied(requestId: string, capability: string | null | undefined, what: string): string | null {
+    const why = this.capabilities.check(requestId, capability);
+    return why === null ? null : `engine ${this.o.engineId}: request ${requestId}: ${why}; ${what}`;
   }
 
   /** The `LOCALIZE` orders accepted since the previous call (for the next step's metadata). */
@@ -165,7 +181,7 @@ export class NixlProducerChannel {
     for (const id of this.finished.keys()) {
       if (this.leases.stateOf(id) !== undefined) continue;
       this.finished.delete(id);
-      this.bindings.forget(id);
+      this.capabilities.forget(id);
     }
     const r = this.localizeOrders;
     this.localizeOrders = [];
@@ -182,11 +198,11 @@ export class NixlProducerChannel {
   }
 
   /**
-   * Serves `LOCALIZE`: see the module comment. Refused `forbidden` when the request is bound to
-   * another consumer key, `busy` over the asking consumer's budget (`consumerKey`, else the
-   * connection `peer`); a refusal changes nothing (consumer-binding.ts).
+   * Serves `LOCALIZE`: see the module comment. Refused `forbidden` without the request's lease
+   * capability, `busy` over the request's budget or the connection `peer`'s computations in
+   * flight; a refusal changes nothing (consumer-binding.ts).
    */
-  private async localize(requestId: string, query: LocalizeQuery, consumerKey: string | null, peer: string): Promise<HandlerResult> {
+  private async localize(requestId: string, query: LocalizeQuery, capability: string | null, peer: string): Promise<HandlerResult> {
     const held = this.finished.get(requestId);
     if (!held || !this.leases.blocksHeld(requestId)) {
       const state = this.leases.stateOf(requestId);
@@ -194,15 +210,16 @@ export class NixlProducerChannel {
       const why = state === 'held' || state === 'done' ? 'blocks being freed' : state !== undefined ? `lease ${state}` : ended !== undefined ? `blocks freed (lease ${ended})` : 'unknown request';
       return { ok: encodeLocalizeBody({ status: 'gone', detail: `request ${requestId}: ${why}` }) };
     }
-    const foreign = this.bindings.check(requestId, consumerKey);
-    if (foreign !== null) return { refuse: 'forbidden', message: `engine ${this.o.engineId}: request ${requestId} was ${foreign}` };
+    const denied = this.denied(requestId, capability, 'nothing summed');
+    if (denied !== null) return { refuse: 'forbidden', message: denied };
     // One LOCALIZE per request at a time: a peer cannot fill the queue with copies of one order.
     for (const p of this.localizing.values()) {
       if (p.order.requestId === requestId) return { refuse: 'busy', message: `engine ${this.o.engineId}: a LOCALIZE of request ${requestId} is already being served` };
     }
     if (this.localizing.size >= MAX_PENDING_LOCALIZE) return { refuse: 'busy', message: `engine ${this.o.engineId}: ${MAX_PENDING_LOCALIZE} LOCALIZE requests wait for the workers` };
-    const asker = consumerKey ?? `connection ${peer}`;
-    const over = this.budget.take(asker, localizeQueryRanges(query));
+    // Charged to the request (what its capability grants), not to a key the asker drew.
+    const asker = `connection ${peer}`;
+    const over = this.budget.take(`request ${requestId}`, localizeQueryRanges(query), asker);
     if (over !== null) return { refuse: 'busy', message: `engine ${this.o.engineId}: ${over}` };
     const order: LocalizeOrder = { ticket: this.nextTicket++, requestId, blocks: held.blocks, numTokens: held.numTokens, query };
     this.leases.localizing(requestId, 1);
@@ -239,18 +256,26 @@ export class NixlProducerChannel {
         return { ok: encodeEngineInfo(info) };
       }
       case 'lease': {
-        const expiries = this.leases.touch(req.requestIds, req.pinMs);
-        // Held requests bind to the first consumer key that leases them.
-        const key = req.consumerKey ?? null;
-        if (key !== null) for (const [id, expiry] of expiries) if (expiry > 0) this.bindings.claim(id, key);
-        return { ok: encodeLeaseBody(expiries) };
+        // Requests named without their capability are neither extended nor pinned: answered 0 when
+        // others of the LEASE carry theirs (a consumer's heartbeat batches all of its loads from this
+        // producer; one forged request among them must not starve the others), refused `forbidden`
+        // when none does (a pin before a READ names one request).
+        const ok: string[] = [];
+        let denied: string | null = null;
+        for (const [i, id] of req.requestIds.entries()) {
+          const why = this.denied(id, req.capabilities?.[i], 'nothing leased');
+          if (why === null) ok.push(id);
+          else denied ??= why;
+        }
+        if (denied !== null && ok.length === 0) return { refuse: 'forbidden', message: denied };
+        const expiries = this.leases.touch(ok, req.pinMs);
+        return { ok: encodeLeaseBody(new Map(req.requestIds.map((id) => [id, expiries.get(id) ?? 0]))) };
       }
       case 'release': {
-        // All or nothing: a RELEASE naming a request served to another consumer releases none.
-        const key = req.consumerKey ?? null;
-        for (const id of req.requestIds) {
-          const foreign = this.bindings.foreign(id, key);
-          if (foreign !== null) return { refuse: 'forbidden', message: `engine ${engineId}: request ${id} was ${foreign}; nothing released` };
+        // All or nothing: a RELEASE naming a request without its capability releases none.
+        for (const [i, id] of req.requestIds.entries()) {
+          const denied = this.denied(id, req.capabilities?.[i], 'nothing released');
+          if (denied !== null) return { refuse: 'forbidden', message: denied };
         }
         for (const id of req.requestIds) this.leases.release(id);
         return { ok: [] };
@@ -258,6 +283,8 @@ export class NixlProducerChannel {
       case 'push-reg': {
         if (mode !== 'push') return { refuse: 'incompatible', message: 'PUSH_REG to a pull engine' };
         const id = req.reg.producerRequestId;
+        const denied = this.denied(id, req.capability, 'not registered');
+        if (denied !== null) return { refuse: 'forbidden', message: denied };
         const state = this.leases.stateOf(id);
         if (state === undefined) {
           const ended = this.leases.endedAs(id);
@@ -265,13 +292,12 @@ export class NixlProducerChannel {
         }
         if (state !== 'held') return { refuse: 'lease-expired', message: `request ${id}: lease ${state}` };
         if (this.pushRegs.length >= MAX_QUEUED_PUSH_REGS) return { refuse: 'busy', message: `engine ${engineId}: ${MAX_QUEUED_PUSH_REGS} push registrations wait for the next step` };
-        this.bindings.claim(id, req.consumerKey ?? null);
         this.leases.touch([id], 0);
         this.pushRegs.push(req.reg);
         return { ok: [] };
       }
       case 'localize':
-        return this.localize(req.requestId, req.query, req.consumerKey ?? null, peer);
+        return this.localize(req.requestId, req.query, req.capability ?? null, peer);
     }
   }
 

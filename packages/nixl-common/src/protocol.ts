@@ -9,11 +9,11 @@
  * | type | request | ok body |
  * | --- | --- | --- |
  * | `INFO` (1) | `[seq, 1, version, mode, compatHash]` | {@link EngineInfo} |
- * | `LEASE` (2) | `[seq, 2, [requestId...], pinMs, consumerKey]`: heartbeat (pinMs 0: extend by the lease) or pin before a READ | `[[requestId, expiryMs or 0 = gone]...]` |
- * | `RELEASE` (3) | `[seq, 3, [requestId...], consumerKey]`: the consumer will not read these | `[]` |
- * | `PUSH_REG` (4) | `[seq, 4, PushRegistration, consumerKey]`: push mode, a consumer rank registers its blocks | `[]` |
+ * | `LEASE` (2) | `[seq, 2, [requestId...], pinMs, consumerKey, [capability...]]`: heartbeat (pinMs 0: extend by the lease) or pin before a READ | `[[requestId, expiryMs or 0 = gone]...]` |
+ * | `RELEASE` (3) | `[seq, 3, [requestId...], consumerKey, [capability...]]`: the consumer will not read these | `[]` |
+ * | `PUSH_REG` (4) | `[seq, 4, PushRegistration, consumerKey, capability]`: push mode, a consumer rank registers its blocks | `[]` |
  * | `AUTH` (5) | `[0, 5, version, clientNonce]`: first frame with a cluster secret (below) | `[serverNonce, serverProof]`, seq 0 |
- * | `LOCALIZE` (6) | `[seq, 6, requestId, rangeTokens, [[groupId, tokenStart, tokenEnd]...], consumerKey]`: fine sums of a mismatched load (`docs/localize.md`) | `[0, [[groupId, keys, values, error or nil]...]]` (held) or `[1, detail]` (gone) |
+ * | `LOCALIZE` (6) | `[seq, 6, requestId, rangeTokens, [[groupId, tokenStart, tokenEnd]...], consumerKey, capability]`: fine sums of a mismatched load (`docs/localize.md`) | `[0, [[groupId, keys, values, error or nil]...]]` (held) or `[1, detail]` (gone) |
  *
  * An {@link EngineInfo} is what a peer needs to move KV: engine id, TP and PP sizes, block size
  * per group, and per worker rank its agent's metadata blob, registered regions and the block
@@ -50,6 +50,11 @@
  *   `PUSH_REG` and `LOCALIZE`: the producer binds a request to the first consumer key it sees and
  *   refuses `RELEASE` / `LOCALIZE` of it with another key (refusal code `forbidden`); `LOCALIZE`
  *   may be refused `busy` for the asking consumer's budget (`docs/localize.md`, "Binding and budget").
+ * - 19: the lease capability (`consumer-binding.ts`: 64 hex digits the producer returns in
+ *   `kv_transfer_params.lease_capability`, or nil) last in `LEASE` and `RELEASE` (an array with one
+ *   entry per request id) and in `PUSH_REG` and `LOCALIZE`: a request is acted on only with its
+ *   capability (else `forbidden`, nothing changed), not by whoever names its id first; the
+ *   `LOCALIZE` budget is charged per request. A 19 peer and an 18 peer refuse each other at `INFO`.
  * @module
  */
 import { createHash } from 'node:crypto';
@@ -57,10 +62,10 @@ import { DTYPE_BYTES, LocalizeError, contiguousStrides, decodeFineSums, encodeFi
 import type { KVCacheGroupConfig, LocalizeAnswer, LocalizeQuery, WorkerKVCaches } from '@kvconnect/core';
 import type { RegisteredRegion } from '@kvconnect/transfer';
 import { arr, bin, fail, nat, oneOf, packr, pos, str, unpackStrict } from './codec.js';
-import { CONSUMER_KEY_CHARS, isConsumerKey } from './consumer-binding.js';
+import { CONSUMER_KEY_CHARS, LEASE_CAPABILITY_CHARS, isConsumerKey, isLeaseCapability } from './consumer-binding.js';
 
-/** Connector protocol version (15: vLLM `NIXL_CONNECTOR_VERSION` after the KV checksum series; 16: authentication; 17: `LOCALIZE`; 18: consumer keys; history in the module comment). */
-export const NIXL_PROTOCOL_VERSION = 18;
+/** Connector protocol version (15: vLLM `NIXL_CONNECTOR_VERSION` after the KV checksum series; 16: authentication; 17: `LOCALIZE`; 18: consumer keys; 19: lease capabilities; history in the module comment). */
+export const NIXL_PROTOCOL_VERSION = 19;
 
 /** Who initiates transfers: the consumer READs (`pull`, NixlConnector) or the producer WRITEs (`push`, NixlPushConnector). */
 export type TransferMode = 'pull' | 'push';
@@ -112,7 +117,8 @@ export const MSG = Object.freeze({ INFO: 1, LEASE: 2, RELEASE: 3, PUSH_REG: 4, A
  * Error codes of refused requests. `unauthenticated`: no or a wrong proof of the cluster secret,
  * a replayed frame, or a secret on one side only (the connection closes); `busy`: the server has
  * too many requests pending, or the asking consumer's `LOCALIZE` budget is spent (retry later);
- * `forbidden` (18): the request was served to another consumer (another consumer key, `consumer-binding.ts`).
+ * `forbidden` (18): the request was served to another consumer (another consumer key; since 19:
+ * no or another lease capability, `consumer-binding.ts`).
  */
 export type SideErrorCode = 'incompatible' | 'not-ready' | 'unknown-request' | 'lease-expired' | 'bad-request' | 'internal' | 'unauthenticated' | 'busy' | 'forbidden';
 const ERROR_CODES: readonly SideErrorCode[] = ['incompatible', 'not-ready', 'unknown-request', 'lease-expired', 'bad-request', 'internal', 'unauthenticated', 'busy', 'forbidden'];
@@ -225,14 +231,16 @@ export interface PushRegistration {
 
 /**
  * A side-channel request. `consumerKey` (18): the asking consumer engine's key
- * (`consumer-binding.ts` `newConsumerKey`), nil on the wire when absent.
+ * (`consumer-binding.ts` `newConsumerKey`), nil on the wire when absent. `capabilities` /
+ * `capability` (19): the lease capability of each named request (`kv_transfer_params.lease_capability`;
+ * `capabilities[i]` is `requestIds[i]`'s), nil on the wire when absent.
  */
 export type SideRequest =
   | { readonly type: 'info'; readonly version: number; readonly mode: TransferMode; readonly compatHash: string }
-  | { readonly type: 'lease'; readonly requestIds: readonly string[]; readonly pinMs: number; readonly consumerKey?: string | null }
-  | { readonly type: 'release'; readonly requestIds: readonly string[]; readonly consumerKey?: string | null }
-  | { readonly type: 'push-reg'; readonly reg: PushRegistration; readonly consumerKey?: string | null }
-  | { readonly type: 'localize'; readonly requestId: string; readonly query: LocalizeQuery; readonly consumerKey?: string | null };
+  | { readonly type: 'lease'; readonly requestIds: readonly string[]; readonly pinMs: number; readonly consumerKey?: string | null; readonly capabilities?: readonly (string | null)[] }
+  | { readonly type: 'release'; readonly requestIds: readonly string[]; readonly consumerKey?: string | null; readonly capabilities?: readonly (string | null)[] }
+  | { readonly type: 'push-reg'; readonly reg: PushRegistration; readonly consumerKey?: string | null; readonly capability?: string | null }
+  | { readonly type: 'localize'; readonly requestId: string; readonly query: LocalizeQuery; readonly consumerKey?: string | null; readonly capability?: string | null };
 
 /** A decoded response: ok with an (undecoded) body, or refused. */
 export type SideResponse = { readonly seq: number; readonly ok: true; readonly body: unknown } | { readonly seq: number; readonly ok: false; readonly code: SideErrorCode; readonly message: string };
@@ -351,19 +359,24 @@ export function encodePushRegistration(r: PushRegistration): unknown[] {
   return [r.consumerRequestId, r.producerRequestId, r.consumerEngineId, encodeRankInfo(r.rank), r.firstToken, r.numTokens, r.blockIds.map((b) => [...b])];
 }
 
+/** The wire's capability list of a `LEASE` / `RELEASE` (19): one entry per request id, nil where none. */
+function capsOf(ids: readonly string[], caps: readonly (string | null)[] | undefined): (string | null)[] {
+  return ids.map((_, i) => caps?.[i] ?? null);
+}
+
 /** Encodes a request with sequence number `seq` (without the length prefix). */
 export function encodeRequest(seq: number, req: SideRequest): Uint8Array {
   switch (req.type) {
     case 'info':
       return packr.pack([seq, MSG.INFO, req.version, req.mode, req.compatHash]);
     case 'lease':
-      return packr.pack([seq, MSG.LEASE, [...req.requestIds], req.pinMs, req.consumerKey ?? null]);
+      return packr.pack([seq, MSG.LEASE, [...req.requestIds], req.pinMs, req.consumerKey ?? null, capsOf(req.requestIds, req.capabilities)]);
     case 'release':
-      return packr.pack([seq, MSG.RELEASE, [...req.requestIds], req.consumerKey ?? null]);
+      return packr.pack([seq, MSG.RELEASE, [...req.requestIds], req.consumerKey ?? null, capsOf(req.requestIds, req.capabilities)]);
     case 'push-reg':
-      return packr.pack([seq, MSG.PUSH_REG, encodePushRegistration(req.reg), req.consumerKey ?? null]);
+      return packr.pack([seq, MSG.PUSH_REG, encodePushRegistration(req.reg), req.consumerKey ?? null, req.capability ?? null]);
     case 'localize':
-      return packr.pack([seq, MSG.LOCALIZE, req.requestId, req.query.rangeTokens, req.query.groups.map((g) => [g.groupId, g.tokenStart, g.tokenEnd]), req.consumerKey ?? null]);
+      return packr.pack([seq, MSG.LOCALIZE, req.requestId, req.query.rangeTokens, req.query.groups.map((g) => [g.groupId, g.tokenStart, g.tokenEnd]), req.consumerKey ?? null, req.capability ?? null]);
   }
 }
 
@@ -554,12 +567,25 @@ export function decodePushRegistration(x: unknown): PushRegistration {
  * @throws NixlDecodeError
  */
 export function decodeRequest(bytes: Uint8Array): { seq: number; req: SideRequest } {
-  const a = arr(unpackStrict(bytes, LIMITS.frameBytes, 'request'), 'request', 6, 2);
+  const a = arr(unpackStrict(bytes, LIMITS.frameBytes, 'request'), 'request', 7, 2);
   // A consumer key (18): nil (then no `consumerKey`) or 32 lowercase hex digits.
   const key = (x: unknown, what: string): { consumerKey?: string } => {
     if (x === null) return {};
     if (!isConsumerKey(x)) fail(`${what}: expected nil or ${CONSUMER_KEY_CHARS} lowercase hex digits`);
     return { consumerKey: x };
+  };
+  // A lease capability (19): nil or 64 lowercase hex digits; the value is never echoed in the error.
+  const capErr = (what: string) => fail(`${what}: expected nil or ${LEASE_CAPABILITY_CHARS} lowercase hex digits`);
+  const cap = (x: unknown, what: string): { capability?: string } => {
+    if (x === null) return {};
+    if (!isLeaseCapability(x)) capErr(what);
+    return { capability: x as string };
+  };
+  const caps = (x: unknown, n: number, what: string): { capabilities?: (string | null)[] } => {
+    const l = arr(x, what, LIMITS.requestIds);
+    if (l.length !== n) fail(`${what}: expected one entry per request id`);
+    for (const c of l) if (c !== null && !isLeaseCapability(c)) capErr(what);
+    return l.every((c) => c === null) ? {} : { capabilities: l as (string | null)[] };
   };
   const seq = nat(a[0], 'request.seq', 0xffffffff);
   const type = nat(a[1], 'request.type', 255);
@@ -567,17 +593,21 @@ export function decodeRequest(bytes: Uint8Array): { seq: number; req: SideReques
     case MSG.INFO:
       if (a.length !== 5) fail('INFO: expected [seq, 1, version, mode, compatHash]');
       return { seq, req: { type: 'info', version: nat(a[2], 'INFO.version', 0xffff), mode: oneOf(a[3], 'INFO.mode', TRANSFER_MODES), compatHash: str(a[4], 'INFO.compatHash', 128) } };
-    case MSG.LEASE:
-      if (a.length !== 5) fail('LEASE: expected [seq, 2, requestIds, pinMs, consumerKey]');
-      return { seq, req: { type: 'lease', requestIds: decodeIds(a[2], 'LEASE.requestIds'), pinMs: nat(a[3], 'LEASE.pinMs', 24 * 3600 * 1000), ...key(a[4], 'LEASE.consumerKey') } };
-    case MSG.RELEASE:
-      if (a.length !== 4) fail('RELEASE: expected [seq, 3, requestIds, consumerKey]');
-      return { seq, req: { type: 'release', requestIds: decodeIds(a[2], 'RELEASE.requestIds'), ...key(a[3], 'RELEASE.consumerKey') } };
+    case MSG.LEASE: {
+      if (a.length !== 6) fail('LEASE: expected [seq, 2, requestIds, pinMs, consumerKey, capabilities]');
+      const ids = decodeIds(a[2], 'LEASE.requestIds');
+      return { seq, req: { type: 'lease', requestIds: ids, pinMs: nat(a[3], 'LEASE.pinMs', 24 * 3600 * 1000), ...key(a[4], 'LEASE.consumerKey'), ...caps(a[5], ids.length, 'LEASE.capabilities') } };
+    }
+    case MSG.RELEASE: {
+      if (a.length !== 5) fail('RELEASE: expected [seq, 3, requestIds, consumerKey, capabilities]');
+      const ids = decodeIds(a[2], 'RELEASE.requestIds');
+      return { seq, req: { type: 'release', requestIds: ids, ...key(a[3], 'RELEASE.consumerKey'), ...caps(a[4], ids.length, 'RELEASE.capabilities') } };
+    }
     case MSG.PUSH_REG:
-      if (a.length !== 4) fail('PUSH_REG: expected [seq, 4, registration, consumerKey]');
-      return { seq, req: { type: 'push-reg', reg: decodePushRegistration(a[2]), ...key(a[3], 'PUSH_REG.consumerKey') } };
+      if (a.length !== 5) fail('PUSH_REG: expected [seq, 4, registration, consumerKey, capability]');
+      return { seq, req: { type: 'push-reg', reg: decodePushRegistration(a[2]), ...key(a[3], 'PUSH_REG.consumerKey'), ...cap(a[4], 'PUSH_REG.capability') } };
     case MSG.LOCALIZE: {
-      if (a.length !== 6) fail('LOCALIZE: expected [seq, 6, requestId, rangeTokens, groups, consumerKey]');
+      if (a.length !== 7) fail('LOCALIZE: expected [seq, 6, requestId, rangeTokens, groups, consumerKey, capability]');
       const seen = new Set<number>();
       const groups = arr(a[4], 'LOCALIZE.groups', LIMITS.groups).map((g, i) => {
         const t = arr(g, `LOCALIZE.groups[${i}]`, 3, 3);
@@ -593,7 +623,7 @@ export function decodeRequest(bytes: Uint8Array): { seq: number; req: SideReques
       for (const [i, g] of groups.entries()) {
         if (Math.ceil((g.tokenEnd - g.tokenStart) / rangeTokens) > LIMITS.localizeRanges) fail(`LOCALIZE.groups[${i}]: more than ${LIMITS.localizeRanges} token ranges`);
       }
-      return { seq, req: { type: 'localize', requestId: str(a[2], 'LOCALIZE.requestId', LIMITS.idLength), query: { rangeTokens, groups }, ...key(a[5], 'LOCALIZE.consumerKey') } };
+      return { seq, req: { type: 'localize', requestId: str(a[2], 'LOCALIZE.requestId', LIMITS.idLength), query: { rangeTokens, groups }, ...key(a[5], 'LOCALIZE.consumerKey'), ...cap(a[6], 'LOCALIZE.capability') } };
     }
     default:
       return fail(`request: unknown type ${type}`);

@@ -7,8 +7,10 @@
  *   `vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py`): `{ do_remote_prefill: true,
  *   do_remote_decode: false, remote_engine_id, remote_request_id, remote_block_ids (per group),
  *   remote_host, remote_port (side channel), tp_size }`, plus kvconnect's `lease_expiry` (ms since
- *   epoch) and `remote_tp_size` (= `tp_size`, read by kvconnect consumers before 0.2); forwarded
- *   verbatim to a consumer (as vLLM's toy proxy does), they load;
+ *   epoch), `remote_tp_size` (= `tp_size`, read by kvconnect consumers before 0.2) and
+ *   `lease_capability` (protocol 19: the request's unguessable capability, `consumer-binding.ts`,
+ *   which every side-channel request about it must carry); forwarded verbatim to a consumer (as
+ *   vLLM's toy proxy does), they load;
  * - consumer (`do_remote_prefill`): offers the prompt tokens past the local prefix hit as an
  *   async load, ships the load (only the tokens not hit locally) to the workers in the next
  *   step's metadata, heartbeats the producer's lease while the load is pending, and releases the
@@ -51,7 +53,7 @@ import type {
 } from '@kvconnect/core';
 import { LocalizeBusyError, UnusableParams, hasRemoteKeys, workerKey } from '@kvconnect/core';
 import { parseNixlConfig, type NixlConfig } from './config.js';
-import { newConsumerKey } from './consumer-binding.js';
+import { LEASE_CAPABILITY_CHARS, LEASE_CAPABILITY_PARAM, isLeaseCapability, newConsumerKey } from './consumer-binding.js';
 import { nixlMetrics, type NixlMetrics } from './metrics.js';
 import { NixlPeers } from './peers.js';
 import { SideChannelError } from './side-channel.js';
@@ -67,6 +69,8 @@ export interface RemoteParams {
   remotePort: number;
   remoteTpSize: number;
   leaseExpiry: number | null;
+  /** `lease_capability` (protocol 19, `consumer-binding.ts`): sent with every side-channel request about the load; null when the params hold none. */
+  leaseCapability: string | null;
 }
 
 /** One load a consumer worker runs. */
@@ -155,6 +159,9 @@ export function checkRemoteParams(p: Record<string, unknown> | undefined): Remot
     if (!ok) return `${k}: missing or malformed (${k === 'remote_port' ? 'an integer port' : k === 'tp_size' ? `tp_size or remote_tp_size, an integer in [1, ${LIMITS.ranks}]` : `a string of 1 to ${LIMITS.idLength} characters`})`;
   }
   const lease = p.lease_expiry;
+  const cap = p[LEASE_CAPABILITY_PARAM];
+  // Never echo the value: the reason goes to logs and the returned params.
+  if (cap !== undefined && cap !== null && !isLeaseCapability(cap)) return `${LEASE_CAPABILITY_PARAM}: malformed (expected ${LEASE_CAPABILITY_CHARS} lowercase hex digits)`;
   return {
     remoteEngineId: p.remote_engine_id as string,
     remoteRequestId: p.remote_request_id as string,
@@ -163,6 +170,7 @@ export function checkRemoteParams(p: Record<string, unknown> | undefined): Remot
     remotePort: p.remote_port as number,
     remoteTpSize: tp as number,
     leaseExpiry: typeof lease === 'number' && Number.isFinite(lease) ? lease : null,
+    leaseCapability: typeof cap === 'string' ? cap : null,
   };
 }
 
@@ -236,7 +244,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     const count = Math.max(0, request.promptTokenIds.length - numComputedTokens);
     if (count === 0) {
       // Everything is local: the producer can free its blocks now.
-      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId], this.consumerKey);
+      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId], this.consumerKey, [remote.leaseCapability]);
       return { count: 0, loadAsync: false };
     }
     this.asked.set(request.requestId, { hit: numComputedTokens, remote });
@@ -249,7 +257,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     this.asked.delete(request.requestId);
     if (!a) return;
     if (numExternalTokens <= 0) {
-      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId], this.consumerKey);
+      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId], this.consumerKey, [a.remote.leaseCapability]);
       return;
     }
     this.pendingLoads.push({ ...a.remote, requestId: request.requestId, localBlocks: blocks.map((b) => b.slice()), firstToken: a.hit, numTokens: a.hit + numExternalTokens, compatHash: this.info?.compatHash ?? '', consumerKey: this.consumerKey });
@@ -308,7 +316,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     const a = this.asked.get(id);
     if (a) {
       this.asked.delete(id);
-      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId], this.consumerKey);
+      this.peers.release(a.remote.remoteHost, a.remote.remotePort, [a.remote.remoteRequestId], this.consumerKey, [a.remote.leaseCapability]);
     }
     this.loading.delete(id);
     const p = request.kvTransferParams;
@@ -319,7 +327,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     if (!addr) return { delayFree: false };
     const leaseExpiry = this.channel!.leases.add(id);
     const copy = blocks.map((b) => b.slice());
-    this.channel!.heldBlocks(id, copy, request.numComputedTokens);
+    const capability = this.channel!.heldBlocks(id, copy, request.numComputedTokens);
     if (this.mode === 'push') this.pendingPushes.set(id, { requestId: id, blocks: copy, numTokens: request.numComputedTokens, checksums: null });
     return {
       delayFree: true,
@@ -334,6 +342,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
         tp_size: this.ctx.tpSize,
         remote_tp_size: this.ctx.tpSize,
         lease_expiry: leaseExpiry,
+        [LEASE_CAPABILITY_PARAM]: capability,
       },
     };
   }
@@ -363,12 +372,12 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
     const remote = checkRemoteParams(request.kvTransferParams);
     if (typeof remote === 'string') throw new Error(`no producer to ask: ${remote}`);
     try {
-      return await this.peers.localize(remote.remoteHost, remote.remotePort, remote.remoteRequestId, query, timeoutMs, this.consumerKey);
+      return await this.peers.localize(remote.remoteHost, remote.remotePort, remote.remoteRequestId, query, timeoutMs, this.consumerKey, remote.leaseCapability);
     } catch (e) {
       if (e instanceof SideChannelError && e.code === 'busy') throw new LocalizeBusyError(e.message, { cause: e });
       throw e;
     } finally {
-      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId], this.consumerKey);
+      this.peers.release(remote.remoteHost, remote.remotePort, [remote.remoteRequestId], this.consumerKey, [remote.leaseCapability]);
     }
   }
 
@@ -380,12 +389,13 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
 
   /** Sends one heartbeat per producer for the loads not yet done (also called by the timer). */
   heartbeat(): void {
-    const by = new Map<string, { host: string; port: number; ids: string[] }>();
+    const by = new Map<string, { host: string; port: number; ids: string[]; caps: (string | null)[] }>();
     const add = (r: RemoteParams) => {
       const k = `${r.remoteHost}:${r.remotePort}`;
       let e = by.get(k);
-      if (!e) by.set(k, (e = { host: r.remoteHost, port: r.remotePort, ids: [] }));
+      if (!e) by.set(k, (e = { host: r.remoteHost, port: r.remotePort, ids: [], caps: [] }));
       e.ids.push(r.remoteRequestId);
+      e.caps.push(r.leaseCapability);
     };
     for (const a of this.asked.values()) add(a.remote);
     for (const l of this.loading.values()) add(l.remote);
@@ -394,7 +404,7 @@ export class NixlScheduler implements KVConnectorScheduler<NixlMeta, NixlWorkerM
       this.timer = null;
       return;
     }
-    for (const e of by.values()) this.peers.lease(e.host, e.port, e.ids, 0, undefined, this.consumerKey).catch(() => {});
+    for (const e of by.values()) this.peers.lease(e.host, e.port, e.ids, 0, undefined, this.consumerKey, e.caps).catch(() => {});
   }
 
   /** Requests with consumer-side state (asked or loading), for leak tests. */

@@ -243,7 +243,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
     for (const b of loadBlockIds(held, load.localBlocks, load.firstToken, load.numTokens)) this.invalid.add(b);
     this.loadErrors.set(load.requestId, { reason, message: err instanceof Error ? err.message : err === undefined ? reason : String(err) });
     this.recvDone.add(load.requestId);
-    this.peers.release(load.remoteHost, load.remotePort, [load.remoteRequestId], load.consumerKey);
+    this.peers.release(load.remoteHost, load.remotePort, [load.remoteRequestId], load.consumerKey, [load.leaseCapability]);
   }
 
   /** The agent name of `rank` once its metadata is loaded into this rank's agent. */

@@ -96,7 +96,7 @@ describe('NIXL scheduler half: leases through the step metadata', () => {
     const s = producer('pull');
     await s.setXferHandshakeMetadata(new Map([[workerKey(0, 0), md(r0, 'a0')], [workerKey(0, 1), md(r1, 'a1')]]));
     const params = s.requestFinished(req('p1'), [[1]], 'stop').kvTransferParams!;
-    peers('pull').release(params.remote_host as string, params.remote_port as number, ['p1']);
+    peers('pull').release(params.remote_host as string, params.remote_port as number, ['p1'], null, [params.lease_capability as string]);
     const t0 = Date.now();
     while (s.channel!.leases.stateOf('p1') === 'held' && Date.now() - t0 < 2000) await new Promise((r) => setTimeout(r, 5));
     expect(s.buildConnectorMeta().finished).toEqual({ '0:0': ['p1'], '0:1': ['p1'] });
@@ -111,7 +111,7 @@ describe('NIXL scheduler half: leases through the step metadata', () => {
     const params = s.requestFinished(req('p1'), [[1]], 'stop').kvTransferParams!;
     const c = peers('push');
     const reg = { consumerRequestId: 'd1', producerRequestId: 'p1', consumerEngineId: 'consumer', rank: r0.info, firstToken: 0, numTokens: 3, blockIds: [[2]] };
-    await c.pushRegister(params.remote_host as string, params.remote_port as number, reg);
+    await c.pushRegister(params.remote_host as string, params.remote_port as number, reg, undefined, null, params.lease_capability as string);
     const err = await c.pushRegister(params.remote_host as string, params.remote_port as number, { ...reg, producerRequestId: 'unknown' }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(SideChannelError);
     expect((err as SideChannelError).code).toBe('unknown-request');

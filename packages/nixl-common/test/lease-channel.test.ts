@@ -246,19 +246,20 @@ describe('LOCALIZE over the side channel (hostile trial)', () => {
     const registry = new Registry();
     const producer = new NixlProducerChannel({ engineId: 'loc-producer', mode: 'pull', workers: 1, config: parseNixlConfig(cfg('kv_producer', { lease_ms: 10_000 })), metrics: nixlMetrics(registry) });
     const a = await producer.listen();
+    const caps = new Map<string, string>();
     for (const id of ['r1', 'r2']) {
       producer.leases.add(id);
-      producer.heldBlocks(id, [[0]], 16);
+      caps.set(id, producer.heldBlocks(id, [[0]], 16));
     }
     const c = new SideChannelClient(a.host, a.port);
     const query = { rangeTokens: 16, groups: [{ groupId: 0, tokenStart: 0, tokenEnd: 16 }] };
     try {
-      const first = c.request({ type: 'localize', requestId: 'r1', query }, decodeLocalizeBody, 5_000);
+      const first = c.request({ type: 'localize', requestId: 'r1', query, capability: caps.get('r1') }, decodeLocalizeBody, 5_000);
       first.catch(() => {});
       await new Promise((r) => setTimeout(r, 50));
-      const copies = await Promise.allSettled(Array.from({ length: 5 }, () => c.request({ type: 'localize', requestId: 'r1', query }, decodeLocalizeBody, 5_000)));
+      const copies = await Promise.allSettled(Array.from({ length: 5 }, () => c.request({ type: 'localize', requestId: 'r1', query, capability: caps.get('r1') }, decodeLocalizeBody, 5_000)));
       expect(copies.every((x) => x.status === 'rejected' && /already being served/.test(String((x as PromiseRejectedResult).reason)))).toBe(true);
-      const other = c.request({ type: 'localize', requestId: 'r2', query }, decodeLocalizeBody, 5_000);
+      const other = c.request({ type: 'localize', requestId: 'r2', query, capability: caps.get('r2') }, decodeLocalizeBody, 5_000);
       other.catch(() => {});
       await new Promise((r) => setTimeout(r, 50));
       // two orders wait for the workers (one per request), not six

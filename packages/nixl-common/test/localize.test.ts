@@ -8,35 +8,42 @@ import { LeaseTable } from '../src/lease.js';
 import { MSG, NIXL_PROTOCOL_VERSION, decodeLocalizeBody, decodeRequest, encodeLocalizeBody, encodeRequest } from '../src/protocol.js';
 
 describe('LOCALIZE codec', () => {
-  it('is protocol 18 (17 + consumer keys), message type 6', () => {
-    expect(NIXL_PROTOCOL_VERSION).toBe(18);
+  it('is protocol 19 (17 + consumer keys + lease capabilities), message type 6', () => {
+    expect(NIXL_PROTOCOL_VERSION).toBe(19);
     expect(MSG.LOCALIZE).toBe(6);
   });
 
-  it('request round-trips as [seq, 6, requestId, rangeTokens, [[groupId, tokenStart, tokenEnd]...], consumerKey]', () => {
+  it('request round-trips as [seq, 6, requestId, rangeTokens, [[groupId, tokenStart, tokenEnd]...], consumerKey, capability]', () => {
     const req = { type: 'localize' as const, requestId: 'r1', query: { rangeTokens: 16, groups: [{ groupId: 0, tokenStart: 16, tokenEnd: 40 }, { groupId: 2, tokenStart: 0, tokenEnd: 40 }] } };
     const bytes = encodeRequest(9, req);
-    expect(packr.unpack(bytes)).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]], null]);
+    expect(packr.unpack(bytes)).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]], null, null]);
     expect(decodeRequest(bytes)).toEqual({ seq: 9, req });
     const keyed = { ...req, consumerKey: 'ab'.repeat(16) };
-    expect(packr.unpack(encodeRequest(9, keyed))).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]], 'ab'.repeat(16)]);
+    expect(packr.unpack(encodeRequest(9, keyed))).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]], 'ab'.repeat(16), null]);
     expect(decodeRequest(encodeRequest(9, keyed))).toEqual({ seq: 9, req: keyed });
+    const capable = { ...keyed, capability: 'cd'.repeat(32) };
+    expect(packr.unpack(encodeRequest(9, capable))).toEqual([9, 6, 'r1', 16, [[0, 16, 40], [2, 0, 40]], 'ab'.repeat(16), 'cd'.repeat(32)]);
+    expect(decodeRequest(encodeRequest(9, capable))).toEqual({ seq: 9, req: capable });
   });
 
   it('rejects malformed requests with NixlDecodeError', () => {
     for (const bad of [
-      [1, 6, 'r1', 16, null],
-      [1, 6, 'r1', 16, []],
-      [1, 6, 'r1', 0, [], null],
-      [1, 6, 'r1', 16, [[0, 20, 10]], null],
-      [1, 6, 'r1', 16, [[0, 0, 16], [0, 16, 32]], null],
-      [1, 6, '', 16, [], null],
-      [1, 6, 'r1', 16, [[0, -1, 16]], null],
-      [1, 6, 'r1', 16, [[0, 0]], null],
-      [1, 6, 'r1', 1, [[0, 0, 1025]], null],
-      [1, 6, 'r1', 16, [], 'AB'.repeat(16)],
-      [1, 6, 'r1', 16, [], 'ab'.repeat(15)],
-      [1, 6, 'r1', 16, [], 7],
+      [1, 6, 'r1', 16, null, null],
+      [1, 6, 'r1', 16, [], null],
+      [1, 6, 'r1', 0, [], null, null],
+      [1, 6, 'r1', 16, [[0, 20, 10]], null, null],
+      [1, 6, 'r1', 16, [[0, 0, 16], [0, 16, 32]], null, null],
+      [1, 6, '', 16, [], null, null],
+      [1, 6, 'r1', 16, [[0, -1, 16]], null, null],
+      [1, 6, 'r1', 16, [[0, 0]], null, null],
+      [1, 6, 'r1', 1, [[0, 0, 1025]], null, null],
+      [1, 6, 'r1', 16, [], 'AB'.repeat(16), null],
+      [1, 6, 'r1', 16, [], 'ab'.repeat(15), null],
+      [1, 6, 'r1', 16, [], 7, null],
+      [1, 6, 'r1', 16, [], null, 'CD'.repeat(32)],
+      [1, 6, 'r1', 16, [], null, 'cd'.repeat(31)],
+      [1, 6, 'r1', 16, [], null, 5],
+      [1, 6, 'r1', 16, [], null],
     ]) {
       expect(() => decodeRequest(packr.pack(bad)), JSON.stringify(bad)).toThrow(NixlDecodeError);
     }

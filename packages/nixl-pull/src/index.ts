@@ -66,7 +66,7 @@ export class NixlPullWorker extends NixlWorkerBase {
         // Pin the lease for the READ's duration; 0 = the producer no longer holds the blocks. The
         // pin is part of the transfer: the producer answers between its engine steps, which can
         // take longer than a handshake, so it waits as long as a READ would.
-        const m = await this.peers.lease(load.remoteHost, load.remotePort, [load.remoteRequestId], this.config.transferTimeoutMs + 5_000, this.config.transferTimeoutMs, load.consumerKey);
+        const m = await this.peers.lease(load.remoteHost, load.remotePort, [load.remoteRequestId], this.config.transferTimeoutMs + 5_000, this.config.transferTimeoutMs, load.consumerKey, [load.leaseCapability]);
         if (!((m.get(load.remoteRequestId) ?? 0) > 0)) {
           this.failLoad(load, 'lease-expired');
           return;

@@ -110,6 +110,7 @@ export class NixlPushWorker extends NixlWorkerBase {
         },
         Math.max(1, e.deadline - Date.now()),
         load.consumerKey,
+        load.leaseCapability,
       );
       e.registered = true;
       this.check(load.requestId);

@@ -14,7 +14,8 @@
  *   `{ mode, prefill: {...}, decode: {...} }`: each side's URL, engine id, request id and the
  *   engine's own `kvconnect` information (checksum verdict on the consumer, payload on the
  *   producer); `prefill.kv_transfer_params` and `decode.kv_transfer_params` are the params each
- *   engine returned (the consumer's carry e.g. the harness fault connector's ground truth). Status codes: 200;
+ *   engine returned (the consumer's carry e.g. the harness fault connector's ground truth), the
+ *   producer's without `lease_capability` (for the consumer only). Status codes: 200;
  *   400/413/415 bad input (400 too when an engine
  *   rejects the request, e.g. longer than its max model length); 500 the request ended with `error` (on either side; `error.message`
  *   says which); 502 an engine answered unexpectedly or could not be reached; 503 the consumer is
@@ -40,7 +41,7 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import { KV_TRANSFER_PARAMS_ERROR } from '@kvconnect/core';
+import { KV_TRANSFER_PARAMS_ERROR, LEASE_CAPABILITY_PARAM } from '@kvconnect/core';
 import { PDProxy } from '../proxy.js';
 import { EngineClient, EngineClientError, type RemoteGenerateResult } from './engine-client.js';
 import {
@@ -348,7 +349,11 @@ export async function startProxyServer(options: ProxyServerOptions): Promise<Pro
     const pr = r.prefill as RemoteGenerateResult;
     const dr = r as unknown as RemoteGenerateResult;
     const prefillInfo = sideInfo(p, pr);
-    if (pr.kvTransferParams !== undefined) prefillInfo.kv_transfer_params = pr.kvTransferParams;
+    // The producer's params without their lease capability: it is for the consumer only (`@kvconnect/core` lease-capability.ts).
+    if (pr.kvTransferParams !== undefined) {
+      const { [LEASE_CAPABILITY_PARAM]: _capability, ...shown } = pr.kvTransferParams;
+      prefillInfo.kv_transfer_params = shown;
+    }
     const prefillFailed = pr.finishReason === 'error' || pr.finishReason === 'abort';
     const kvconnect: Record<string, unknown> = { mode, prefill: prefillInfo };
     // In sequential mode a failed producer means the consumer was not asked.
