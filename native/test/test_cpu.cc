@@ -369,21 +369,14 @@ static void test_adjacent_parts() {
     const uint32_t lead = rng.below(9);
     std::vector<uint8_t> buf((uint64_t)bstr * nblocks + lead + 8);
     for (auto& x : buf) x = (uint8_t)rng.next();
-    kvc_entry e = blank();
-    e.kind = KVC_ENTRY_ATTN;
-    e.factor_base = rng.below(4) * 65536ull + rng.below(100);
-    e.outer_count = heads;
-    e.outer_stride = os;
-    e.token_stride = ts;
-    e.kblock_tokens = kbt;
-    e.kblock_stride = kbs;
-    e.block_tokens = bt;
-    e.block_stride = bstr;
-    e.byte_start = bs;
-    e.byte_count = bc;
-    e.cell_pieces = P;
-    e.num_blocks = nblocks;
-    e.offset = lead;
+    const uint64_t fb = rng.below(4) * 65536ull;
+    const kvc_entry e = Entry(KVC_ENTRY_ATTN)
+                            .factor(fb + rng.below(100))
+                            .outer(heads, os)
+                            .tokens(bt, kbt, kbs, ts)
+                            .blocks(nblocks, bstr)
+                            .cell(P, bs, bc)
+                            .at(lead);
     Call c;
     c.entries = {e};
     c.group_start = {0, 1};
