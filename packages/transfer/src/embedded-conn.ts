@@ -22,7 +22,6 @@ import {
   MAX_HEADER_BYTES,
   MAX_PAYLOAD_BYTES,
   WIRE_VERSION,
-  type DirectTarget,
   type Header,
   type PayloadSink,
 } from './wire.js';
@@ -94,8 +93,7 @@ const HEADER_READ_BYTES = 64 * 1024;
  * connection: libuv allocates, reads and calls back for one socket within one synchronous step
  * of the event loop); or, while a payload is being received and its sink offers its
  * destination ({@link FrameReader.directTarget}: the rest of a segment of a READ answer's local
- * memory or of a WRITE's granted region, or of a run of the frame's segments contiguous in memory
- * ({@link contiguousSpan}), of {@link DIRECT_READ_MIN_BYTES} or more), straight into
+ * memory or of a WRITE's granted region, of {@link DIRECT_READ_MIN_BYTES} or more), straight into
  * that memory: no user copy. Node asks for the next read's buffer right after a read, so the
  * destination is armed until the next read: whoever ends that memory's use by the frame (a
  * transfer that completes, a deregistration, a protocol error) calls {@link disarm} first,
@@ -137,8 +135,8 @@ export class SocketReads {
     // little of its payload comes through the buffer before its segments are read in place.
     if (t === null && r !== undefined && r.payloadBeforeNext >= DIRECT_READ_MIN_BYTES) return this.agent.readBuffer.subarray(0, HEADER_READ_BYTES);
     if (t === null || t.seg.length < DIRECT_READ_MIN_BYTES) return this.agent.readBuffer;
-    // A large segment (or run of contiguous segments): the rest of it, however short (the read
-    // then ends at its end, and the next segment is read in place too).
+    // A large segment: the rest of it, however short (the read then ends at the segment's end, and
+    // the next segment is read in place too).
     this.armed = t.seg.subarray(t.off);
     return this.armed;
   }
@@ -156,39 +154,6 @@ export class SocketReads {
     }
     return true;
   }
-}
-
-/**
- * Where an in-place read of a payload's next bytes may go ({@link PayloadSink.direct}): from byte
- * `off` of segment `seg` through the end of the last of the following segments that continue it
- * in memory (the same ArrayBuffer, each starting where the one before ends) and that `ok` still
- * allows, as one view; so that contiguous descriptors are received with one read rather than one
- * per segment. Every byte of the view belongs to one of those segments, each already inside its
- * grant (the caller resolved them); the view never reaches past the frame's last segment.
- */
-export function contiguousSpan(views: readonly Uint8Array[], seg: number, off: number, ok: (k: number) => boolean): DirectTarget {
-  const first = views[seg]!;
-  let end = first.byteOffset + first.byteLength;
-  let k = seg + 1;
-  while (k < views.length) {
-    const v = views[k]!;
-    if (v.buffer !== first.buffer || v.byteOffset !== end || !ok(k)) break;
-    end += v.byteLength;
-    k++;
-  }
-  if (k === seg + 1) return { seg: first, off };
-  const start = first.byteOffset + off;
-  return { seg: new Uint8Array(first.buffer, start, end - start), off: 0 };
-}
-
-/** Segment and offset after `n` more payload bytes from byte `off` of segment `seg` (`n` may cross segment ends). */
-export function advanceSegs(views: readonly Uint8Array[], seg: number, off: number, n: number): [number, number] {
-  off += n;
-  while (seg < views.length && off >= views[seg]!.length) {
-    off -= views[seg]!.length;
-    seg++;
-  }
-  return [seg, off];
 }
 
 /** A socket's libuv handle where it can re-point reads (`useUserBuffer` of Node's stream base), else null. */
@@ -419,12 +384,15 @@ export class OutConn {
         }
         let seg = 0;
         let off = 0;
-        const live = () => isCurrent(f.req, f.gen);
         return {
           // In place only while the transfer is current; the agent disarms when it completes.
-          direct: () => (live() ? contiguousSpan(f.locals, seg, off, live) : null),
+          direct: () => (isCurrent(f.req, f.gen) ? { seg: f.locals[seg]!, off } : null),
           advance: (n: number) => {
-            [seg, off] = advanceSegs(f.locals, seg, off, n);
+            off += n;
+            if (off === f.locals[seg]!.length) {
+              seg++;
+              off = 0;
+            }
           },
           write: (chunk: Buffer) => {
             // Checked per chunk: once the transfer completed (timeout, cancel, release, a new
@@ -715,12 +683,15 @@ export class InConn {
         let seg = 0;
         let off = 0;
         let lost = false;
-        const writable = (k: number) => !lost && r.regions[k]!.alive && !this.closed;
         return {
-          // In place only into live regions (deregistration disarms first) or the frame's staging.
-          direct: () => (writable(seg) ? contiguousSpan(r.views, seg, off, writable) : null),
+          // In place only into a live region (deregistration disarms first) or the frame's staging.
+          direct: () => (!lost && r.regions[seg]!.alive && !this.closed ? { seg: r.views[seg]!, off } : null),
           advance: (n: number) => {
-            [seg, off] = advanceSegs(r.views, seg, off, n);
+            off += n;
+            if (off === r.views[seg]!.length) {
+              seg++;
+              off = 0;
+            }
           },
           write: (chunk: Buffer) => {
             let c = 0;

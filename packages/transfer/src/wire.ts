@@ -193,16 +193,15 @@ export interface PayloadSink {
   end(): void;
   /**
    * Optional, for {@link FrameReader.directTarget}: the memory where the payload's next bytes go,
-   * as a view and the offset in it of the next byte (the current segment's view, or one spanning
-   * it and following segments contiguous with it in memory; never more bytes than the payload has
-   * left), or null when they must come through {@link write} (e.g. the memory is no longer the frame's).
+   * as the current segment's view and the offset in it of the next byte, or null when they must
+   * come through {@link write} (e.g. the memory is no longer the frame's).
    */
   direct?(): DirectTarget | null;
   /** With {@link direct}: the next `n` payload bytes were received straight into its view. */
   advance?(n: number): void;
 }
 
-/** Where a payload's next bytes go: byte `off` of `seg` and on (the rest of the current segment, or of a view spanning contiguous segments). */
+/** Where a payload's next bytes go: byte `off` of `seg` and on (the rest of the current segment). */
 export interface DirectTarget {
   readonly seg: Uint8Array;
   readonly off: number;
