@@ -30,8 +30,8 @@
  *   handed to the socket is sent; the bytes of those the socket holds (at most `maxInflightBytes`,
  *   in practice one frame: the next waits for the socket's `drain`) are still read from that
  *   memory as the kernel takes them (the socket keeps it alive), as a NIC may read an RDMA
- *   source until completion. Host frames carry up to 16 MiB (`MAX_PAYLOAD_BYTES`, what every
- *   peer accepts), frames with device segments up to {@link STAGING_CHUNK_BYTES}.
+ *   source until completion. Host frames carry `chunkBytes` (4 MiB by default, up to 16 MiB,
+ *   `MAX_PAYLOAD_BYTES`), frames with device segments up to {@link STAGING_CHUNK_BYTES}.
  * - Receiving (READ answers at the initiator, WRITE payloads at the target), every connection of
  *   the agent reads into its one reused 1 MiB buffer, or, for the body of a segment of 256 KiB and
  *   more, straight into the segment's memory, already bounds-checked (`SocketReads` of
@@ -133,9 +133,10 @@ export interface EmbeddedAgentOptions {
   /** Most bytes of outstanding frames per outgoing connection (default 64 MiB). */
   readonly maxInflightBytes?: number;
   /**
-   * Most payload bytes per frame (default and most: 16 MiB, `MAX_PAYLOAD_BYTES` of `wire.ts`, the
-   * most any peer accepts). Frames with device segments, local or at the peer, are cut at
-   * {@link STAGING_CHUNK_BYTES} (or this, if smaller): the size of their host staging buffers.
+   * Most payload bytes per frame (default 4 MiB; at most 16 MiB, `MAX_PAYLOAD_BYTES` of `wire.ts`,
+   * the most any peer accepts: 16 MiB frames were 15-30% slower than 4 MiB ones on the GPU
+   * machine's host, bench/transfer-README.md). Frames with device segments, local or at the peer,
+   * are cut at {@link STAGING_CHUNK_BYTES} (or this, if smaller): the size of their staging buffers.
    */
   readonly chunkBytes?: number;
   /** Default transfer deadline in milliseconds (default 30 000). */
@@ -246,7 +247,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   ) {
     super();
     this.maxInflight = checkPositiveInt('maxInflightBytes', o.maxInflightBytes, 64 * 1024 * 1024);
-    this.chunk = checkPositiveInt('chunkBytes', o.chunkBytes, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES);
+    this.chunk = checkPositiveInt('chunkBytes', o.chunkBytes, 4 * 1024 * 1024, MAX_PAYLOAD_BYTES);
     this.stageChunk = Math.min(this.chunk, STAGING_CHUNK_BYTES);
     this.timeoutMs = checkPositiveInt('transferTimeoutMs', o.transferTimeoutMs, 30_000);
     this.connectTimeoutMs = checkPositiveInt('connectTimeoutMs', o.connectTimeoutMs, 5_000);
@@ -920,7 +921,7 @@ const EMPTY = new Uint8Array(0);
 /**
  * Bytes of the host staging buffers of the TCP path of device regions (`StagingPool` of
  * `device.ts`; pinned for CUDA), and so the most payload of a frame with device segments: 4 MiB,
- * the frame size before host frames grew to 16 MiB, so that pinned staging stays as it was.
+ * also the default frame size, so that pinned staging stays 4 MiB whatever `chunkBytes` is.
  */
 export const STAGING_CHUNK_BYTES = 4 * 1024 * 1024;
 
