@@ -17,16 +17,25 @@ import { randomBytes, timingSafeEqual } from 'node:crypto';
 export const LEASE_CAPABILITY_PARAM = 'lease_capability';
 /** Characters of a lease capability: 64 lowercase hex digits (32 random bytes, 256 bits). */
 export const LEASE_CAPABILITY_CHARS = 64;
-const CAPABILITY = /^[0-9a-f]{64}$/;
+
+/** `chars` (even) lowercase hex digits of `crypto.randomBytes`: lease capabilities, consumer keys. */
+export function randomHexToken(chars: number): string {
+  return randomBytes(chars / 2).toString('hex');
+}
+
+/** Whether `x` is a string of exactly `chars` lowercase hex digits. */
+export function isHexToken(x: unknown, chars: number): x is string {
+  return typeof x === 'string' && x.length === chars && /^[0-9a-f]*$/.test(x);
+}
 
 /** A fresh lease capability: {@link LEASE_CAPABILITY_CHARS} hex digits of `crypto.randomBytes`. */
 export function newLeaseCapability(): string {
-  return randomBytes(LEASE_CAPABILITY_CHARS / 2).toString('hex');
+  return randomHexToken(LEASE_CAPABILITY_CHARS);
 }
 
 /** Whether `x` is a well-formed lease capability (what the decoders and the params checks accept). */
 export function isLeaseCapability(x: unknown): x is string {
-  return typeof x === 'string' && CAPABILITY.test(x);
+  return isHexToken(x, LEASE_CAPABILITY_CHARS);
 }
 
 /**

@@ -39,21 +39,20 @@
  * questions about other requests are not affected.
  * @module
  */
-import { randomBytes, timingSafeEqual } from 'node:crypto';
-import { newLeaseCapability, sameCapability, type LocalizeQuery } from '@kvconnect/core';
+import { timingSafeEqual } from 'node:crypto';
+import { isHexToken, newLeaseCapability, randomHexToken, sameCapability, type LocalizeQuery } from '@kvconnect/core';
 
 /** Characters of a consumer key: 32 lowercase hex digits (16 random bytes). */
 export const CONSUMER_KEY_CHARS = 32;
-const KEY = /^[0-9a-f]{32}$/;
 
 /** A fresh consumer key ({@link CONSUMER_KEY_CHARS} hex digits of `crypto.randomBytes`). */
 export function newConsumerKey(): string {
-  return randomBytes(CONSUMER_KEY_CHARS / 2).toString('hex');
+  return randomHexToken(CONSUMER_KEY_CHARS);
 }
 
 /** Whether `x` is a well-formed consumer key (what the decoders accept). */
 export function isConsumerKey(x: unknown): x is string {
-  return typeof x === 'string' && KEY.test(x);
+  return isHexToken(x, CONSUMER_KEY_CHARS);
 }
 
 export { LEASE_CAPABILITY_CHARS, LEASE_CAPABILITY_PARAM, isLeaseCapability, newLeaseCapability, sameCapability } from '@kvconnect/core';
