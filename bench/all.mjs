@@ -48,7 +48,9 @@ const rowsFile = `${out}.rows.jsonl`;
 const logFile = `${out}.log`;
 rmSync(rowsFile, { force: true });
 writeFileSync(logFile, '');
-const env = { ...process.env, KVC_BENCH_RESULTS: rowsFile, ...(flag('--quick') ? { KVC_BENCH_QUICK: '1' } : {}) };
+/** `--quick`, or KVC_BENCH_QUICK=1 in the environment (the benches read that too). */
+const quick = flag('--quick') || process.env.KVC_BENCH_QUICK === '1';
+const env = { ...process.env, KVC_BENCH_RESULTS: rowsFile, ...(quick ? { KVC_BENCH_QUICK: '1' } : {}) };
 const runs = [];
 for (const b of BENCHES) {
   if (only.length && !only.includes(b.name)) continue;
@@ -70,7 +72,7 @@ const cudaDir = opt('--cuda', '');
 if (cudaDir) {
   // The CUDA executables print their own summaries; each summary line becomes a row.
   for (const [name, exe, argv] of [
-    ['cuda-kernel', 'kvc_bench_cuda', flag('--quick') ? ['--quick'] : []],
+    ['cuda-kernel', 'kvc_bench_cuda', quick ? ['--quick'] : []],
     ['cuda-ipc', 'kvc_bench_ipc', []],
   ]) {
     const path = join(cudaDir, exe);
@@ -107,7 +109,7 @@ const esc = (s) => String(s).replaceAll('|', '\\|');
 const lines = [
   `# kvconnect benchmarks: one table`,
   '',
-  `${new Date().toISOString()}, ${hostname()}, ${cpus().length} cores (${cpus()[0]?.model ?? '?'}), node ${process.version}${flag('--quick') ? ', quick runs' : ''}. Ratios are against a baseline measured in the same run.`,
+  `${new Date().toISOString()}, ${hostname()}, ${cpus().length} cores (${cpus()[0]?.model ?? '?'}), node ${process.version}${quick ? ', quick runs' : ''}. Ratios are against a baseline measured in the same run.`,
   '',
   '| benchmark | measured | figure | baseline (same run) | ratio | target | verdict |',
   '| --- | --- | --- | --- | --- | --- | --- |',
@@ -116,9 +118,9 @@ const lines = [
   // what each benchmark passes as `ratio` (bench/*.mjs, bench/lib/cuda-summary.mjs); keep in step with them
   'How to read the ratio column (the figure against its baseline of the same run; `-`: none):',
   '- a bare number: figure / baseline (GB/s: above 1 is faster than the baseline; ms, us, B: above 1 is slower or larger), except in the cuda-kernel and cuda-ipc rows, where it is a ratio of speeds, baseline time / figure time (above 1 is faster);',
-  '- `Nx` (forward): baseline / figure, a speedup (the native path is N times as fast as the JS path);',
+  '- `Nx`: forward: baseline / figure, a speedup (the native path is N times as fast as the JS path); verify: figure / baseline, the consumer\'s work in multiples of the SPEC\'s floor (above 1 is slower);',
   '- `N% overhead` (e2e): what checksums cost, TTFT on / off - 1, throughput off / on - 1;',
-  '- `N%` (e2e): CPU per request on / off - 1; for the checksum computation per verified load, figure / baseline (its share of the TTFT).',
+  '- `N%` (e2e): CPU per request on / off - 1; e2e\'s checksum computation per verified load: figure / baseline (its share of the TTFT); verify\'s 1K-token row: its share of a 1K-token prefill\'s CPU.',
   '',
   'A target without a unit or in `x` or `%` is checked against the ratio; a target in the figure\'s unit (`<= 50 us`, `>= 1.0 GB/s`, `<= 15 us`) against the figure, the ratio then only showing how far the baseline is.',
   '',

@@ -6,12 +6,19 @@
  * `vexp_softmax`, `exp_softmax`) compute the same bits with float32 vectors, eight or sixteen lanes
  * at a time, without the division of fdlibm's float64 `exp` that `Math.exp` uses.
  *
+ * Why: `Math.exp` (fdlibm in float64, a division per call) was about a quarter of the native
+ * prefill's attention time on the GPU machine's host (bench/README.md, "Forward pass"); a float32
+ * exponential, as GPU attention kernels use, runs on full-width float32 vectors while the JS and
+ * native paths keep agreeing bit for bit. It changed the demo model's outputs relative to
+ * `Math.exp` (every comparison in the repository is against a run of the same code).
+ *
  * The algorithm is Cephes `expf` (S. L. Moshier, Cephes Math Library, `cephes/single/expf.c`:
  * Cody-Waite reduction x = n ln 2 + r with ln 2 split as 0.693359375 - 2.12194440e-4, |r| <= ln 2 / 2,
  * then `1 + r + r^2 P(r)` with Moshier's degree-5 P), with n rounded to nearest (ties to even) by
  * adding and subtracting 1.5 * 2^23, and the scaling by 2^n one float32 multiplication (so results
- * below 2^-126 round as float32 subnormals). Accuracy: within a few float32 ulps of exp(fround(x))
- * (tested in packages/engine/test/softmax-exp.test.ts); the rounding of x to float32 first costs up
+ * below 2^-126 round as float32 subnormals). Accuracy: within 1.5 float32 ulps of exp(fround(x))
+ * where the result is a normal float32 (asserted over 100 000 seeded points in
+ * packages/engine/test/softmax-exp.test.ts; worst seen 0.93); the rounding of x to float32 first costs up
  * to |x| * 2^-24 of relative error, which only matters where the weight is negligible.
  *
  * Defined for every float64 x: NaN for NaN; 0 where n < -126 (x below about -87.68, and -Infinity);
