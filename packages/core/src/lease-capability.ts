@@ -44,5 +44,7 @@ export function isLeaseCapability(x: unknown): x is string {
  */
 export function sameCapability(expected: string, given: string | null | undefined): boolean {
   if (typeof given !== 'string' || given.length !== expected.length) return false;
-  return timingSafeEqual(Buffer.from(expected, 'latin1'), Buffer.from(given, 'latin1'));
+  // UTF-16 code units, not latin1: latin1 keeps only each unit's low byte, so a string that is
+  // not `expected` (e.g. U+0161 for 'a') would compare equal.
+  return timingSafeEqual(Buffer.from(expected, 'utf16le'), Buffer.from(given, 'utf16le'));
 }

@@ -134,7 +134,9 @@ export class ConsumerBindings {
       this.claim(requestId, key);
       return null;
     }
-    if (key !== null && timingSafeEqual(Buffer.from(bound), Buffer.from(key))) return null;
+    // Same length in UTF-16 code units, compared as such: timingSafeEqual throws on buffers of
+    // different lengths (UTF-8 lengths differ for a non-ASCII key of the same string length).
+    if (key !== null && key.length === bound.length && timingSafeEqual(Buffer.from(bound, 'utf16le'), Buffer.from(key, 'utf16le'))) return null;
     return `served to another consumer (${key === null ? 'no consumer key given' : 'another consumer key'})`;
   }
 
