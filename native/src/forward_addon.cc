@@ -173,25 +173,21 @@ Napi::Value Attend(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-/** fwdExp(x: Float64Array, y: Float64Array): y[i] = exp(x[i]) as Math.exp (fdlibm), through the vector kernel. */
-Napi::Value Exp(const Napi::CallbackInfo& info) {
-  Args a{info, "fwdExp"};
+/** `name`(x: Float64Array, y: Float64Array): y[i] = f(x[i]) for i < x.length through kernel `f` (y at least as long: RangeError, nothing written). */
+Napi::Value ElementwiseF64(const Napi::CallbackInfo& info, const char* name, void (*f)(const double*, double*, size_t)) {
+  Args a{info, name};
   const size_t xl = a.Arr(0, napi_float64_array, "x"), yl = a.Arr(1, napi_float64_array, "y");
   a.Fits(yl, (double)xl, "y");
   if (!a.ok) return info.Env().Undefined();
-  K().exp(a.Data<double>(0), a.Data<double>(1), xl);
+  f(a.Data<double>(0), a.Data<double>(1), xl);
   return info.Env().Undefined();
 }
 
+/** fwdExp(x: Float64Array, y: Float64Array): y[i] = exp(x[i]) as Math.exp (fdlibm), through the vector kernel. */
+Napi::Value Exp(const Napi::CallbackInfo& info) { return ElementwiseF64(info, "fwdExp", K().exp); }
+
 /** fwdSoftmaxExp(x: Float64Array, y: Float64Array): y[i] = softmaxExp(x[i]) (packages/engine/src/model/softmax-exp.ts), through the vector kernel. */
-Napi::Value SoftmaxExp(const Napi::CallbackInfo& info) {
-  Args a{info, "fwdSoftmaxExp"};
-  const size_t xl = a.Arr(0, napi_float64_array, "x"), yl = a.Arr(1, napi_float64_array, "y");
-  a.Fits(yl, (double)xl, "y");
-  if (!a.ok) return info.Env().Undefined();
-  K().softmaxExp(a.Data<double>(0), a.Data<double>(1), xl);
-  return info.Env().Undefined();
-}
+Napi::Value SoftmaxExp(const Napi::CallbackInfo& info) { return ElementwiseF64(info, "fwdSoftmaxExp", K().softmaxExp); }
 
 /** fwdRope(x, stride, T, heads, dim, cos, sin, tableOffset): see forward_kernel.inc rope (angles from cos/sin[tableOffset ..]). */
 Napi::Value Rope(const Napi::CallbackInfo& info) {

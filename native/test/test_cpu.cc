@@ -94,6 +94,14 @@ struct Call {
   std::vector<uint64_t> out;
   kvc_diag diag;
 
+  // One entry (group 0) over the one region `buf`.
+  void single(const kvc_entry& e, const std::vector<uint8_t>& buf) {
+    entries = {e};
+    group_start = {0, 1};
+    regions = {buf.data()};
+    region_bytes = {buf.size()};
+  }
+
   int run() {
     kvc_tables t = {entries.data(), group_start.data(), (uint32_t)(group_start.size() - 1)};
     std::memset(&diag, 0, sizeof diag);
@@ -293,10 +301,7 @@ constexpr int kSumsDiffer = -1000;
 template <typename Valid>
 static int run_attn_rows(Call& c, const kvc_entry& e, const std::vector<uint8_t>& buf, uint32_t nblocks, uint32_t bt, Rng& rng,
                          Valid valid) {
-  c.entries = {e};
-  c.group_start = {0, 1};
-  c.regions = {buf.data()};
-  c.region_bytes = {buf.size()};
+  c.single(e, buf);
   std::vector<uint64_t> want;
   for (uint32_t b = 0; b < nblocks; ++b) {
     const uint32_t v = valid(b);
@@ -437,10 +442,7 @@ static void test_token_major() {
       e.offset = lead + (uint64_t)os * (heads - 1);
     }
     Call c;
-    c.entries = {e};
-    c.group_start = {0, 1};
-    c.regions = {buf.data()};
-    c.region_bytes = {buf.size()};
+    c.single(e, buf);
     const uint32_t n_rows = 1 + rng.below(it % 2 ? 3 : 12);  // often fewer rows than threads
     std::vector<uint64_t> want(4, 0);
     for (uint32_t i = 0; i < n_rows; ++i) {
@@ -495,10 +497,7 @@ static void test_random_rows() {
     std::vector<uint8_t> buf(size);
     for (auto& x : buf) x = (uint8_t)rng.next();
     Call c;
-    c.entries = {e};
-    c.group_start = {0, 1};
-    c.regions = {buf.data()};
-    c.region_bytes = {buf.size()};
+    c.single(e, buf);
     std::vector<uint64_t> want;
     for (uint32_t b = 0; b < nblocks; ++b) {
       kvc_row r = row(0, b, 0, 0, b);
@@ -747,10 +746,7 @@ static void test_long_and_parallel() {
   const kvc_entry e = Entry(KVC_ENTRY_ATTN).blocks((uint32_t)(buf.size() / (uint64_t)block_stride), block_stride)
                           .outer(4, 8 * 48).tokens(16, 16, block_stride, token_stride).cell(48, 0, 8 * 48);
   Call c;
-  c.entries = {e};
-  c.group_start = {0, 1};
-  c.regions = {buf.data()};
-  c.region_bytes = {buf.size()};
+  c.single(e, buf);
   for (uint32_t i = 0; i < 200; ++i) c.rows.push_back(row(0, rng.below(e.num_blocks), 16 * rng.below(100), 1 + rng.below(16), rng.below(37)));
   c.out.assign(37, 0);
   const unsigned saved = g_threads;

@@ -48,6 +48,16 @@ describe('hostile: embedded TCP receive path', () => {
     open.push(a);
     return a;
   };
+  /** A fresh target agent with `n` guarded bytes registered (region at `base`) and a raw peer past its handshake. */
+  const grantedPeer = async (n: number): Promise<{ t: EmbeddedAgent; g: ReturnType<typeof guarded>; base: number; p: RawPeer }> => {
+    const t = await agent();
+    const g = guarded(n);
+    const reg = await t.registerMemory([{ bytes: g.inner }]);
+    const base = reg.regions[0]!.addr;
+    const p = await RawPeer.connect(t);
+    await p.hello(t);
+    return { t, g, base, p };
+  };
   afterEach(async () => {
     await Promise.all(open.splice(0).map((a) => a.close()));
     expect(uncaught).toEqual([]);
@@ -67,12 +77,7 @@ describe('hostile: embedded TCP receive path', () => {
   }
 
   it('WRITE past the grant (large), payload/segs mismatch, overflowing addresses: ERR or FATAL, guards intact, still serves', async () => {
-    const t = await agent();
-    const g = guarded(2 * MiB);
-    const reg = await t.registerMemory([{ bytes: g.inner }]);
-    const base = reg.regions[0]!.addr;
-    const p = await RawPeer.connect(t);
-    await p.hello(t);
+    const { t, g, base, p } = await grantedPeer(2 * MiB);
     // 1. one byte past the grant, large segment: refused, payload dropped unread
     const n = 2 * MiB + 1;
     p.socket.write(encodeFrame([F.WRITE, 1, [base, n]], n));
@@ -102,12 +107,7 @@ describe('hostile: embedded TCP receive path', () => {
   });
 
   it('payload shorter than the segment, then a new frame prefix inside the "payload" (lengths that change mid-frame): lands only in the grant', async () => {
-    const t = await agent();
-    const g = guarded(MiB);
-    const reg = await t.registerMemory([{ bytes: g.inner }]);
-    const base = reg.regions[0]!.addr;
-    const p = await RawPeer.connect(t);
-    await p.hello(t);
+    const { t, g, base, p } = await grantedPeer(MiB);
     // WRITE of 1 MiB at the end of the grant, then the peer sends a second header "in the middle":
     // the agent must treat those bytes as payload (in the grant), never as a new frame.
     p.socket.write(encodeFrame([F.WRITE, 1, [base, MiB]], MiB));
@@ -127,12 +127,7 @@ describe('hostile: embedded TCP receive path', () => {
   });
 
   it('header split across reads at every offset (large WRITE following a large one)', async () => {
-    const t = await agent();
-    const g = guarded(MiB);
-    const reg = await t.registerMemory([{ bytes: g.inner }]);
-    const base = reg.regions[0]!.addr;
-    const p = await RawPeer.connect(t);
-    await p.hello(t);
+    const { t, g, base, p } = await grantedPeer(MiB);
     const n = 512 * 1024;
     for (let k = 0; k < 40; k++) {
       const data = pat(n, k + 100);
