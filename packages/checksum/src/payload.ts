@@ -128,8 +128,9 @@ const HOST_IS_LE = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
  * token ids, each written as a little-endian uint32, and the digest's first 8 bytes read as a
  * little-endian uint64. `numTokens` 0 digests no bytes. Vectors: `identity-v2.json`, `tokenDigest[]`.
  *
- * Cost: one pass over the ids, written as uint32 words into a buffer of at most
- * {@link DIGEST_PIECE_TOKENS} ids that is hashed piece by piece (a prompt of that many ids or fewer
+ * Cost: a `Uint32Array` of ids (on a little-endian host) is hashed as it is. Otherwise one pass
+ * over the ids, written as uint32 words into a buffer of at most {@link DIGEST_PIECE_TOKENS} ids
+ * that is hashed piece by piece (a prompt of that many ids or fewer
  * in one call of the one-shot `crypto.hash`). A buffer as large as the whole prompt (512 KiB at
  * 128K tokens) would be fresh memory on every call: page faults and zeroing cost more than the
  * hash. The consumer runs this once per load on its scheduler thread (SPEC 8.0), the producer
@@ -144,6 +145,11 @@ const HOST_IS_LE = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 export function tokenDigest(tokenIds: ArrayLike<number>, numTokens: number = tokenIds.length): bigint {
   if (!Number.isSafeInteger(numTokens) || numTokens < 0 || numTokens > tokenIds.length) {
     throw new RangeError(`numTokens must be an integer in [0, ${tokenIds.length}], got ${numTokens}`);
+  }
+  if (HOST_IS_LE && tokenIds instanceof Uint32Array) {
+    // Already the digested bytes: every element is a uint32, in LE order on this host.
+    const b = new Uint8Array(tokenIds.buffer, tokenIds.byteOffset, 4 * numTokens);
+    return hash('sha256', b, 'buffer').readBigUInt64LE(0);
   }
   const words = new Uint32Array(Math.min(numTokens, DIGEST_PIECE_TOKENS));
   const bytes = new Uint8Array(words.buffer);
@@ -167,18 +173,44 @@ const DIGEST_PIECE_TOKENS = 4096;
  * Writes ids `from .. from + n - 1` into `words[0 .. n-1]` as uint32, LE (SPEC 6.1). Its own
  * function so that its loop is the function's end (V8 compiles a long loop on the stack, and code
  * after it in the same function would be deoptimized on every call).
+ *
+ * The loop has no exit but a non-number: it folds the range check of every id into one flag and
+ * throws after the loop ({@link badTokenAt} finds the id), which V8 compiles to about half the
+ * time of a loop that can throw at every id (`bench/checksum.mjs`, token digest row). An id is a
+ * uint32 exactly when `t >>> 0 === t` (-0 included, written as 0); a non-number is never stored or
+ * converted (no `valueOf` runs).
  * @throws RangeError for an id that is not an integer in [0, 2^32).
  */
 function writeWords(tokenIds: ArrayLike<number>, from: number, words: Uint32Array, n: number): void {
+  let bad = false;
   for (let i = 0; i < n; i++) {
     const t = tokenIds[from + i];
-    // The store wraps a number to uint32 (ToUint32), so it reads back as `t` exactly when `t` is an
-    // integer in [0, 2^32) (-0 included, written as 0); a fraction, a negative or NaN reads back
-    // different. A non-number is refused before the store (which would convert it, or throw).
-    if (typeof t === 'number') words[i] = t;
-    if (words[i] !== t) throw new RangeError(`token id ${String(t)} at ${from + i} is not a uint32`);
+    if (typeof t !== 'number') {
+      bad = true;
+      break;
+    }
+    bad = bad || t >>> 0 !== t;
+    words[i] = t;
   }
+  if (bad) badTokenAt(tokenIds, from, n);
   if (!HOST_IS_LE) swapUint32Bytes(new Uint8Array(words.buffer, 0, 4 * n));
+}
+
+/**
+ * Throws for the first of ids `from .. from + n - 1` that is not a uint32 (the slow path of
+ * {@link writeWords}, taken only when one is).
+ * @throws RangeError naming the id and its index.
+ */
+function badTokenAt(tokenIds: ArrayLike<number>, from: number, n: number): never {
+  for (let i = from; i < from + n; i++) {
+    const t = tokenIds[i];
+    if (typeof t !== 'number' || t >>> 0 !== t) {
+      // An object is named by its type: String() would run its conversion.
+      const shown = (typeof t === 'object' && t !== null) || typeof t === 'function' ? `of type ${typeof t}` : String(t);
+      throw new RangeError(`token id ${shown} at ${i} is not a uint32`);
+    }
+  }
+  throw new Error('unreachable: writeWords found a bad token id that badTokenAt did not');
 }
 
 /** Reverses the bytes of each 4-byte word in place (host order <-> LE on a big-endian host). */

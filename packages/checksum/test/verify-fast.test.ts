@@ -251,6 +251,8 @@ describe('tokenDigest in pieces (SPEC 6.1)', () => {
     for (const n of [0, 1, 4095, 4096, 4097, 8192, 8193, 12_300]) {
       expect(tokenDigest(ids, n), `n=${n}`).toBe(digestOf(ids.slice(0, n)));
       expect(tokenDigest(Uint32Array.from(ids.slice(0, n))), `typed n=${n}`).toBe(digestOf(ids.slice(0, n)));
+      // A Uint32Array view at an offset, digesting fewer ids than it holds.
+      expect(tokenDigest(Uint32Array.from(ids).subarray(3), Math.min(n, 12_297)), `typed view n=${n}`).toBe(digestOf(ids.slice(3, 3 + Math.min(n, 12_297))));
     }
   });
 
@@ -263,6 +265,18 @@ describe('tokenDigest in pieces (SPEC 6.1)', () => {
         expect(() => tokenDigest(x), `${String(bad)} at ${at}`).toThrow(new RangeError(`token id ${String(bad)} at ${at} is not a uint32`));
       }
     }
+    // A non-number is refused without being converted: neither valueOf nor Symbol.toPrimitive runs.
+    let conversions = 0;
+    const sneaky = { valueOf: () => ++conversions, [Symbol.toPrimitive]: () => ++conversions };
+    for (const bad of [sneaky as unknown as number, Symbol('t') as unknown as number, undefined as unknown as number, null as unknown as number]) {
+      const x = [...ids];
+      x[4100] = bad;
+      expect(() => tokenDigest(x), String(typeof bad)).toThrow(RangeError);
+    }
+    const o = [...ids];
+    o[4100] = sneaky as unknown as number;
+    expect(() => tokenDigest(o)).toThrow(new RangeError('token id of type object at 4100 is not a uint32'));
+    expect(conversions).toBe(0);
     const z = [...ids];
     z[5000] = -0;
     expect(tokenDigest(z)).toBe(tokenDigest(ids.map((t, i) => (i === 5000 ? 0 : t))));
