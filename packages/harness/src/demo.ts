@@ -26,7 +26,7 @@ import { applyGroundTruth, faultReportOf, requestIndexOf, type InjectionRecord, 
 import { prng } from './locate.js';
 import { resolveModelSpec } from './models.js';
 import { generatedPrompts } from './prompts.js';
-import { extensionLines, markdownReport, summarize, summaryLines, type RunSummary } from './report.js';
+import { extensionLines, loadStatus, markdownReport, summarize, summaryLines, verdictLine, type RunSummary } from './report.js';
 import { checkExpectations, resolveConnector, runScenario, type RequestOutcome, type RunOutcome, type ScenarioResult, type Topology } from './runner.js';
 import { parseScenario, type ConnectorName, type Scenario, type VerdictKind } from './scenario.js';
 import { PROCESS_CONNECTORS, startPDProcesses, type PDProcesses, type ProcessMetrics, type WorkersMode } from './topology-multiprocess.js';
@@ -256,8 +256,9 @@ function progressBar(c: DemoContext) {
   };
 }
 
-function requestLine(q: RequestOutcome): string {
-  return `  r${q.index}: ${q.faultKinds.join('+') || 'no fault'} -> ${q.kind}${q.verdict?.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict?.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}, ${q.action ?? 'no load'}, output ${q.equalsReference ? 'identical' : 'DIFFERENT'}${q.error ? ` (error: ${q.error})` : ''}`;
+/** A request's line: its faults, its load as {@link loadStatus} names it (verdict and details), the consumer's action, the output. */
+function requestLine(q: RequestOutcome, consumerChecksums: boolean): string {
+  return `  r${q.index}: ${q.faultKinds.join('+') || 'no fault'} -> ${loadStatus(q, consumerChecksums)}${q.verdict?.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict?.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}${q.action ? `, ${q.action}` : ''}, output ${q.equalsReference ? 'identical' : 'DIFFERENT'}${q.error ? ` (error: ${q.error})` : ''}`;
 }
 
 /** The report folder (created): `--out`, or a fresh `./kvconnect-demo-report-<time>`. */
@@ -315,6 +316,7 @@ function writeReport(c: DemoContext, result: ScenarioResult, summary: RunSummary
           faults: q.faultKinds,
           changed: Object.fromEntries(q.injected),
           verdict: q.kind,
+          load: loadStatus(q, summary.consumerChecksums),
           mismatches: q.verdict?.mismatches ?? [],
           unverified: q.verdict?.unverified ?? [],
           action: q.action,
@@ -322,7 +324,7 @@ function writeReport(c: DemoContext, result: ScenarioResult, summary: RunSummary
           identical: q.equalsReference,
           error: q.error,
           latencyMs: q.latencyMs,
-          transferMs: q.transferMs,
+          loadWallMs: q.loadWallMs,
           loadBytes: q.loadBytes,
         })),
         checks: result.expectations,
@@ -366,9 +368,9 @@ async function runInProcessDemo(c: DemoContext, connector: ConnectorName): Promi
     bar.stop();
   }
   const run = result.runs[0];
-  const summary = summarize(run);
+  const summary = summarize(run, c.checksums);
   for (const l of summaryLines(summary)) print(l);
-  for (const q of run.requests) print(requestLine(q));
+  for (const q of run.requests) print(requestLine(q, c.checksums));
   print(`note: ${weightsNote(c.model)}`);
   const md = replaceSummaryTable(markdownReport(result, { title: 'kvconnect demo: P/D with KV checksums under injected faults', setup, prompts }), [...summaryLines(summary), `note: ${weightsNote(c.model)}`]);
   const { outDir, reportPath } = writeReport(c, result, summary, md);
@@ -385,11 +387,12 @@ interface ProxyAnswer {
 const fmt = (x: number, d = 1) => x.toFixed(d);
 const bytesText = (n: number) => (n >= 1 << 20 ? `${fmt(n / (1 << 20), 2)} MiB` : n >= 1024 ? `${fmt(n / 1024, 1)} KiB` : `${n} B`);
 
-/** Summary lines of the multi-process demo (transfer and checksum numbers from the processes' metrics, n/a when not exposed). */
+/**
+ * Summary lines of the multi-process demo: connector transfer time and checksum numbers from the
+ * processes' metrics (n/a when not exposed), and the load wall time summed over requests from the
+ * consumer's ground truth (a different figure: see `RunSummary.loadWallMs`, docs/scenarios.md).
+ */
 export function processSummaryLines(s: RunSummary, m: ProcessMetrics | null, faulted: number): string[] {
-  const reasons = Object.entries(s.unverifiedReasons)
-    .map(([k, v]) => `${k} ${v}`)
-    .join(', ');
   const transfer =
     m && m.transferSeconds !== null
       ? `${fmt(m.transferSeconds * 1000)} ms${m.transfers !== null ? ` over ${m.transfers} transfers` : ''}${m.transferBytes !== null ? `, ${bytesText(m.transferBytes)} moved` : ''}`
@@ -397,10 +400,11 @@ export function processSummaryLines(s: RunSummary, m: ProcessMetrics | null, fau
   const cs = (sec: number | null, b: number | null) => (sec === null ? 'n/a' : `${fmt(sec * 1000, 2)} ms${b === null ? '' : ` over ${bytesText(b)}`}`);
   return [
     `requests: ${s.requests} (${faulted} with a consumer-side fault injected)`,
-    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts['transfer-failed'] ? `, load failed in transit ${s.verdicts['transfer-failed']}` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    verdictLine(s),
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
-    `transfer time: ${transfer}`,
+    `connector transfer time: ${transfer}`,
+    `load wall time: ${fmt(s.loadWallMs)} ms summed over requests, ${bytesText(s.loadBytes)} loaded`,
     `checksum time: producer ${m ? cs(m.checksumSeconds.send, m.checksumBytes.send) : 'n/a'}, consumer ${m ? cs(m.checksumSeconds.recv, m.checksumBytes.recv) : 'n/a'}`,
     ...extensionLines(s),
     `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
@@ -543,7 +547,7 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
           equalsReference: tokenIds.length === references[i].length && tokenIds.every((t, k) => t === references[i][k]),
           injected: new Map(),
           faultKinds: [],
-          transferMs: null,
+          loadWallMs: null,
           loadBytes: 0,
           latencyMs: performance.now() - started,
         };
@@ -583,11 +587,11 @@ async function runProcessDemo(c: DemoContext, connector: Exclude<ConnectorName, 
       expectations.push({ ok: missed.length === 0, line: `${missed.length === 0 ? 'PASS' : 'FAIL'} demo: every one of the ${n} faulted load(s) detected (mismatch or unverified)${missed.length ? ` -- ${missed.slice(0, 4).join('; ')}` : ''}` });
     }
     const result: ScenarioResult = { scenario, runs: [run], expectations, durationMs: performance.now() - t0 };
-    const summary = summarize(run);
+    const summary = summarize(run, c.checksums);
     const faulted = outcomes.filter((q) => q.faultKinds.length > 0).length;
     const lines = [...processSummaryLines(summary, metrics, faulted), `note: ${weightsNote(c.model)}`];
     for (const l of lines) print(l);
-    for (const q of run.requests) print(requestLine(q));
+    for (const q of run.requests) print(requestLine(q, c.checksums));
     const fullSetup = [
       ...setup,
       `proxy ${pd.url} (pid ${pd.proxy.pid}); producer ${pd.producer.engineId} ${pd.producer.url} (pid ${pd.producer.pid}); consumer ${pd.consumer.engineId} ${pd.consumer.url} (pid ${pd.consumer.pid})`,

@@ -1,7 +1,10 @@
 /**
  * Summaries and Markdown reports of scenario runs (the demo's report): counts by verdict and
- * reason, recomputed and failed loads, outputs equal to a single instance, transfer and checksum
- * time and bytes, with Mermaid `xychart-beta` plots.
+ * reason, recomputed and failed loads, outputs equal to a single instance, load wall time, checksum
+ * time and bytes, with Mermaid `xychart-beta` plots. "Load wall time" is the consumer's time per
+ * load (first worker start to last worker finish, from the fault injector's ground truth) summed
+ * over requests; it is not the connector's transfer time metric (the multi-process demo's
+ * "connector transfer time", `kvconnect_{nixl,mooncake}_xfer_time_seconds`), see docs/scenarios.md.
  * @module
  */
 import type { RequestOutcome, RunOutcome, ScenarioResult } from './runner.js';
@@ -19,21 +22,54 @@ export interface RunSummary {
   faulted: number;
   identical: number;
   errors: number;
-  /** Load wall time summed over requests, ms; checksum compute seconds by side. */
-  transferMs: number;
+  /**
+   * Load wall time summed over requests, ms: each request's first worker start to last worker
+   * finish of its load (ground truth), added up (concurrent loads overlap, so the sum can exceed the
+   * run's wall time). Not the connector's transfer time metric. Checksum compute time by side, ms.
+   */
+  loadWallMs: number;
   checksumMs: { send: number; recv: number };
   /** KV bytes loaded by the consumers; bytes the checksum workers summed by side. */
   loadBytes: number;
   checksumBytes: { send: number; recv: number };
   wallMs: number;
+  /** The consumer's KV checksums in the run (null: not known to the summary). */
+  consumerChecksums: boolean | null;
+  /**
+   * Requests with no verdict whose KV was loaded all the same (a load wall time or bytes recorded):
+   * loaded without checksum verification. `verdicts.none` counts them too.
+   */
+  loadedUnverified: number;
   /** Sampled checking (docs/checksum-extensions.md): loads checked on a sample, their rate(s) and loaded blocks checked / left out. */
   sampled: { loads: number; rates: number[]; checked: number; skipped: number };
   /** Loads with an unaligned prefix hit verified through sub-block values (docs/checksum-extensions.md). */
   subBlockLoads: number;
 }
 
-/** The summary of a run. */
-export function summarize(run: RunOutcome): RunSummary {
+/** A request's load happened: its ground truth recorded a load wall time or loaded bytes. */
+const loaded = (q: Pick<RequestOutcome, 'loadWallMs' | 'loadBytes'>) => (q.loadWallMs !== null && q.loadWallMs !== undefined) || q.loadBytes > 0;
+
+/**
+ * What a request's KV load was, as the demo's request lines, report and `summary.json` name it: its
+ * verdict kind (`verified`, `mismatch`, `unverified`, `transfer-failed`); for a request without a
+ * verdict whose KV was loaded (a load wall time or bytes recorded), `loaded (not verified: checksums
+ * off)` where the consumer's checksums were off, `loaded (not verified)` where they were on or that
+ * is not known (`consumerChecksums` null); `no load` when no load was recorded.
+ */
+export function loadStatus(q: Pick<RequestOutcome, 'kind' | 'loadWallMs' | 'loadBytes'>, consumerChecksums: boolean | null): string {
+  if (q.kind !== 'none') return q.kind;
+  if (!loaded(q)) return 'no load';
+  return loadedUnverifiedLabel(consumerChecksums);
+}
+
+/** {@link loadStatus}'s name of a load without a verdict. */
+const loadedUnverifiedLabel = (consumerChecksums: boolean | null) => (consumerChecksums === false ? 'loaded (not verified: checksums off)' : 'loaded (not verified)');
+
+/**
+ * The summary of a run. `consumerChecksums`: whether the consumer's KV checksums were on (names a
+ * load without a verdict, {@link loadStatus}); null when not known.
+ */
+export function summarize(run: RunOutcome, consumerChecksums: boolean | null = null): RunSummary {
   const r = run.requests;
   const reasons: Record<string, number> = {};
   for (const o of r) for (const u of o.verdict?.unverified ?? []) reasons[u.reason] = (reasons[u.reason] ?? 0) + 1;
@@ -53,11 +89,13 @@ export function summarize(run: RunOutcome): RunSummary {
     faulted: r.filter((o) => o.faultKinds.length > 0).length,
     identical: r.filter((o) => o.equalsReference).length,
     errors: r.filter((o) => o.error !== undefined).length,
-    transferMs: r.reduce((a, o) => a + (o.transferMs ?? 0), 0),
+    loadWallMs: r.reduce((a, o) => a + (o.loadWallMs ?? 0), 0),
     checksumMs: { send: run.checksumSeconds.send * 1000, recv: run.checksumSeconds.recv * 1000 },
     loadBytes: r.reduce((a, o) => a + o.loadBytes, 0),
     checksumBytes: { ...run.checksumBytes },
     wallMs: run.wallMs,
+    consumerChecksums,
+    loadedUnverified: r.filter((o) => o.kind === 'none' && loaded(o)).length,
     sampled: {
       loads: r.filter((o) => o.verdict?.sampled).length,
       rates: [...new Set(r.flatMap((o) => (o.verdict?.sampled ? [o.verdict.sampled.rate] : [])))].sort(),
@@ -86,17 +124,27 @@ export function localizationLines(requests: readonly RequestOutcome[]): string[]
   return ['## Where the mismatches are', '', 'Fine sums asked of the producer after each mismatch (docs/localize.md): layer, KV head, K or V, token range (state: rows).', '', ...lines, ''];
 }
 
-/** The summary as plain text lines (the demo prints them). */
-export function summaryLines(s: RunSummary): string[] {
+/**
+ * The summary's `verdicts:` line: counts by verdict and unverified reason, loads failed in transit,
+ * loads without a verdict named as {@link loadStatus} names them, and requests with no load.
+ */
+export function verdictLine(s: RunSummary): string {
   const reasons = Object.entries(s.unverifiedReasons)
     .map(([k, v]) => `${k} ${v}`)
     .join(', ');
+  const noLoad = s.verdicts.none - s.loadedUnverified;
+  const unchecked = loadedUnverifiedLabel(s.consumerChecksums);
+  return `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts['transfer-failed'] ? `, load failed in transit ${s.verdicts['transfer-failed']}` : ''}${s.loadedUnverified ? `, ${unchecked} ${s.loadedUnverified}` : ''}${noLoad ? `, no load ${noLoad}` : ''}`;
+}
+
+/** The summary as plain text lines (the demo prints them). */
+export function summaryLines(s: RunSummary): string[] {
   return [
     `requests: ${s.requests} (${s.faulted} hit by a fault, ${s.injected} with changed KV bytes)`,
-    `verdicts: verified ${s.verdicts.verified}, mismatch ${s.verdicts.mismatch}, unverified ${s.verdicts.unverified}${reasons ? ` (${reasons})` : ''}${s.verdicts['transfer-failed'] ? `, load failed in transit ${s.verdicts['transfer-failed']}` : ''}${s.verdicts.none ? `, no load ${s.verdicts.none}` : ''}`,
+    verdictLine(s),
     `recomputed / failed / errors returned: ${s.recomputed} / ${s.failed} / ${s.errors}`,
     `outputs identical to a single instance: ${s.identical}/${s.requests}`,
-    `transfer time: ${fmt(s.transferMs)} ms over ${bytes(s.loadBytes)} loaded; checksum time: producer ${fmt(s.checksumMs.send, 2)} ms over ${bytes(s.checksumBytes.send)}, consumer ${fmt(s.checksumMs.recv, 2)} ms over ${bytes(s.checksumBytes.recv)}`,
+    `load wall time: ${fmt(s.loadWallMs)} ms summed over requests, ${bytes(s.loadBytes)} loaded; checksum time: producer ${fmt(s.checksumMs.send, 2)} ms over ${bytes(s.checksumBytes.send)}, consumer ${fmt(s.checksumMs.recv, 2)} ms over ${bytes(s.checksumBytes.recv)}`,
     ...extensionLines(s),
     `wall time: ${fmt(s.wallMs / 1000, 2)} s`,
   ];
@@ -149,7 +197,7 @@ export function markdownReport(r: ScenarioResult, o: { title?: string; setup?: s
   if (r.scenario.description) out.push(r.scenario.description, '');
   if (o.setup?.length) out.push('## Setup', '', ...o.setup.map((l) => `- ${l}`), '');
   for (const run of r.runs) {
-    const s = summarize(run);
+    const s = summarize(run, r.scenario.consumer.checksums ?? run.spec.checksums ?? r.scenario.checksums);
     if (r.runs.length > 1) out.push(`## ${run.label || 'run'}`, '');
     out.push('## Summary', '', '| | |', '|---|---|');
     for (const l of summaryLines(s)) {
@@ -157,19 +205,20 @@ export function markdownReport(r: ScenarioResult, o: { title?: string; setup?: s
       out.push(`| ${esc(k)} | ${esc(v.join(': '))} |`);
     }
     // Verdicts (what the checksums said), actions (what the consumer did) and outputs: one chart each.
-    const verdictLabels = ['verified', 'mismatch', 'unverified', ...(s.verdicts.none ? ['no load'] : [])];
-    const verdictCounts = [s.verdicts.verified, s.verdicts.mismatch, s.verdicts.unverified, ...(s.verdicts.none ? [s.verdicts.none] : [])];
+    const noLoad = s.verdicts.none - s.loadedUnverified;
+    const verdictLabels = ['verified', 'mismatch', 'unverified', ...(s.loadedUnverified ? [loadedUnverifiedLabel(s.consumerChecksums)] : []), ...(noLoad ? ['no load'] : [])];
+    const verdictCounts = [s.verdicts.verified, s.verdicts.mismatch, s.verdicts.unverified, ...(s.loadedUnverified ? [s.loadedUnverified] : []), ...(noLoad ? [noLoad] : [])];
     out.push('', '## Verdicts', '', mermaidCountBar('Loads by verdict', verdictLabels, verdictCounts, 'requests'), '');
     const used = run.requests.filter((q) => q.action === 'use').length;
     out.push('## Actions', '', mermaidCountBar('Loads by action', ['used', 'recomputed', 'failed'], [used, s.recomputed, s.failed], 'requests'), '');
     out.push(mermaidCountBar('Outputs against a single instance', ['identical', 'different'], [s.identical, s.requests - s.identical], 'requests'), '');
     const reasons = Object.entries(s.unverifiedReasons);
     if (reasons.length) out.push(mermaidCountBar('Unverified reasons', reasons.map(([k]) => k), reasons.map(([, v]) => v), 'loads'), '');
-    out.push('## Transfer and checksum time per request', '');
+    out.push('## Load wall time and checksum time per request', '');
     // Per-load figures exist only where the loads ran in this process; no chart of zeros otherwise.
-    if (run.requests.some((q) => q.transferMs !== null && q.transferMs !== undefined)) {
-      out.push(mermaidBar('KV load time per request (ms)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.transferMs ?? 0), 'ms'), '');
-    } else out.push('Per-request KV load time: n/a (the loads ran in the consumer process; see the summary for totals).', '');
+    if (run.requests.some((q) => q.loadWallMs !== null && q.loadWallMs !== undefined)) {
+      out.push(mermaidBar('KV load wall time per request (ms)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.loadWallMs ?? 0), 'ms'), '');
+    } else out.push('Per-request KV load wall time: n/a (the loads ran in the consumer process; see the summary for totals).', '');
     if (run.requests.some((q) => q.loadBytes > 0)) {
       out.push(mermaidBar('KV bytes loaded per request (KiB)', run.requests.map((q) => `r${q.index}`), run.requests.map((q) => q.loadBytes / 1024), 'KiB'), '');
     } else out.push('Per-request KV bytes: n/a (the loads ran in the consumer process; see the summary for totals).', '');
@@ -178,14 +227,14 @@ export function markdownReport(r: ScenarioResult, o: { title?: string; setup?: s
       '',
       '## Requests',
       '',
-      '| # | prompt | fault | changed blocks | verdict | action | tokens | = single instance | load ms |',
+      '| # | prompt | fault | changed blocks | verdict | action | tokens | = single instance | load wall ms |',
       '|---|---|---|---|---|---|---|---|---|',
     );
     for (const q of run.requests) {
       const prompt = o.prompts?.[q.index] ?? '';
       const changed = [...q.injected].map(([g, p]) => `g${g}[${p.join(',')}]`).join(' ');
-      const verdict = q.verdict ? `${q.kind}${q.verdict.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}` : q.kind;
-      out.push(`| ${q.index} | ${esc(prompt.length > 40 ? `${prompt.slice(0, 40)}...` : prompt)} | ${q.faultKinds.join(', ') || '-'} | ${changed || '-'} | ${esc(verdict)} | ${q.action ?? '-'} | ${q.tokenIds.length} | ${q.equalsReference ? 'yes' : 'no'} | ${q.transferMs === null ? '-' : fmt(q.transferMs, 2)} |`);
+      const verdict = q.verdict ? `${q.kind}${q.verdict.mismatches.length ? ` ${q.verdict.mismatches.map((m) => `g${m.groupId}[${m.positions.join(',')}]`).join(' ')}` : ''}${q.verdict.unverified.length ? ` (${q.verdict.unverified.map((u) => u.reason).join(', ')})` : ''}` : loadStatus(q, s.consumerChecksums);
+      out.push(`| ${q.index} | ${esc(prompt.length > 40 ? `${prompt.slice(0, 40)}...` : prompt)} | ${q.faultKinds.join(', ') || '-'} | ${changed || '-'} | ${esc(verdict)} | ${q.action ?? '-'} | ${q.tokenIds.length} | ${q.equalsReference ? 'yes' : 'no'} | ${q.loadWallMs === null ? '-' : fmt(q.loadWallMs, 2)} |`);
     }
     out.push('');
     out.push(...localizationLines(run.requests));

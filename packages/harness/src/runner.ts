@@ -251,7 +251,7 @@ export interface RequestOutcome {
   /** Fault kinds that hit the request (any side). */
   faultKinds: string[];
   /** Load wall time (first worker start to last worker finish), ms, and bytes loaded (all workers). */
-  transferMs: number | null;
+  loadWallMs: number | null;
   loadBytes: number;
   /** Wall time of the request through the proxy, ms. */
   latencyMs: number;
@@ -425,7 +425,7 @@ async function runOnce(s: Scenario, model: ModelConfig, reqs: PreparedRequest[],
       equalsReference: sameIds(tokenIds, references[i]),
       injected: new Map(),
       faultKinds: [],
-      transferMs: null,
+      loadWallMs: null,
       loadBytes: 0,
       latencyMs: res.ms,
     };

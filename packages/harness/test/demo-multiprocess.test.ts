@@ -52,9 +52,9 @@ interface SummaryJson {
   topology: string;
   processes: { proxy: number; producer: number; consumer: number };
   workerProcesses: { producer: number[]; consumer: number[] };
-  summary: { injected: number; faulted: number; transferMs: number; loadBytes: number };
+  summary: { injected: number; faulted: number; loadWallMs: number; loadBytes: number; loadedUnverified: number };
   logs: string[];
-  requests: Array<{ index: number; faults: string[]; changed: Record<string, number[]>; verdict: string; action: string | null; identical: boolean; error?: string; transferMs: number | null; loadBytes: number }>;
+  requests: Array<{ index: number; faults: string[]; changed: Record<string, number[]>; verdict: string; load: string; action: string | null; identical: boolean; error?: string; loadWallMs: number | null; loadBytes: number }>;
   checks: Array<{ ok: boolean; line: string }>;
 }
 
@@ -74,6 +74,10 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(lines).toContain('workers: producer 2 worker processes, consumer 1 worker process');
     expect(lines).toContain('outputs identical to a single instance: 4/4');
     expect(lines.some((l) => /^checksum time: producer \d/.test(l))).toBe(true);
+    // The connector's metric and the summed load wall time, each under its own name.
+    expect(lines.some((l) => /^connector transfer time: \d+\.\d ms over \d+ transfers/.test(l))).toBe(true);
+    expect(lines.some((l) => /^load wall time: \d+\.\d ms summed over requests, /.test(l))).toBe(true);
+    expect(lines.some((l) => l.startsWith('transfer time'))).toBe(false);
     const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
     expect(s.topology).toBe('processes');
     expect(s.requests).toHaveLength(4);
@@ -97,7 +101,7 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(s.summary.injected).toBe(2);
     for (const [i] of planned) expect(Object.keys(s.requests[i].changed).length, `r${i} changed blocks`).toBeGreaterThan(0);
     for (const q of s.requests) {
-      expect(q.transferMs, `r${q.index} load ms`).toBeGreaterThan(0);
+      expect(q.loadWallMs, `r${q.index} load ms`).toBeGreaterThan(0);
       expect(q.loadBytes, `r${q.index} load bytes`).toBeGreaterThan(0);
     }
     expect(s.summary.loadBytes).toBe(s.requests.reduce((a, q) => a + q.loadBytes, 0));
@@ -115,6 +119,23 @@ describe('kvconnect demo, multi-process topology', () => {
     expect(s.workerProcesses).toMatchObject({ producer: [expect.any(Number), expect.any(Number)], consumer: [expect.any(Number)] });
     // Every child process went away with the demo.
     expect(await gone([...Object.values(s.processes), ...s.workerProcesses.producer, ...s.workerProcesses.consumer])).toBe(true);
+  }, 60_000);
+
+  it('--no-checksums: every load is said to be loaded without verification (console, summary.json), not "no load"', async () => {
+    const out = join(dir, 'no-checksums');
+    const printed: string[] = [];
+    const r = await runDemo({ connector: 'pull', checksums: false, prompts: PROMPTS, faultRate: 0, maxTokens: 4, out, progress: false, print: (l) => printed.push(l) });
+    expect(r.result.expectations.filter((x) => !x.ok)).toEqual([]);
+    expect(printed).toContain('verdicts: verified 0, mismatch 0, unverified 0, loaded (not verified: checksums off) 4');
+    expect(printed.filter((l) => / r\d+: /.test(l))).toEqual([0, 1, 2, 3].map((i) => `  r${i}: no fault -> loaded (not verified: checksums off), output identical`));
+    expect(printed.some((l) => l.includes('no load'))).toBe(false);
+    const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as SummaryJson;
+    expect(s.summary.loadedUnverified).toBe(4);
+    for (const q of s.requests) {
+      expect(q.load, `r${q.index}`).toBe('loaded (not verified: checksums off)');
+      expect(q.loadBytes, `r${q.index}`).toBeGreaterThan(0);
+    }
+    expect(await gone(Object.values(s.processes))).toBe(true);
   }, 60_000);
 
   it('--connector push (exported runDemo): faults detected and recomputed, outputs = single instance, report written', async () => {

@@ -66,7 +66,7 @@ describe('halves that only see serialized copies of what crosses (worker process
     expect(mm(q[5])).toEqual([[0, [2]]]);
     expect(q[6].kind).toBe('verified');
     expect(q.every((o) => o.equalsReference)).toBe(true);
-    expect(q.every((o) => o.loadBytes > 0 && o.transferMs !== null)).toBe(true);
+    expect(q.every((o) => o.loadBytes > 0 && o.loadWallMs !== null)).toBe(true);
     expect(crossed.runs[0].requests.map(summary)).toEqual(plain.runs[0].requests.map(summary));
     // The wrapper was in the path of every hook that carries data between the halves.
     for (const hook of ['buildConnectorMeta', 'bindConnectorMetadata', 'startLoadKv', 'getTransferResults', 'updateConnectorOutput', 'requestFinished']) expect(counts.get(hook) ?? 0, hook).toBeGreaterThan(0);

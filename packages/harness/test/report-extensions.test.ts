@@ -6,7 +6,7 @@ import type { RequestOutcome, RunOutcome } from '../src/runner.js';
 
 const verdict = (extra: Partial<Verdict>): Verdict => ({ verdict: 'verified', mismatches: [], unverified: [], leftOut: [], wrongRequest: false, identity: 'checked', ...extra });
 const request = (v: Verdict | null): RequestOutcome =>
-  ({ verdict: v, kind: v ? v.verdict : 'none', action: v ? 'use' : null, injected: new Map(), faultKinds: [], equalsReference: true, transferMs: 1, loadBytes: 10 }) as unknown as RequestOutcome;
+  ({ verdict: v, kind: v ? v.verdict : 'none', action: v ? 'use' : null, injected: new Map(), faultKinds: [], equalsReference: true, loadWallMs: 1, loadBytes: 10 }) as unknown as RequestOutcome;
 const run = (requests: RequestOutcome[]): RunOutcome =>
   ({ requests, checksumSeconds: { send: 0, recv: 0 }, checksumBytes: { send: 0, recv: 0 }, records: [], loads: [], wallMs: 5 }) as unknown as RunOutcome;
 

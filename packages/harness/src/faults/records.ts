@@ -121,7 +121,7 @@ export interface GroundTruthFields {
   /** Changed consumer block positions per group id (a state group's running state: position 0). */
   injected: Map<number, number[]>;
   /** Wall time of the request's load on the consumer, ms (first start to last finish over its workers); null when no load was recorded. */
-  transferMs: number | null;
+  loadWallMs: number | null;
   /** KV bytes the consumer's workers loaded for it. */
   loadBytes: number;
 }
@@ -136,7 +136,7 @@ export interface GroundTruthFields {
 export function applyGroundTruth(o: GroundTruthFields, records: readonly InjectionRecord[], loads: readonly LoadRecord[], consumerIds: ReadonlySet<string>, blockSizeOf: (groupId: number) => number): void {
   const mine = loads.filter((l) => l.index === o.index && consumerIds.has(l.engineId));
   if (mine.length > 0) {
-    o.transferMs = Math.max(...mine.map((l) => l.finishedAt)) - Math.min(...mine.map((l) => l.startedAt));
+    o.loadWallMs = Math.max(...mine.map((l) => l.finishedAt)) - Math.min(...mine.map((l) => l.startedAt));
     o.loadBytes = mine.reduce((a, l) => a + l.bytes, 0);
   }
   const first = mine.length ? Math.min(...mine.map((l) => l.firstToken)) : 0;
