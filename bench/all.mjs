@@ -13,6 +13,7 @@ import { cpus, hostname } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CudaOutputError, ipcRows, kernelRows } from './lib/cuda-summary.mjs';
+import { checkRow } from './lib/results.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const args = process.argv.slice(2);
@@ -90,7 +91,7 @@ if (cudaDir) {
     // bench/lib/cuda-summary.mjs: output without the lines a verdict needs fails the run, never a silently shorter table
     try {
       const rows = name === 'cuda-kernel' ? kernelRows(r.stdout ?? '') : ipcRows(r.stdout ?? '');
-      for (const row of rows) appendFileSync(rowsFile, `${JSON.stringify({ bench: name, ...row })}\n`);
+      for (const row of rows) appendFileSync(rowsFile, `${JSON.stringify(checkRow({ bench: name, ...row }))}\n`);
     } catch (e) {
       if (!(e instanceof CudaOutputError)) throw e;
       const run = runs.at(-1);

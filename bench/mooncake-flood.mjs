@@ -7,7 +7,9 @@
 //     million ids spread over 30 connections in messages of 4096; waiters parked, heap and RSS
 //     growth, time to answer everything that is over the caps, and a new connection's hello
 //     round trip during the flood.
-// Not a test: nothing is asserted. Run after `npm run build` (it imports the built packages),
+// Each side-channel flood's row carries a verdict: met when the waiters parked stay within the
+// producer's caps (`max_waiters` in total, `max_waiters_per_peer` per connection; packages/mooncake
+// config.ts defaults), MISSED otherwise. Not a test: nothing is asserted. Run after `npm run build` (it imports the built packages),
 // with --expose-gc for steadier heap figures:
 //   node --expose-gc bench/mooncake-flood.mjs
 import * as zmq from 'zeromq';
@@ -69,7 +71,8 @@ async function connect(addr) {
 
 async function sideChannelFlood(label, peersN, messagesPerPeer, idsPerMessage) {
   const boot = await BootstrapServer.start({ port: 0 });
-  const w = new MooncakeWorker('kv_producer', { engineId: 'prod', tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 }, parseMooncakeOptions({ bootstrap_addr: boot.address }, {}));
+  const opts = parseMooncakeOptions({ bootstrap_addr: boot.address }, {});
+  const w = new MooncakeWorker('kv_producer', { engineId: 'prod', tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 }, opts);
   await w.registerKvCaches(caches());
   const a = await EmbeddedAgent.create({ name: 'flood', host: '127.0.0.1' });
   const agentMetadata = await a.getLocalMetadata();
@@ -96,9 +99,12 @@ async function sideChannelFlood(label, peersN, messagesPerPeer, idsPerMessage) {
   const dt = performance.now() - t0;
   const m1 = mem();
   const r = w.resourceCounts();
-  result('mooncake-flood', { name: `side channel ${label}: waiters parked`, figure: String(r.waiters), target: 'bounded by the caps' });
+  // The caps the worker enforces: at most maxWaiters parked in total and maxWaitersPerPeer on one connection.
+  const target = `<= ${opts.maxWaiters} total, <= ${opts.maxWaitersPerPeer} per connection (the caps)`;
+  const met = r.waiters <= opts.maxWaiters && r.maxPeerWaiters <= opts.maxWaitersPerPeer;
+  result('mooncake-flood', { name: `side channel ${label}: waiters parked (most of one connection)`, figure: `${r.waiters} (${r.maxPeerWaiters})`, target, met });
   console.log(
-    `side channel ${label}: ${sent} made-up ids in ${peersN * messagesPerPeer} messages over ${peersN} connections -> ${r.waiters} waiters parked (most of one connection ${r.maxPeerWaiters}), ${w.stats.waitersRefused} refused and answered; all handled in ${dt.toFixed(0)} ms; heap +${MB(m1.heapUsed - m0.heapUsed)}, rss +${MB(m1.rss - m0.rss)}; a new connection's hello during the flood: ${helloDuring?.toFixed(1) ?? 'n/a'} ms`,
+    `side channel ${label}: ${sent} made-up ids in ${peersN * messagesPerPeer} messages over ${peersN} connections -> ${r.waiters} waiters parked (most of one connection ${r.maxPeerWaiters}; target ${target}: ${met ? 'met' : 'MISSED'}), ${w.stats.waitersRefused} refused and answered; all handled in ${dt.toFixed(0)} ms; heap +${MB(m1.heapUsed - m0.heapUsed)}, rss +${MB(m1.rss - m0.rss)}; a new connection's hello during the flood: ${helloDuring?.toFixed(1) ?? 'n/a'} ms`,
   );
   for (const p of peers) p.sock.close();
   await w.shutdown();
