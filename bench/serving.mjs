@@ -9,9 +9,12 @@
 //    engine with a 256-token step budget, and 4 short requests (32 tokens, 4 generated) sent once
 //    the long one is running. Latency of the short requests and of the long one, with the long
 //    prefill threshold off (0) and at its default (a quarter of the budget: 64).
-// 2. Abandoned requests: 20 requests of 600 generated tokens through the proxy. Latency of 5
-//    normal requests (8 tokens): alone, beside the 20 while they decode (what abandoned requests
-//    that run on cost), and right after their clients went away (aborted on both engines).
+// 2. Abandoned requests: 20 requests of 600 generated tokens through the proxy. Latency of a
+//    normal request (8 tokens): alone, beside the 20 while they decode (what abandoned requests
+//    that run on cost), and right after their clients went away (aborted on both engines). In
+//    rounds (7; quick 3), each alone -> beside -> right after, so the baseline and the loaded
+//    figures alternate and see the same machine state; a first round warms every path up (JIT)
+//    and is left out. Medians over the rounds.
 // 3. Consumer down: the consumer's server stopped; 4 clients send 100 requests one after another,
 //    then 50 at once: statuses, the producer's steps, held requests and KV usage. Then the
 //    consumer is started again on its port: the next request after the check interval.
@@ -98,21 +101,34 @@ for (const threshold of [0, 64]) {
   let d = await startEngineServer(consumer);
   const proxy = await startProxyServer({ prefill: [p.url], decode: [d.url] });
   console.log('\n## 2. 20 abandoned requests of 600 tokens');
-  await normalLatencies(proxy.url, 3, 'warm-up'); // JIT
-  const base = await normalLatencies(proxy.url, 5, 'before');
-  const acs = Array.from({ length: 20 }, () => new AbortController());
-  const gone = acs.map((ac, i) => post(proxy.url, { prompt: `abandoned ${i}`, max_tokens: 600, ignore_eos: true }, ac.signal).catch(() => null));
-  await until(() => consumer.scheduler.running.length === 20 && consumer.scheduler.running.every((r) => r.outputTokenIds.length > 0));
-  // What abandoned requests cost when they run on (no abort): the same 20, still connected.
-  const during = await normalLatencies(proxy.url, 5, 'during');
-  const steps0 = consumer.stats.steps;
-  for (const ac of acs) ac.abort();
-  await Promise.all(gone);
-  const after = await normalLatencies(proxy.url, 5, 'after');
-  await until(() => consumer.scheduler.numUnfinished === 0);
-  result('serving', { name: 'normal request right after 20 abandoned ones', figure: fmt(median(after)), baseline: `${fmt(median(base))} alone`, ratio: (median(after) / median(base)).toFixed(2) });
-  console.log(`normal request latency (median of 5): alone ${fmt(median(base))}; beside the 20 still running ${fmt(median(during))}; right after their clients went away ${fmt(median(after))}`);
-  console.log(`consumer steps from the abort until its abandoned requests were gone (with the 5 normal ones): ${consumer.stats.steps - steps0}; unfinished now ${consumer.scheduler.numUnfinished}`);
+  const ROUNDS = QUICK ? 3 : 7;
+  const base = [];
+  const during = [];
+  const after = [];
+  const drain = [];
+  // Round 0 warms up (JIT) every path the measured rounds take; prompts differ per round (no prefix hits) and are of one length.
+  for (let round = 0; round <= ROUNDS; round++) {
+    const alone = await normalLatencies(proxy.url, 1, `${round}.0`);
+    const acs = Array.from({ length: 20 }, () => new AbortController());
+    const gone = acs.map((ac, i) => post(proxy.url, { prompt: `abandoned ${round}.${String(i).padStart(2, '0')}`, max_tokens: 600, ignore_eos: true }, ac.signal).catch(() => null));
+    await until(() => consumer.scheduler.running.length === 20 && consumer.scheduler.running.every((r) => r.outputTokenIds.length > 0));
+    // What abandoned requests cost when they run on (no abort): the same 20, still connected.
+    const beside = await normalLatencies(proxy.url, 1, `${round}.1`);
+    const steps0 = consumer.stats.steps;
+    for (const ac of acs) ac.abort();
+    await Promise.all(gone);
+    const right = await normalLatencies(proxy.url, 1, `${round}.2`);
+    await until(() => consumer.scheduler.numUnfinished === 0);
+    if (round === 0) continue;
+    base.push(...alone);
+    during.push(...beside);
+    after.push(...right);
+    drain.push(consumer.stats.steps - steps0);
+  }
+  const spread = (xs) => `${fmt(Math.min(...xs))}..${fmt(Math.max(...xs))}`;
+  result('serving', { name: `normal request right after 20 abandoned ones (median of ${ROUNDS} rounds, baseline interleaved)`, figure: fmt(median(after)), baseline: `${fmt(median(base))} alone`, ratio: (median(after) / median(base)).toFixed(2) });
+  console.log(`normal request latency (median of ${ROUNDS} rounds, each alone -> beside -> right after, after a warm-up round): alone ${fmt(median(base))} (${spread(base)}); beside the 20 still running ${fmt(median(during))} (${spread(during)}); right after their clients went away ${fmt(median(after))} (${spread(after)})`);
+  console.log(`consumer steps from the abort until its abandoned requests were gone (with the normal one), median of the rounds: ${median(drain)}; unfinished now ${consumer.scheduler.numUnfinished}`);
 
   console.log('\n## 3. consumer down: 4 clients send 100 requests one after another, then a burst of 50 at once');
   const port = d.port;
