@@ -231,7 +231,7 @@ describe('lanes: only authenticated lanes of an open session', () => {
     await until(() => lane.closed, 'the lane to close with its session');
   });
 
-  it('refuses a lane with a wrong proof, for a session that is not open, of another initiator, or sending READ before its HELLO', async () => {
+  it('refuses a lane with a wrong proof, for a session that is not open, of another initiator, sending READ before its HELLO, or with a malformed session', async () => {
     const s = await session();
     const wrong = await raw(s.b);
     await wrong.sendHello(s.b, { session: s.sn, secret: new Uint8Array(32).fill(1) });
@@ -249,7 +249,12 @@ describe('lanes: only authenticated lanes of an open session', () => {
     await early.challenge();
     await s.readOn(early, 4);
     await refused(early);
-    expect(s.errors.length).toBe(4);
+    const shortSession = await raw(s.b);
+    await shortSession.sendHello(s.b, { session: s.sn.subarray(0, 5) });
+    await s.readOn(shortSession, 6);
+    await refused(shortSession);
+    expect(s.errors.length).toBe(5);
+    expect(s.errors.filter((m) => m.includes('session must be 16 bytes')).length).toBe(1);
     expect(s.errors.filter((m) => m.includes('wrong secret')).length).toBe(1);
     expect(s.errors.filter((m) => m.includes('no open session')).length).toBe(2);
     expect(s.b.incomingLanes).toBe(0);
