@@ -12,7 +12,9 @@
 // ucx_perftest moves its messages) and `@{...}` (JSON options of the initiator's agent).
 // Environment: SIZE (descriptor bytes, default 1 MiB), TOTAL_MB (per transfer, default 256),
 // REPS (rounds, default 5), OP (default READ,WRITE). Each initiator prints `PIDS initiator,target`
-// on stderr once warm, for `perf record -p`.
+// on stderr once warm, for `perf record -p`, and, with the agent option `lanes` (striping over n TCP
+// connections per peer, e.g. 'packages/transfer/dist@{"lanes":2}'), once its lanes are ready and at
+// the end the frames each lane sent (so that a build that ignores the option shows).
 import { fork } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
@@ -74,10 +76,14 @@ if (process.argv[2] === 'target') {
     return { ms: Number(process.hrtime.bigint() - t0) / 1e6, cpu: (cu.user + cu.system) / 1e3, tcpu: cpuOf(child.pid) - tc0 };
   };
   for (const op of OPS) await once(op); // warm-up: connection, handshake, JIT
-  console.error(`PIDS ${process.pid},${child.pid}`);
+  // Extra lanes are used once their handshakes are done: wait for them (builds without laneStats: none).
+  const lanes = () => (typeof a.laneStats === 'function' ? a.laneStats(peer) : []);
+  for (const end = Date.now() + 5000; Date.now() < end && lanes().some((l) => !l.ready); ) await new Promise((r) => setTimeout(r, 5));
+  console.error(`PIDS ${process.pid},${child.pid}${opts.lanes === undefined ? '' : `; ${process.argv[3]}: ${lanes().filter((l) => l.ready).length} of ${opts.lanes} lanes ready`}`);
   process.send('ready');
   process.on('message', async (m) => {
     if (m === 'exit') {
+      if (opts.lanes !== undefined) console.error(`${process.argv[3]}: frames sent per lane ${JSON.stringify(lanes().map((l) => l.framesSent))}`);
       child.send('exit');
       await a.close();
       process.exit(0);

@@ -17,6 +17,12 @@
 // measured with every descriptor on one buffer of its size at each end, and compared to UCX as a
 // second row per size beside the streaming one, labelled "one reused buffer"
 // (KVC_BENCH_REUSED=0 leaves it out).
+// UCX with UCX_TLS=tcp opens one TCP connection per interface it finds (lo and eth0 on a host with
+// one NIC: both reach 127.0.0.1) and stripes its messages over them; the column "ucp_am_bw 1 conn"
+// is ucp_am_bw held to one connection (UCX_NET_DEVICES=lo), beside it the embedded agent's ratio
+// to it: per-connection parity, context only (the verdicts stay against UCX's best test).
+// KVC_BENCH_LANES=n runs the initiator with the agent option `lanes` (n TCP connections per peer,
+// the transfers striped over them; default 1).
 import { fork, spawn, spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -38,6 +44,10 @@ const PATHS = (process.env.KVC_BENCH_PATHS ?? 'shm,tcp').split(',');
 const UCX_TESTS = ['tag_bw', 'stream_bw', 'ucp_am_bw', 'ucp_put_bw', 'ucp_get'];
 // KVC_BENCH_REUSED=0 leaves out the TCP rows on one reused buffer (the like-for-like UCX comparison).
 const REUSED = process.env.KVC_BENCH_REUSED !== '0';
+// KVC_BENCH_LANES: the initiator's `lanes` option (TCP connections per peer); unset: the agent's default.
+const LANES = process.env.KVC_BENCH_LANES === undefined ? undefined : Number(process.env.KVC_BENCH_LANES);
+/** The UCX test held to one TCP connection (UCX_NET_DEVICES=lo), a context column. */
+const UCX_ONE_CONN = 'ucp_am_bw';
 // One row per verdict for bench/all.mjs's table (bench/lib/results.mjs), where that module exists.
 const { result } = await import('./lib/results.mjs').catch(() => ({ result: () => {} }));
 
@@ -61,10 +71,10 @@ if (process.argv[2] === 'target') {
 }
 
 async function main() {
-  console.log(`kvconnect transfer bench: ${QUICK ? 'quick' : 'full'}; ${TOTAL >> 20} MiB per transfer, ${STAT === median ? 'median' : 'best'} of ${REPS}; node ${process.version}`);
+  console.log(`kvconnect transfer bench: ${QUICK ? 'quick' : 'full'}; ${TOTAL >> 20} MiB per transfer, ${STAT === median ? 'median' : 'best'} of ${REPS}; node ${process.version}; lanes ${LANES ?? 'default (1)'}`);
   const child = fork(fileURLToPath(import.meta.url), ['target'], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const ready = await new Promise((r) => child.once('message', r));
-  const a = await EmbeddedAgent.create({ name: 'bench-initiator', ...JSON.parse(process.env.KVC_BENCH_INITIATOR_OPTS ?? '{}') });
+  const a = await EmbeddedAgent.create({ name: 'bench-initiator', ...JSON.parse(process.env.KVC_BENCH_INITIATOR_OPTS ?? '{}'), ...(LANES === undefined ? {} : { lanes: LANES }) });
   const local = new Uint8Array(TOTAL);
   const other = new Uint8Array(TOTAL);
   local.fill(7);
@@ -115,24 +125,28 @@ async function main() {
     console.log('\nUCX comparison skipped: ucx_perftest not found (KVC_UCX_PERFTEST, .carry/ucx/bin of scripts/device-carry.sh, or PATH; Debian: apt-get install -y ucx-utils)');
     return;
   }
-  console.log(`\nUCX (${ucx.bin}), UCX_TLS=tcp,self, server and client on 127.0.0.1, ${UCX_TESTS.join(', ')} (GB/s = 1e9 B/s; UCX prints MB/s of 2^20 B)`);
-  console.log(`| descriptor | ${UCX_TESTS.join(' | ')} | best UCX | embedded READ / best | embedded WRITE / best |`);
-  console.log(`| --- | ${UCX_TESTS.map(() => '---').join(' | ')} | --- | --- | --- |`);
+  const lanes = a.lanes ?? 1;
+  console.log(`\nUCX (${ucx.bin}), UCX_TLS=tcp,self, server and client on 127.0.0.1, ${UCX_TESTS.join(', ')} (GB/s = 1e9 B/s; UCX prints MB/s of 2^20 B); UCX stripes over one TCP connection per interface (lo, eth0, ...); "${UCX_ONE_CONN} 1 conn": with UCX_NET_DEVICES=lo (one connection), beside it the embedded agent (${lanes} lane${lanes === 1 ? '' : 's'}) per connection of UCX's: READ / 1 conn, WRITE / 1 conn`);
+  console.log(`| descriptor | ${UCX_TESTS.join(' | ')} | best UCX | embedded READ / best | embedded WRITE / best | ${UCX_ONE_CONN} 1 conn | READ / 1 conn | WRITE / 1 conn |`);
+  console.log(`| --- | ${UCX_TESTS.map(() => '---').join(' | ')} | --- | --- | --- | --- | --- | --- |`);
   const ucxVerdicts = [];
   let port = 13500 + (process.pid % 200);
   for (const r of rows) {
     const iters = Math.max(QUICK ? 50 : 100, Math.min(20000, Math.floor(TOTAL / r.size)));
     const res = {};
     for (const t of UCX_TESTS) res[t] = await ucxPerf(ucx, t, r.size, iters, port++);
+    const one = await ucxPerf(ucx, UCX_ONE_CONN, r.size, iters, port++, { UCX_NET_DEVICES: 'lo' });
     const ok = Object.entries(res).filter(([, x]) => x > 0);
     const f = (x) => (x > 0 ? x.toFixed(2) : 'failed');
+    const perConn = one > 0 ? `${f(one)} | ${(r.READ / one).toFixed(2)} | ${(r.WRITE / one).toFixed(2)}` : 'failed | - | -';
+    if (one > 0) result('transfer', { name: `embedded tcp ${fmtSize(r.size)} (${lanes} lane${lanes === 1 ? '' : 's'}) vs UCX ${UCX_ONE_CONN} on one connection (context)`, figure: `READ ${r.READ.toFixed(2)}, WRITE ${r.WRITE.toFixed(2)} GB/s`, baseline: `UCX ${UCX_ONE_CONN} UCX_NET_DEVICES=lo ${one.toFixed(2)} GB/s`, ratio: `${(r.READ / one).toFixed(2)} / ${(r.WRITE / one).toFixed(2)}`, target: 'context', met: true });
     if (ok.length === 0) {
-      console.log(`| ${fmtSize(r.size)} | ${UCX_TESTS.map(() => 'failed').join(' | ')} | - | - | - |`);
+      console.log(`| ${fmtSize(r.size)} | ${UCX_TESTS.map(() => 'failed').join(' | ')} | - | - | - | ${perConn} |`);
       ucxVerdicts.push(`SKIP tcp vs UCX ${fmtSize(r.size)}: every UCX test failed`);
       continue;
     }
     const [bestTest, best] = ok.reduce((m, e) => (e[1] > m[1] ? e : m));
-    console.log(`| ${fmtSize(r.size)} | ${UCX_TESTS.map((t) => f(res[t])).join(' | ')} | ${f(best)} (${bestTest}) | ${(r.READ / best).toFixed(2)} | ${(r.WRITE / best).toFixed(2)} |`);
+    console.log(`| ${fmtSize(r.size)} | ${UCX_TESTS.map((t) => f(res[t])).join(' | ')} | ${f(best)} (${bestTest}) | ${(r.READ / best).toFixed(2)} | ${(r.WRITE / best).toFixed(2)} | ${perConn} |`);
     for (const op of ['READ', 'WRITE']) {
       const ratio = r[op] / best;
       ucxVerdicts.push(`${ratio >= 1 ? 'PASS' : 'FAIL'} tcp ${op} ${fmtSize(r.size)}: ${ratio.toFixed(2)}x UCX's best (${bestTest} ${best.toFixed(2)} GB/s; target >= 1)`);
@@ -141,7 +155,8 @@ async function main() {
     // The like-for-like row: our path on one reused buffer, as UCX's tests (a second row, same target).
     const ru = reused?.find((x) => x.size === r.size);
     if (ru) {
-      console.log(`| ${fmtSize(r.size)}, one reused buffer | | | | | | ${f(best)} (${bestTest}) | ${(ru.READ / best).toFixed(2)} | ${(ru.WRITE / best).toFixed(2)} |`);
+      const ruOne = one > 0 ? `${f(one)} | ${(ru.READ / one).toFixed(2)} | ${(ru.WRITE / one).toFixed(2)}` : 'failed | - | -';
+      console.log(`| ${fmtSize(r.size)}, one reused buffer | | | | | | ${f(best)} (${bestTest}) | ${(ru.READ / best).toFixed(2)} | ${(ru.WRITE / best).toFixed(2)} | ${ruOne} |`);
       for (const op of ['READ', 'WRITE']) {
         const ratio = ru[op] / best;
         ucxVerdicts.push(`${ratio >= 1 ? 'PASS' : 'FAIL'} tcp ${op} ${fmtSize(r.size)}, one reused buffer as ucx_perftest: ${ratio.toFixed(2)}x UCX's best (${bestTest} ${best.toFixed(2)} GB/s; target >= 1)`);
@@ -173,6 +188,13 @@ function findUcx() {
 }
 
 
+/** Waits (up to 5 s) until every lane of `a` to `peer` finished its handshake (agents without `laneStats`: at once). */
+async function lanesReady(a, peer) {
+  if (typeof a.laneStats !== 'function') return;
+  const end = Date.now() + 5000;
+  while (Date.now() < end && !(a.laneStats(peer).length === a.lanes && a.laneStats(peer).every((l) => l.ready))) await new Promise((r) => setTimeout(r, 5));
+}
+
 /**
  * READ and WRITE of TOTAL bytes in descriptors of each size against the target region at
  * `remoteAddr`: distinct descriptors over TOTAL bytes at each end, or with `reused`, every
@@ -202,6 +224,7 @@ async function measure(a, reg, peer, remoteAddr, local, other, path, reused) {
         return Number(process.hrtime.bigint() - t0) / 1e6;
       };
       await once(); // warm-up (connection and handshake, mappings, JIT)
+      await lanesReady(a, peer);
       copy();
       const tx = [];
       const tc = [];
@@ -219,9 +242,12 @@ async function measure(a, reg, peer, remoteAddr, local, other, path, reused) {
   return rows;
 }
 
-/** Runs one ucx_perftest server + client pair ({@link findUcx}); returns GB/s (overall bandwidth) or -1. */
-async function ucxPerf(ucx, test, size, iters, port) {
-  const env = { ...process.env, ...ucx.env, UCX_TLS: 'tcp,self' };
+/**
+ * Runs one ucx_perftest server + client pair ({@link findUcx}), with `extraEnv` on both (e.g.
+ * UCX_NET_DEVICES=lo: one TCP connection); returns GB/s (overall bandwidth) or -1.
+ */
+async function ucxPerf(ucx, test, size, iters, port, extraEnv = {}) {
+  const env = { ...process.env, ...ucx.env, UCX_TLS: 'tcp,self', ...extraEnv };
   const args = ['-t', test, '-s', String(size), '-n', String(iters), '-w', String(Math.max(10, iters >> 4)), '-p', String(port)];
   const server = spawn(ucx.bin, args, { env, stdio: 'ignore' });
   await new Promise((r) => setTimeout(r, 400));

@@ -1,12 +1,14 @@
 /**
  * The embedded agent's TCP connections (see the module note of `embedded.ts`): {@link OutConn},
  * the initiator's connection to one remote agent (handshake, frame window, RDATA / WACK / ERR
- * handling), and {@link InConn}, the target's side of one initiator's connection (handshake,
+ * handling), {@link OutLink}, the initiator's lanes to one remote agent (the first connection and
+ * the extra lanes bound to its handshake, agent option `lanes`), and {@link InConn}, the target's side of one initiator's connection (handshake,
  * bounds checks of every segment against the live registered regions, READ answers, WRITE
  * landing, notif reception). Frames and the handshake are those of `wire.ts`.
  * @module
  */
 import * as net from 'node:net';
+import { timingSafeEqual } from 'node:crypto';
 import { checkProof, makeNonce, makeProof } from './auth.js';
 import { ProtocolError, TransferError } from './errors.js';
 import type { StagingPool } from './device.js';
@@ -186,7 +188,11 @@ export function adoptWithReads(s: net.Socket, onread: net.OnReadOpts): net.Socke
   return n;
 }
 
-/** Outgoing connection to one remote agent. */
+/**
+ * Outgoing connection to one remote agent: the first of its {@link OutLink} (its handshake is the
+ * session) or, with `session`, an extra lane that joins that connection's session (the lane HELLO
+ * of `wire.ts`, sent once the first connection's handshake is done).
+ */
 export class OutConn {
   readonly socket: net.Socket;
   private readonly reader: FrameReader;
@@ -201,6 +207,12 @@ export class OutConn {
   private qHead = 0;
   private readonly inflight = new Map<number, OutFrame>();
   private inflightBytes = 0;
+  /** Payload bytes of the frames queued and not yet sent. */
+  private queuedBytes = 0;
+  /** Frames handed to the socket (tests and metrics: how a transfer spread over the lanes). */
+  framesSent = 0;
+  /** The handshake was done once (a lane that dies after it is replaced, one refused is not). */
+  private wasReady = false;
   private nextId = 1;
   private failKind: TransferErrorKind = 'remote-disconnect';
   private failMessage = 'connection closed';
@@ -218,6 +230,8 @@ export class OutConn {
     readonly peer: PeerInfo,
     private readonly maxInflight: number,
     connectTimeoutMs: number,
+    /** For an extra lane: the link's first connection, whose session this one joins; null for the first. */
+    readonly session: OutConn | null = null,
   ) {
     this.reads = new SocketReads(agent, () => this.reader as FrameReader | undefined);
     this.socket = net.connect({ host: peer.host, port: peer.port, noDelay: true, onread: this.reads.opts });
@@ -252,13 +266,31 @@ export class OutConn {
     return this.ready && !this.closed;
   }
 
+  /** True when the handshake was done once (even if the connection closed since). */
+  get wasEverReady(): boolean {
+    return this.wasReady;
+  }
+
+  /** Payload bytes queued or outstanding on this connection (how the link picks a lane). */
+  get load(): number {
+    return this.queuedBytes + this.inflightBytes;
+  }
+
+  /** The connection that carries notifs: the link's first (for an extra lane, its session's). */
+  get notifConn(): OutConn {
+    return this.session ?? this;
+  }
+
   /** Queues frames and sends what the window allows. */
   enqueue(frames: OutFrame[]): void {
     if (this.closed) {
       for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
       return;
     }
-    for (const f of frames) this.queue.push(f);
+    for (const f of frames) {
+      this.queue.push(f);
+      this.queuedBytes += f.bytes;
+    }
     this.pump();
   }
 
@@ -290,6 +322,7 @@ export class OutConn {
       const f = this.queue[this.qHead]!;
       if (!isCurrent(f.req, f.gen)) {
         this.qHead++; // canceled or timed out before it was sent
+        this.queuedBytes -= f.bytes;
         continue;
       }
       if (this.inflightBytes > 0 && this.inflightBytes + f.bytes > this.maxInflight) break;
@@ -306,6 +339,8 @@ export class OutConn {
         if (!isCurrent(f.req, f.gen)) continue;
       }
       this.qHead++;
+      this.queuedBytes -= f.bytes;
+      this.framesSent++;
       f.id = this.nextId;
       this.nextId = this.nextId === 0xffffffff ? 1 : this.nextId + 1;
       this.inflight.set(f.id, f);
@@ -334,14 +369,29 @@ export class OutConn {
     if (!this.ready) {
       const cluster = this.agent.clusterSecretBytes;
       if (h.t === F.CHAL && this.clientNonce === null) {
-        const sn = h.nonce;
+        const sn: Uint8Array = Uint8Array.prototype.slice.call(h.nonce); // a view of the reused read buffer
         const cn = makeNonce();
-        this.serverNonce = Uint8Array.prototype.slice.call(sn); // a view of the reused read buffer
+        this.serverNonce = sn;
         this.clientNonce = cn;
         const me = this.agent.name;
-        const agentProof = makeProof(this.peer.secret, HANDSHAKE_CONTEXT.hello, sn, cn, me);
         const clusterProof = cluster ? makeProof(cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, me, this.peer.name) : null;
-        this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, me, cn, agentProof, clusterProof]));
+        const primary = this.session;
+        if (primary === null) {
+          const agentProof = makeProof(this.peer.secret, HANDSHAKE_CONTEXT.hello, sn, cn, me);
+          this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, me, cn, agentProof, clusterProof]));
+          return null;
+        }
+        // An extra lane: its HELLO names the session (the first connection's challenge), once the
+        // target authenticated that connection.
+        primary.whenReady().then(
+          () => {
+            if (this.closed) return;
+            const session = primary.serverNonce!;
+            const agentProof = makeProof(this.peer.secret, HANDSHAKE_CONTEXT.helloLane, sn, cn, me, session);
+            this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, me, cn, agentProof, clusterProof, session]));
+          },
+          (e: unknown) => this.fatal(e instanceof TransferError ? e.kind : 'remote-disconnect', `the session of this lane closed: ${e instanceof Error ? e.message : String(e)}`),
+        );
         return null;
       }
       if (h.t === F.OK && this.clientNonce !== null && this.serverNonce !== null) {
@@ -358,6 +408,7 @@ export class OutConn {
           return null;
         }
         this.ready = true;
+        this.wasReady = true;
         this.reader.setLimits(MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES);
         clearTimeout(this.connectTimer);
         for (const e of this.early.splice(0)) {
@@ -468,18 +519,96 @@ export class OutConn {
     this.closed = true;
     clearTimeout(this.connectTimer);
     this.reader.kill();
-    this.agent.connClosed(this);
+    this.agent.connClosed(this, this.failKind, this.failMessage);
     const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
     this.inflight.clear();
     this.queue = [];
     this.qHead = 0;
     this.inflightBytes = 0;
+    this.queuedBytes = 0;
     for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
     for (const e of this.early.splice(0)) e.reject(new TransferError(this.failKind, this.failMessage));
     for (const w of this.readyWaiters.splice(0)) w.reject(new TransferError(this.failKind, this.failMessage));
   }
 }
 
+/**
+ * The initiator's connections to one remote agent (agent option `lanes`, 1..{@link MAX_LANES}):
+ * the first connection, whose handshake is the session, and `lanes - 1` extra lanes opened with
+ * it, each authenticated by its own lane HELLO bound to that session (`wire.ts`). A transfer's
+ * frames go to the least loaded ready lanes (payload bytes queued and outstanding; the first
+ * connection takes them while the others are not ready); the transfer completes once every frame
+ * on every lane is done (`EmbeddedRequest.pending`). A lane that closes fails the frames it holds
+ * (so the transfers using it) with its error and nothing else; it is replaced at the next
+ * transfer if its handshake had been done (one refused, e.g. by a peer without lanes, is not).
+ * When the first connection closes, the session ends: every lane closes with its error.
+ */
+export class OutLink {
+  /** The lanes; `lanes[0]` is the first connection (the session). */
+  readonly lanes: OutConn[];
+
+  constructor(
+    private readonly agent: EmbeddedAgent,
+    readonly peer: PeerInfo,
+    count: number,
+    private readonly maxInflight: number,
+    private readonly connectTimeoutMs: number,
+  ) {
+    const primary = new OutConn(agent, peer, maxInflight, connectTimeoutMs);
+    this.lanes = [primary];
+    for (let i = 1; i < count; i++) this.lanes.push(new OutConn(agent, peer, maxInflight, connectTimeoutMs, primary));
+  }
+
+  /** The first connection: handshake of the session, notifs, same-host checks. */
+  get primary(): OutConn {
+    return this.lanes[0]!;
+  }
+
+  get isClosed(): boolean {
+    return this.primary.isClosed;
+  }
+
+  /** Spreads `frames` over the lanes (see the class note) and queues them. */
+  enqueue(frames: OutFrame[]): void {
+    const lanes = this.lanes;
+    if (lanes.length === 1 || frames.length === 0) {
+      this.primary.enqueue(frames);
+      return;
+    }
+    if (this.primary.isReady) {
+      for (let i = 1; i < lanes.length; i++) {
+        if (lanes[i]!.isClosed && lanes[i]!.wasEverReady) lanes[i] = new OutConn(this.agent, this.peer, this.maxInflight, this.connectTimeoutMs, this.primary);
+      }
+    }
+    const use = lanes.filter((l, i) => i === 0 || l.isReady);
+    if (use.length === 1) {
+      this.primary.enqueue(frames);
+      return;
+    }
+    const loads = use.map((l) => l.load);
+    const groups: OutFrame[][] = use.map(() => []);
+    for (const f of frames) {
+      let k = 0;
+      for (let j = 1; j < loads.length; j++) if (loads[j]! < loads[k]!) k = j;
+      groups[k]!.push(f);
+      loads[k]! += f.bytes;
+    }
+    for (let j = 0; j < use.length; j++) if (groups[j]!.length > 0) use[j]!.enqueue(groups[j]!);
+  }
+
+  /** Points every lane's next read back at the agent's buffer ({@link SocketReads.disarm}). */
+  disarm(): void {
+    for (const l of this.lanes) l.reads.disarm();
+  }
+
+  /** Closes every lane with this error (their frames fail with it). */
+  fatal(kind: TransferErrorKind, message: string): void {
+    for (const l of this.lanes) l.fatal(kind, message);
+  }
+}
+
+/** Most lanes per peer (agent option `lanes`). */
+export const MAX_LANES = 8;
 
 /** Incoming connection from one initiator. */
 export class InConn {
@@ -491,6 +620,10 @@ export class InConn {
   readonly reads: SocketReads;
   private peerName: string | null = null;
   private closed = false;
+  /** For an extra lane: the connection whose session it joined; null for a first connection. */
+  private session: InConn | null = null;
+  /** For a first connection: the extra lanes that joined its session (closed with it). */
+  private readonly laneConns = new Set<InConn>();
   private readonly helloTimer: NodeJS.Timeout;
   /** This side's challenge (CHAL), sent on accept. */
   private readonly serverNonce = makeNonce();
@@ -533,8 +666,21 @@ export class InConn {
       clearTimeout(this.helloTimer);
       this.reader.kill();
       this.setPartial(0);
+      this.session?.laneConns.delete(this);
+      for (const l of this.laneConns) l.socket.destroy(); // the session ended: its lanes with it
+      this.laneConns.clear();
       agent.inClosed(this);
     });
+  }
+
+  /** True when this is an open first connection that authenticated `name` with challenge `nonce` (a session extra lanes may join). */
+  isSession(name: string, nonce: Uint8Array): boolean {
+    return !this.closed && this.session === null && this.peerName === name && nonce.length === this.serverNonce.length && timingSafeEqual(nonce, this.serverNonce);
+  }
+
+  /** Extra lanes that joined this connection's session (tests and metrics). */
+  get lanes(): number {
+    return this.laneConns.size;
   }
 
   /** Bytes this connection holds: unparsed input and a notif being received. */
@@ -641,9 +787,20 @@ export class InConn {
         return null;
       }
       const mine = this.agent.secretBytes;
-      if (!checkProof(h.agentProof, mine, HANDSHAKE_CONTEXT.hello, sn, h.nonce, h.name)) {
+      const proved = h.session === null ? checkProof(h.agentProof, mine, HANDSHAKE_CONTEXT.hello, sn, h.nonce, h.name) : checkProof(h.agentProof, mine, HANDSHAKE_CONTEXT.helloLane, sn, h.nonce, h.name, h.session);
+      if (!proved) {
         this.protocolError(`agent ${JSON.stringify(h.name)} presented a wrong secret`);
         return null;
+      }
+      if (h.session !== null) {
+        // An extra lane: only into an open session of the same initiator.
+        const session = this.agent.findSession(h.name, h.session);
+        if (session === null) {
+          this.protocolError(`agent ${JSON.stringify(h.name)} opened a lane for no open session`);
+          return null;
+        }
+        this.session = session;
+        session.laneConns.add(this);
       }
       clearTimeout(this.helloTimer);
       this.peerName = h.name;

@@ -18,6 +18,13 @@
  * - Transfers are cut into frames of at most `chunkBytes` payload (coalescing small
  *   descriptors); at most `maxInflightBytes` of frames are outstanding per connection, and
  *   socket backpressure (`drain`) is respected on both sides.
+ * - Striping (`lanes`, default 1): an initiator opens `lanes` connections per remote agent, the
+ *   first with the handshake above, each further one ("lane") with its own handshake bound to the
+ *   first's (the lane HELLO of `wire.ts`: a target accepts a lane only into an open session it
+ *   authenticated, and closes it with that session). A transfer's frames are spread over the
+ *   ready lanes and it completes once every frame on every lane is done; a lane that closes fails
+ *   only the transfers with frames on it (`remote-disconnect`, as a closed connection). Bounds are
+ *   checked per frame at the target as on one connection.
  * - A transfer's notif is sent after the last frame was acknowledged (WRITE: after the target
  *   copied the bytes into its memory; READ: after the initiator received every byte).
  * - A connection that closes fails its transfers with `remote-disconnect`; every transfer has
@@ -96,7 +103,7 @@ import type {
   XferStatus,
 } from './types.js';
 import { F, MAX_NAME_LENGTH, MAX_NOTIF_BYTES, MAX_PAYLOAD_BYTES, MAX_SEGMENTS, SECRET_BYTES } from './wire.js';
-import { EmbeddedRequest, InConn, OutConn, READ_BUFFER_BYTES, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
+import { EmbeddedRequest, InConn, MAX_LANES, OutConn, OutLink, READ_BUFFER_BYTES, type DevSeg, type OutFrame, type Pair } from './embedded-conn.js';
 import { decodeMetadata, findPeerDevice, META_MAGIC, META_VERSION, packr, type PeerDeviceRegion, type PeerInfo, type PeerShmRegion } from './embedded-metadata.js';
 import { processHoldsPeerSocket, sameHostKey, sharedMemoryBindings } from './shared-memory.js';
 import type { NativeShm } from '@kvconnect/native';
@@ -130,7 +137,15 @@ export interface EmbeddedAgentOptions {
   readonly port?: number;
   /** Host that peers should connect to, written into the metadata (default: `host`, or `127.0.0.1` for a wildcard `host`). */
   readonly advertiseHost?: string;
-  /** Most bytes of outstanding frames per outgoing connection (default 64 MiB). */
+  /**
+   * TCP connections per remote agent (1..8, default 1): the first one's handshake, then
+   * `lanes - 1` extra lanes bound to it, over which each transfer's frames are spread (see the
+   * module note). On loopback UCX's TCP transport stripes over one connection per interface
+   * (`ucx_perftest` with `UCX_TLS=tcp` on a host with lo and eth0: two); this is the like of it.
+   * @throws TransferError `invalid` from {@link EmbeddedAgent.create} for anything but an integer in 1..8.
+   */
+  readonly lanes?: number;
+  /** Most bytes of outstanding frames per outgoing connection, so per lane (default 64 MiB). */
   readonly maxInflightBytes?: number;
   /**
    * Most payload bytes per frame (default 4 MiB; at most 16 MiB, `MAX_PAYLOAD_BYTES` of `wire.ts`,
@@ -187,7 +202,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   private readonly secret = randomBytes(SECRET_BYTES);
   private readonly peers = new Map<string, PeerInfo>();
-  private readonly conns = new Map<string, OutConn>();
+  private readonly conns = new Map<string, OutLink>();
   private readonly inConns = new Set<InConn>();
   private readonly registrations = new WeakMap<Registration, HostRegion[]>();
   private readonly lists = new WeakSet<DescList>();
@@ -196,6 +211,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private notifBytes = 0;
   private closed = false;
   private readonly maxInflight: number;
+  /** See {@link EmbeddedAgentOptions.lanes}. */
+  readonly lanes: number;
   private readonly chunk: number;
   /** Most payload bytes of a frame with device segments: the size of the staging pools' buffers. */
   private readonly stageChunk: number;
@@ -247,6 +264,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   ) {
     super();
     this.maxInflight = checkPositiveInt('maxInflightBytes', o.maxInflightBytes, 64 * 1024 * 1024);
+    this.lanes = checkPositiveInt('lanes', o.lanes, 1, MAX_LANES);
     this.chunk = checkPositiveInt('chunkBytes', o.chunkBytes, 4 * 1024 * 1024, MAX_PAYLOAD_BYTES);
     this.stageChunk = Math.min(this.chunk, STAGING_CHUNK_BYTES);
     this.timeoutMs = checkPositiveInt('transferTimeoutMs', o.transferTimeoutMs, 30_000);
@@ -506,7 +524,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const msg = checkNotif(message, MAX_NOTIF_BYTES);
     const peer = this.peers.get(agent);
     if (!peer) throw new TransferError('not-found', `no metadata loaded for agent ${JSON.stringify(agent)}`);
-    return this.conn(peer).sendNotif(msg);
+    return this.conn(peer).primary.sendNotif(msg);
   }
 
   async pollNotifs(): Promise<Map<string, Uint8Array[]>> {
@@ -531,18 +549,45 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   // ---- internal, called by the connections ----
 
-  private conn(peer: PeerInfo): OutConn {
+  private conn(peer: PeerInfo): OutLink {
     let c = this.conns.get(peer.name);
     if (!c || c.isClosed) {
-      c = new OutConn(this, peer, this.maxInflight, this.connectTimeoutMs);
+      c = new OutLink(this, peer, this.lanes, this.maxInflight, this.connectTimeoutMs);
       this.conns.set(peer.name, c);
     }
     return c;
   }
 
-  /** @internal */
-  connClosed(c: OutConn): void {
-    if (this.conns.get(c.peer.name) === c) this.conns.delete(c.peer.name);
+  /**
+   * @internal A connection closed: when it was a link's first, the session ended and its extra
+   * lanes close with the same error (an extra lane alone is replaced by its link, `OutLink`).
+   */
+  connClosed(c: OutConn, kind: TransferErrorKind, message: string): void {
+    const link = this.conns.get(c.peer.name);
+    if (link?.primary !== c) return;
+    this.conns.delete(c.peer.name);
+    link.fatal(kind, message);
+  }
+
+  /**
+   * The lanes to `agent` now (tests and metrics): per lane, whether its handshake is done and the
+   * frames it sent; empty when there is no connection.
+   */
+  laneStats(agent: string): Array<{ readonly ready: boolean; readonly framesSent: number }> {
+    return (this.conns.get(agent)?.lanes ?? []).map((l) => ({ ready: l.isReady, framesSent: l.framesSent }));
+  }
+
+  /** @internal The open first connection from `name` whose challenge was `nonce` (a session an extra lane may join), or null. */
+  findSession(name: string, nonce: Uint8Array): InConn | null {
+    for (const c of this.inConns) if (c.isSession(name, nonce)) return c;
+    return null;
+  }
+
+  /** Extra lanes that joined the open sessions of incoming connections (tests and metrics). */
+  get incomingLanes(): number {
+    let n = 0;
+    for (const c of this.inConns) n += c.lanes;
+    return n;
   }
 
   /** @internal */
@@ -559,8 +604,9 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     const req = f.req;
     if (!isCurrent(req, f.gen)) return;
     if (--req.pending > 0) return;
-    // Every frame landed: now the notif (it travels behind the data on the same connection).
-    if (req.notif) conn.sendNotif(req.notif).catch(() => {});
+    // Every frame landed: now the notif (on the link's first connection; with one lane it travels
+    // behind the data).
+    if (req.notif) conn.notifConn.sendNotif(req.notif).catch(() => {});
     this.finish(req, 'done', null);
   }
 
@@ -574,7 +620,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private finish(req: EmbeddedRequest, state: XferStatus, message: string | null): XferStatus {
     if (!endRequest(req, state, message)) return requestStatus(req);
     // Its local memory is the caller's again: no in-place read of a late answer into it.
-    this.conns.get(req.remoteAgent)?.reads.disarm();
+    this.conns.get(req.remoteAgent)?.disarm();
     this.active.delete(req);
     return state;
   }
@@ -661,7 +707,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       if (!l || l.device || !rr) return null;
       plan.push({ local: l.view.subarray(p.local.addr - l.addr, p.local.addr - l.addr + p.local.length), rr, at: rr.offset + (p.remote.addr - rr.addr), len: p.local.length });
     }
-    const conn = this.conn(peer);
+    const conn = this.conn(peer).primary;
     if (conn.isReady) return this.copyShm(req, peer, plan);
     const gen = req.gen;
     const deadline = Date.now() + timeoutMs;
@@ -694,7 +740,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     try {
       // The advertised process must be the one that answered this connection's handshake (not
       // another process's mappings re-advertised): checked once per peer metadata.
-      if (!this.shmMaps.has(peer.name) && !processHoldsPeerSocket(peer.shm!.pid, this.conn(peer).socket)) throw new Error(`${peer.name}'s shared mappings are advertised for process ${peer.shm!.pid}, which does not hold this connection`);
+      if (!this.shmMaps.has(peer.name) && !processHoldsPeerSocket(peer.shm!.pid, this.conn(peer).primary.socket)) throw new Error(`${peer.name}'s shared mappings are advertised for process ${peer.shm!.pid}, which does not hold this connection`);
       for (const c of plan) maps.push(this.shmMapping(peer, c.rr));
     } catch (e) {
       this.shmRefused.set(peer.name, e instanceof Error ? e.message : String(e));
@@ -714,7 +760,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.shmStats.transfers++;
     this.shmStats.bytes += req.bytes;
     // The bytes are in place: now the notif (over the TCP connection, as for the TCP path).
-    if (req.notif) this.conn(peer).sendNotif(req.notif).catch(() => {});
+    if (req.notif) this.conn(peer).primary.sendNotif(req.notif).catch(() => {});
     return this.finish(req, 'done', null);
   }
 
@@ -825,7 +871,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
         this.deviceStats.ipcTransfers++;
         this.deviceStats.ipcBytes += req.bytes;
         // The copies finished: now the notif (over the TCP connection, as for the TCP path).
-        if (req.notif) this.conn(peer).sendNotif(req.notif).catch(() => {});
+        if (req.notif) this.conn(peer).primary.sendNotif(req.notif).catch(() => {});
         this.finish(req, 'done', null);
       },
       (e: unknown) => {

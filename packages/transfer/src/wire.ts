@@ -18,6 +18,14 @@
  *   `clusterProof = proof(clusterSecret, helloCluster, serverNonce, clientNonce, name, targetName)`.
  *   The target checks the cluster proof first (required when it has a cluster secret, refused when
  *   it has none), then the agent proof.
+ * - an extra lane (the agent option `lanes`, `embedded.ts`): a further connection of the same
+ *   initiator, opened once the first connection's handshake is done, sends on its own CHAL
+ *   `[HELLO, 2, name, clientNonce, agentProof, clusterProof | nil, session]` where `session` is
+ *   the server nonce of that first connection's CHAL ({@link NONCE_BYTES}) and
+ *   `agentProof = proof(targetAgentSecret, helloLane, serverNonce, clientNonce, name, session)`;
+ *   the target accepts it only while a connection it authenticated for `name` with that server
+ *   nonce is open (the session), and closes the lane with the session. The cluster proof and OK
+ *   are as above.
  * - target: `[OK, targetName, agentProof, clusterProof | nil]` with the same secrets over
  *   `clientNonce, serverNonce, targetName[, initiatorName]` (contexts ok / okCluster): the
  *   initiator knows it reached the agent whose metadata it loaded (and a cluster member).
@@ -62,6 +70,7 @@ export const WIRE_VERSION = 2;
 /** Proof contexts of the handshake (`makeProof` in `auth.ts`). */
 export const HANDSHAKE_CONTEXT = Object.freeze({
   hello: 'embedded/hello',
+  helloLane: 'embedded/hello-lane',
   helloCluster: 'embedded/hello-cluster',
   ok: 'embedded/ok',
   okCluster: 'embedded/ok-cluster',
@@ -90,7 +99,7 @@ const unpackr = new Unpackr({ useRecords: false, int64AsType: 'number' });
 /** A decoded, checked header. `segs` are flat `[addr, len, ...]` pairs. */
 export type Header =
   | { readonly t: typeof F.CHAL; readonly nonce: Uint8Array }
-  | { readonly t: typeof F.HELLO; readonly name: string; readonly nonce: Uint8Array; readonly agentProof: Uint8Array; readonly clusterProof: Uint8Array | null }
+  | { readonly t: typeof F.HELLO; readonly name: string; readonly nonce: Uint8Array; readonly agentProof: Uint8Array; readonly clusterProof: Uint8Array | null; readonly session: Uint8Array | null }
   | { readonly t: typeof F.READ | typeof F.WRITE; readonly id: number; readonly segs: readonly number[]; readonly bytes: number }
   | { readonly t: typeof F.NOTIF }
   | { readonly t: typeof F.OK; readonly name: string; readonly agentProof: Uint8Array; readonly clusterProof: Uint8Array | null }
@@ -141,12 +150,13 @@ export function decodeHeader(bytes: Uint8Array, payloadBytes: number): Header | 
       if (!isBytes(v[2], NONCE_BYTES)) return `CHAL: nonce must be ${NONCE_BYTES} bytes`;
       return noPayload({ t, nonce: v[2] });
     case F.HELLO: {
-      if (v.length !== 6 || v[1] !== WIRE_VERSION) return `HELLO must be [0, ${WIRE_VERSION}, name, nonce, agentProof, clusterProof]`;
+      if ((v.length !== 6 && v.length !== 7) || v[1] !== WIRE_VERSION) return `HELLO must be [0, ${WIRE_VERSION}, name, nonce, agentProof, clusterProof(, session)]`;
       if (!isText(v[2], MAX_NAME_LENGTH) || v[2].length === 0) return 'HELLO: bad agent name';
       if (!isBytes(v[3], NONCE_BYTES)) return `HELLO: nonce must be ${NONCE_BYTES} bytes`;
       if (!isBytes(v[4], PROOF_BYTES)) return `HELLO: agent proof must be ${PROOF_BYTES} bytes`;
       if (v[5] !== null && !isBytes(v[5], PROOF_BYTES)) return `HELLO: cluster proof must be nil or ${PROOF_BYTES} bytes`;
-      return noPayload({ t, name: v[2], nonce: v[3], agentProof: v[4], clusterProof: v[5] });
+      if (v.length === 7 && !isBytes(v[6], NONCE_BYTES)) return `HELLO: session must be ${NONCE_BYTES} bytes`;
+      return noPayload({ t, name: v[2], nonce: v[3], agentProof: v[4], clusterProof: v[5], session: v.length === 7 ? (v[6] as Uint8Array) : null });
     }
     case F.READ:
     case F.WRITE: {

@@ -25,7 +25,7 @@ async function agent(o: Partial<EmbeddedAgentOptions> = {}): Promise<EmbeddedAge
   return a;
 }
 type Internals = {
-  conns: Map<string, { inflight: Map<number, { bytes: number }>; reads: { directReads: number } }>;
+  conns: Map<string, { primary: { inflight: Map<number, { bytes: number }>; reads: { directReads: number } } }>;
   inConns: Set<{ reads: { directReads: number; armed: Uint8Array | null } }>;
 };
 const internals = (a: EmbeddedAgent) => a as unknown as Internals;
@@ -47,7 +47,7 @@ describe('embedded agent: frames', () => {
     const one = async (i: number) => a.prepDescList(null, 'DRAM', [{ addr: ra.regions[i]!.addr, length: n }]);
     const rone = async (i: number) => a.prepDescList(peer, 'DRAM', [{ addr: rb.regions[i]!.addr, length: n }]);
     // Every frame handed to the socket, by its payload bytes.
-    const inflight = internals(a).conns.get(peer)!.inflight;
+    const inflight = internals(a).conns.get(peer)!.primary.inflight;
     const sent: number[] = [];
     const set = inflight.set.bind(inflight);
     inflight.set = (id, f) => (sent.push(f.bytes), set(id, f));
@@ -106,7 +106,7 @@ describe('embedded agent: frames', () => {
     const w = await a.makeTransfer({ op: 'WRITE', local: await a.prepDescList(null, 'DRAM', [{ addr: regSrc.regions[0]!.addr, length: n }]), remote });
     await a.post(w);
     // No I/O callback ran since post: at most the window (2 frames) is with the socket, the rest queued.
-    const conn = internals(a).conns.get(peer)!;
+    const conn = internals(a).conns.get(peer)!.primary;
     expect(conn.inflight.size).toBeGreaterThan(0);
     expect([...conn.inflight.values()].reduce((s, f) => s + f.bytes, 0)).toBeLessThanOrEqual(2 * MiB);
     await a.deregisterMemory(regSrc);

@@ -231,7 +231,7 @@ describe('embedded agent', () => {
       expect(Buffer.compare(memA.subarray(i * seg, (i + 1) * seg), srcB.subarray(j * seg, (j + 1) * seg))).toBe(0);
       expect(Buffer.compare(memB.subarray(j * seg, (j + 1) * seg), srcA.subarray(i * seg, (i + 1) * seg))).toBe(0);
     }
-    const out = [...(a as unknown as { conns: Map<string, { reads: { directReads: number } }> }).conns.values()];
+    const out = [...(a as unknown as { conns: Map<string, { primary: { reads: { directReads: number } } }> }).conns.values()].map((l) => l.primary);
     const inc = [...(b as unknown as { inConns: Set<{ reads: { directReads: number } }> }).inConns];
     expect(out[0]!.reads.directReads).toBeGreaterThan(0);
     expect(inc[0]!.reads.directReads).toBeGreaterThan(0);

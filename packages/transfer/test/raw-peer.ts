@@ -39,18 +39,22 @@ export class RawPeer {
     const c = await this.until((f) => f.h.t === F.CHAL);
     return (c.h as { nonce: Uint8Array }).nonce;
   }
-  /** Sends HELLO for `agent` (proofs made with `secret`, default the agent's own from its metadata). */
-  async sendHello(agent: EmbeddedAgent, o: { name?: string; secret?: Uint8Array; cluster?: Uint8Array } = {}): Promise<void> {
+  /**
+   * Sends HELLO for `agent` (proofs made with `secret`, default the agent's own from its
+   * metadata); with `session` (a first connection's challenge), the lane HELLO of `wire.ts`.
+   */
+  async sendHello(agent: EmbeddedAgent, o: { name?: string; secret?: Uint8Array; cluster?: Uint8Array; session?: Uint8Array } = {}): Promise<void> {
     const v = new Packr({ useRecords: false }).unpack(await agent.getLocalMetadata()) as unknown[];
     const sn = await this.challenge();
     const cn = makeNonce();
     const name = o.name ?? 'raw';
-    const proof = makeProof(o.secret ?? (v[5] as Uint8Array), HANDSHAKE_CONTEXT.hello, sn, cn, name);
+    const secret = o.secret ?? (v[5] as Uint8Array);
+    const proof = o.session ? makeProof(secret, HANDSHAKE_CONTEXT.helloLane, sn, cn, name, o.session) : makeProof(secret, HANDSHAKE_CONTEXT.hello, sn, cn, name);
     const cluster = o.cluster ? makeProof(o.cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, name, agent.name) : null;
-    this.socket.write(encodeFrame([F.HELLO, WIRE_VERSION, name, cn, proof, cluster]));
+    this.socket.write(encodeFrame(o.session ? [F.HELLO, WIRE_VERSION, name, cn, proof, cluster, o.session] : [F.HELLO, WIRE_VERSION, name, cn, proof, cluster]));
   }
   /** The whole handshake: HELLO, then the target's OK. */
-  async hello(agent: EmbeddedAgent, o: { name?: string; cluster?: Uint8Array } = {}): Promise<void> {
+  async hello(agent: EmbeddedAgent, o: { name?: string; cluster?: Uint8Array; session?: Uint8Array } = {}): Promise<void> {
     await this.sendHello(agent, o);
     await this.until((f) => f.h.t === F.OK);
   }
