@@ -799,6 +799,12 @@ export class InConn {
           this.protocolError(`agent ${JSON.stringify(h.name)} opened a lane for no open session`);
           return null;
         }
+        if (session.laneConns.size >= MAX_LANES - 1) {
+          // An initiator opens at most MAX_LANES - 1 extra lanes (its option is capped there), so
+          // one more is a peer that tries to hold the target's sockets: refused, the session kept.
+          this.protocolError(`agent ${JSON.stringify(h.name)} opened more than ${MAX_LANES - 1} extra lanes for one session`);
+          return null;
+        }
         this.session = session;
         session.laneConns.add(this);
       }

@@ -231,6 +231,26 @@ describe('lanes: only authenticated lanes of an open session', () => {
     await until(() => lane.closed, 'the lane to close with its session');
   });
 
+  it('admits at most 7 extra lanes per session; the 8th is refused and the session and its lanes still answer', async () => {
+    const s = await session();
+    const lanes: RawPeer[] = [];
+    for (let i = 0; i < 7; i++) {
+      const lane = await raw(s.b);
+      await lane.hello(s.b, { session: s.sn });
+      lanes.push(lane);
+    }
+    expect(s.b.incomingLanes).toBe(7);
+    const extra = await raw(s.b);
+    await extra.sendHello(s.b, { session: s.sn });
+    await s.readOn(extra, 9);
+    await refused(extra);
+    expect(s.errors.filter((m) => m.includes('more than 7 extra lanes')).length).toBe(1);
+    expect(s.b.incomingLanes).toBe(7);
+    await s.readOn(lanes[6]!, 10);
+    const r = await lanes[6]!.until((f) => f.h.t === F.RDATA);
+    expect(r.payload.equals(Buffer.from(s.src))).toBe(true);
+  });
+
   it('refuses a lane with a wrong proof, for a session that is not open, of another initiator, sending READ before its HELLO, or with a malformed session', async () => {
     const s = await session();
     const wrong = await raw(s.b);
