@@ -1223,11 +1223,12 @@ void sync_calls_case(cudaStream_t st) {
 }
 
 /**
- * submit() from a thread that has made no CUDA call yet (so no current context there): the launch
- * through the driver's cuLaunchKernel gets CUDA_ERROR_INVALID_CONTEXT and must fall back to
- * cudaLaunchKernel (kvc_checksum_cuda.cu, driver_launch); the sums of that step and of a second
- * one from the same thread equal the CPU kernel's. Inline rows, so the launch is the step's first
- * call that needs a context.
+ * submit() from a thread that has made no CUDA call yet: the launch goes through the driver's
+ * cuLaunchKernel, which needs the device's context current on that thread; the sums of that step
+ * and of a second one from the same thread equal the CPU kernel's. Inline rows, so the launch is the
+ * step's first call that needs a context. (On CUDA 13 / driver 580 the context is already current
+ * there: DeviceGuard's cudaGetDevice binds it, and a build without driver_launch's
+ * CUDA_ERROR_INVALID_CONTEXT fallback passed this case too; the fallback is defensive.)
  */
 void fresh_thread_case(cudaStream_t st) {
   Rng rng(77);
@@ -1261,7 +1262,7 @@ void fresh_thread_case(cudaStream_t st) {
     }
   });
   th.join();
-  report(ok, "submit from a fresh thread (driver launch falls back, then works): 2 steps equal the CPU's", detail);
+  report(ok, "submit from a fresh thread (launch through the driver): 2 steps equal the CPU's", detail);
   kvc_cuda_destroy(ctx);
 }
 
