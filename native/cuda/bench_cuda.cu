@@ -12,8 +12,10 @@
  *  3. mamba: 256 rows of 1 MiB states (ROWS fp32 [32,64,128], bf16 [32,64,256], STREAM 1 MiB);
  *     target >= 0.8 of the plain read.
  * Every benchmark first checks its sums against the CPU kernel (kvc_sum_rows_cpu), bit for bit.
- * Kernel variants (kvc_cuda_internal.h): V2 (default) pairs inner, 64 registers; V1 pairs inner,
- * 80 registers; V8 tokens inner with 8 loads in flight per lane (see kvc_checksum_cuda.cu).
+ * Kernel variants (kvc_cuda_internal.h): V32 (default) = V2 with hinted 16-byte loads; V2 pairs
+ * inner, 64 registers; V1 pairs inner, 80 registers; V8 tokens inner with 8 loads in flight per lane
+ * (see kvc_checksum_cuda.cu). The isolated 28-layer step also runs with the launch through
+ * cudaLaunchKernel against the default driver cuLaunchKernel, and prints submit()'s host time by phase.
  * The plain read is the best of two kernels (4 or 8 loads in flight per thread) x 4 grid sizes.
  * Usage: kvc_bench_cuda [--quick]. Prints a table; the last lines summarize the targets.
  */
@@ -308,11 +310,15 @@ void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
     Tb.group_start.push_back(2);
     std::vector<kvc_row> rows;
     for (uint32_t i = 0; i < nb; ++i) rows.push_back(kvc_row{0, i, i * T, T, i, 0});
-    for (int variant : {2, 1, 8})
-    for (uint32_t chunk : {8192u, 16384u, 32768u}) {
-      if (quick && (chunk != 32768u || variant != 2)) continue;
+    // (variant, items): V32 (the default: V2 with hinted loads) at every item size, V2 (unhinted, as
+    // before 2026-12-02 session 5), V1 / V8, then V32 and V2 again (drift within the run)
+    struct VC { int variant; uint32_t chunk; };
+    for (VC vc : {VC{32, 8192u}, VC{32, 16384u}, VC{32, 32768u}, VC{2, 32768u}, VC{1, 32768u}, VC{8, 32768u},
+                  VC{32, 32768u}, VC{2, 32768u}}) {
+      const int variant = vc.variant;
+      const uint32_t chunk = vc.chunk;
+      if (quick && (chunk != 32768u || variant != 32)) continue;
       if (L.hnd && (chunk != 32768u || variant == 1)) continue;
-      if (variant != 2 && chunk == 8192u) continue;
       kvc_cuda_options o{};
       o.chunk_bytes = chunk;
       o.max_rows = nb;
@@ -331,7 +337,7 @@ void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
       const double kus = kernel_only_us(ctx, st);
       line((std::string(name) + ": step").c_str(), bytes, us, plain);
       line((std::string(name) + ": kernel only").c_str(), bytes, kus, plain);
-      if (variant == 2 && chunk == 32768u) {  // the previous path: rows copied, results by copy + memset
+      if (variant == 32 && chunk == 32768u) {  // the previous path: rows copied, results by copy + memset
         kvc_cuda_debug_set_submit(ctx, 128, 0, 0);
         line((std::string(name) + ": step, results by copy + memset (previous)").c_str(), bytes, checksum_us(ctx, {rows}, nb, st), plain);
         kvc_cuda_debug_set_submit(ctx, 128, 0, 1);
@@ -477,12 +483,13 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
     // work-item size sweep (issue 16 part 4): smaller items put more loads in flight at once for a
     // small step; 0 = the default (32 KiB). Each line: the default kernel variant, the default submit.
     // (2 and 1 KiB items, 22.9 and 32.4 us isolated on the H200, are no longer swept: README.)
+    // V32 (the default) and V2 (unhinted loads, as before 2026-12-02 session 5) A/B, twice each
     for (uint32_t chunk : {0u, 4096u})
-    for (int variant : {2, 8, 1}) {
-    if (quick && variant != 2) continue;
-    if (chunk != 0 && (variant != 2 || H != 2u)) continue;
+    for (int variant : {32, 2, 8, 1, 32, 2}) {
+    if (quick && variant != 32) continue;
+    if (chunk != 0 && (variant != 32 || H != 2u)) continue;
     if (H != 2u && variant == 1) continue;
-    std::printf("  kernel variant V%d%s, work items of %u bytes\n", variant, variant == 2 ? " (default)" : "", chunk ? chunk : 32768u);
+    std::printf("  kernel variant V%d%s, work items of %u bytes\n", variant, variant == 32 ? " (default)" : "", chunk ? chunk : 32768u);
     kvc_cuda_ctx* ctx = nullptr;
     kvc_cuda_options copt{};
     copt.chunk_bytes = chunk;
@@ -502,8 +509,11 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     std::vector<uint64_t> out(n_rows);
+    std::vector<double> phase[5];  // host time by phase of submit() (kvc_cuda_debug_submit_times), when on
+    bool timing_on = false;
     auto isolated = [&](double* d, double* hs, double* w) {
       std::vector<double> dev, host_submit, wall;
+      for (auto& ph : phase) ph.clear();
       for (int i = 0; i < g_iters * 4; ++i) {
         CK(cudaStreamSynchronize(st));
         auto t0 = std::chrono::steady_clock::now();
@@ -521,12 +531,16 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (i < 5) continue;  // warm
         dev.push_back(ms * 1000.0);
+        double ph[5];
+        if (timing_on && kvc_cuda_debug_submit_times(ctx, 1, ph) == KVC_OK)
+          for (int k = 0; k < 5; ++k) phase[k].push_back(ph[k]);
         host_submit.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         wall.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
       }
       *d = median(dev), *hs = median(host_submit), *w = median(wall);
     };
-    if (variant == 2 && H == 2u && chunk == 0) {  // the enqueueing options, isolated step (the default last)
+    static int enq_done = 0;
+    if (variant == 32 && H == 2u && chunk == 0 && !enq_done++) {  // the enqueueing options, isolated step (the default last)
       struct Opt { uint32_t lim, tier; int ck; const char* what; };
       for (Opt o : {Opt{0, 0, 0, "rows copied, results by copy + memset"},
                     Opt{128, 128, 0, "rows inline (1.9 KiB parameters), results by copy + memset"},
@@ -538,6 +552,38 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
         std::printf("  isolated step, %s: device %.1f us, submit() %.1f us, results after %.1f us\n", o.what, d, hs, w);
       }
       kvc_cuda_debug_set_submit(ctx, 128, 0, 1);
+    }
+    if (H == 2u && chunk == 0) {
+      // issue 16 part 4: where submit()'s host time goes (timed by phase: a few clock reads more),
+      // and the launch through the driver's cuLaunchKernel against cudaLaunchKernel, interleaved
+      double d, hs, w;
+      kvc_cuda_debug_submit_times(ctx, 1, nullptr);
+      timing_on = true;
+      isolated(&d, &hs, &w);
+      timing_on = false;
+      kvc_cuda_debug_submit_times(ctx, 0, nullptr);
+      std::printf("  isolated step, submit() timed by phase: device %.1f us, submit() %.1f us: row checks %.2f, guard + drain + grow %.2f, "
+                  "parameter fill %.2f, launch call %.2f, events + copy-out enqueue %.2f us (medians)\n",
+                  d, hs, median(phase[0]), median(phase[1]), median(phase[2]), median(phase[3]), median(phase[4]));
+      char pb[240];
+      std::snprintf(pb, sizeof pb, "step28 V%d submit() by phase (us): checks %.2f, guard+drain+grow %.2f, fill %.2f, launch call %.2f, after %.2f",
+                    variant, median(phase[0]), median(phase[1]), median(phase[2]), median(phase[3]), median(phase[4]));
+      g_summary.push_back(pb);
+      for (int round = 0; round < 2; ++round)
+        for (int drv : {0, 1}) {
+          if (kvc_cuda_debug_set_launch(ctx, drv) != KVC_OK) {
+            std::printf("  driver launch: %s\n", kvc_cuda_last_error(ctx));
+            continue;
+          }
+          isolated(&d, &hs, &w);
+          std::printf("  isolated step, launch by %s (round %d): device %.1f us, submit() %.1f us, results after %.1f us\n",
+                      drv ? "cuLaunchKernel (driver)" : "cudaLaunchKernel", round + 1, d, hs, w);
+          char lb[200];
+          std::snprintf(lb, sizeof lb, "step28 V%d isolated, launch by %s (round %d): %.1f us, submit() %.1f us", variant,
+                        drv ? "cuLaunchKernel" : "cudaLaunchKernel", round + 1, d, hs);
+          g_summary.push_back(lb);
+        }
+      kvc_cuda_debug_set_launch(ctx, 1);  // back to the default
     }
     double d, hs, w;
     isolated(&d, &hs, &w);

@@ -20,7 +20,7 @@
  * not depend on the order, and every byte is read once. Unit numbers are decomposed with
  * multiply-high divisions by divisors fixed per entry.
  *
- * Kernel variants (kvc_cuda_internal.h, for the benchmark; the default is 2): on the ATTN vector
+ * Kernel variants (kvc_cuda_internal.h, for the benchmark; the default is 32 = 2 with hinted loads): on the ATTN vector
  * paths, for layouts whose heads are closer in memory than tokens (NHD), lanes take their pairs
  * inner so each token's heads are read as contiguous runs (V2: 2 pairs x 2 tokens in flight per
  * lane, 64 registers; V1: 4 pairs, 80 registers); otherwise (HND) tokens inner (V4/V8: 4 or 8
@@ -40,10 +40,13 @@
 #include "kvc_cuda_internal.h"
 #include "kvc_cuda_kernel.cuh"
 
+#include <cuda.h>  // the cuLaunchKernel signature only (reached through cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -102,7 +105,7 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
  * One launch per step. Warp w of the grid sums work item w % per_row of row w / per_row (warps
  * past their row's group's items exit); warps are independent (no block-wide barrier).
  */
-template <int AU, int MIN_BLOCKS, int CAP>
+template <int AU, int MIN_BLOCKS, int CAP, int LH = 0>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __grid_constant__ LaunchParams<CAP> p) {
   const uint32_t lane = threadIdx.x & (kLanes - 1);
   for (uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5); w < p.h.n_work; w += gridDim.x * kWarps) {
@@ -122,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __g
     uint64_t blk;
     uint32_t chunk;
     if (!item_of(p.h.entries, p.h.groups, p.h.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
-    const uint64_t s = warp_sum(lane_partial<AU>(*e, blk, r, chunk, lane));
+    const uint64_t s = warp_sum(lane_partial<AU, LH>(*e, blk, r, chunk, lane));
     if (lane == 0 && s != 0) atomicAdd(p.h.out + r.out_offset + e->column, (unsigned long long)s);
   }
 }
@@ -143,8 +146,11 @@ __global__ void kvc_copy_out_kernel(unsigned long long* d_out, unsigned long lon
  * The kernel variants (they differ on the ATTN vector paths only): 1 = pairs inner where it applies,
  * 4 pairs in flight per lane, up to 80 registers (3 blocks per SM); 2 = pairs inner, 2 pairs x 2
  * tokens in flight, 64 registers (4 blocks per SM); 4 / 8 = tokens inner with 4 / 8 loads in flight.
+ * 32 (the default) = 2 with its 16-byte ATTN loads hinted L1::no_allocate / L2::256B (ld16h): on an
+ * H200 the 128 MiB step's kernel 38.1 us against 39.0-39.2 us for 2 (same run; an L2 bulk prefetch
+ * of each work item, tried with it, was 12 us slower and was removed: bench/cuda/README.md).
  */
-constexpr int kAttnVariantDefault = 2;
+constexpr int kAttnVariantDefault = 32;
 
 template <int CAP>
 const void* kernel_of(int variant) {
@@ -152,20 +158,72 @@ const void* kernel_of(int variant) {
     case 1: return (const void*)kvc_sum_kernel<1, 3, CAP>;
     case 4: return (const void*)kvc_sum_kernel<4, 4, CAP>;
     case 8: return (const void*)kvc_sum_kernel<8, 4, CAP>;
-    default: return (const void*)kvc_sum_kernel<2, 4, CAP>;
+    case 2: return (const void*)kvc_sum_kernel<2, 4, CAP>;
+    default: return (const void*)kvc_sum_kernel<2, 4, CAP, 1>;
+  }
+}
+
+const void* kernel_fn(int variant, int cap) {
+  switch (cap) {
+    case 64: return kernel_of<64>(variant);
+    case 128: return kernel_of<128>(variant);
+    default: return kernel_of<1>(variant);
   }
 }
 
 /** Launches variant `variant` with the parameter block at `params` (a LaunchParams<cap>). */
 cudaError_t launch(int variant, int cap, dim3 grid, cudaStream_t st, const void* params) {
-  const void* fn = nullptr;
-  switch (cap) {
-    case 64: fn = kernel_of<64>(variant); break;
-    case 128: fn = kernel_of<128>(variant); break;
-    default: fn = kernel_of<1>(variant); break;
-  }
   void* args[1] = {const_cast<void*>(params)};
-  return cudaLaunchKernel(fn, grid, dim3(kThreads), args, 0, st);
+  return cudaLaunchKernel(kernel_fn(variant, cap), grid, dim3(kThreads), args, 0, st);
+}
+
+/**
+ * The driver's cuLaunchKernel and each tier's CUfunction of one variant, resolved once at create:
+ * submit() launches through it (the runtime's cudaLaunchKernel looks the function up on every call;
+ * on an H200 the isolated 28-layer step was 0.1-0.9 us shorter this way in 5 of 6 same-run A/B pairs,
+ * bench/cuda/README.md, 2026-12-02 session 5). If it cannot be resolved, cudaLaunchKernel.
+ */
+struct DriverLaunch {
+  PFN_cuLaunchKernel_v4000 fn = nullptr;
+  CUfunction f[3] = {nullptr, nullptr, nullptr};  // cap 1, 64, 128
+  int variant = -1;
+};
+
+int tier_index(int cap) { return cap == 64 ? 1 : cap == 128 ? 2 : 0; }
+
+cudaError_t driver_prepare(DriverLaunch& d, int variant) {
+  if (!d.fn) {
+    cudaDriverEntryPointQueryResult q{};
+    void* fp = nullptr;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuLaunchKernel", &fp, 4000, cudaEnableDefault, &q);
+    if (e != cudaSuccess) return e;
+    if (q != cudaDriverEntryPointSuccess || !fp) return cudaErrorSymbolNotFound;
+    d.fn = reinterpret_cast<PFN_cuLaunchKernel_v4000>(fp);
+  }
+  if (d.variant != variant) {
+    const int caps[3] = {1, 64, 128};
+    for (int i = 0; i < 3; ++i) {
+      cudaFunction_t f = nullptr;
+      cudaError_t e = cudaGetFuncBySymbol(&f, kernel_fn(variant, caps[i]));
+      if (e != cudaSuccess) return e;
+      d.f[i] = reinterpret_cast<CUfunction>(f);
+    }
+    d.variant = variant;
+  }
+  return cudaSuccess;
+}
+
+/**
+ * The launch through the driver. A thread on which the runtime has not yet made the device's primary
+ * context current (CUDA_ERROR_INVALID_CONTEXT) launches through cudaLaunchKernel, which makes it
+ * current, so that thread's later launches take the driver path.
+ */
+cudaError_t driver_launch(const DriverLaunch& d, int variant, int cap, dim3 grid, cudaStream_t st, const void* params) {
+  void* args[1] = {const_cast<void*>(params)};
+  const CUresult r = d.fn(d.f[tier_index(cap)], grid.x, 1, 1, kThreads, 1, 1, 0, reinterpret_cast<CUstream>(st), args, nullptr);
+  if (r == CUDA_SUCCESS) return cudaSuccess;
+  if (r == CUDA_ERROR_INVALID_CONTEXT) return launch(variant, cap, grid, st, params);
+  return cudaErrorLaunchFailure;
 }
 
 /** Every kernel instantiation of a variant loaded now (an empty launch each), not in a timed step. */
@@ -245,6 +303,10 @@ struct kvc_cuda_ctx {
   uint32_t inline_limit = kInlineMax;
   uint32_t min_tier = 0;
   bool copy_out_kernel = true;
+  bool use_driver_launch = false;  // resolved at create; kvc_cuda_debug_set_launch turns it off (A/B)
+  DriverLaunch drv;
+  bool time_submit = false;        // kvc_cuda_debug_submit_times
+  double submit_us[5] = {0, 0, 0, 0, 0};
   alignas(16) unsigned char last[sizeof(LaunchParams<kInlineMax>)];  // the last launch's parameters
   int last_cap = 1;
   dim3 last_grid{0, 0, 0};
@@ -430,6 +492,8 @@ int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** 
       cudaMemsetAsync(s.d_out, 0, 8, ctx->side) != cudaSuccess || cudaEventRecord(s.ev_done, ctx->side) != cudaSuccess ||
       KVC_SYNC(cudaEventSynchronize(s.ev_done)) != cudaSuccess)
     return bail(KVC_ECUDA);
+  ctx->use_driver_launch = driver_prepare(ctx->drv, ctx->variant) == cudaSuccess;
+  cudaGetLastError();  // a failed resolution leaves cudaLaunchKernel in use, not an error
   *out = ctx;
   return KVC_OK;
 }
@@ -515,6 +579,9 @@ int kvc_cuda_set_tables(kvc_cuda_ctx* ctx, const kvc_tables* tables, const uint6
 int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_t out_len, void* stream,
                     uint64_t* ticket) {
   if (!ctx) return KVC_EINVAL;
+  using clk = std::chrono::steady_clock;
+  clk::time_point tp[6];
+  if (ctx->time_submit) tp[0] = clk::now();
   ctx->err.clear();
   if (!ticket) return ctx->fail(KVC_EINVAL, "ticket is NULL");
   if (!ctx->have_tables) return ctx->fail(KVC_EINVAL, "no tables: call kvc_cuda_set_tables first");
@@ -539,6 +606,7 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   }
   if ((uint64_t)n_rows * grid_x >= 0x80000000ull)
     return ctx->fail(KVC_EINVAL, "step too large for one launch (rows * work items per row >= 2^31): split it");
+  if (ctx->time_submit) tp[1] = clk::now();
   DeviceGuard guard(ctx->device);
   Slot& s = ctx->slots[ctx->next_slot];
   int rc = drain_slot(ctx, s);  // waits only when every slot still has a step in flight
@@ -558,6 +626,7 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
     return KVC_OK;
   }
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (ctx->time_submit) tp[2] = clk::now();
   LaunchHeader& p = *reinterpret_cast<LaunchHeader*>(ctx->last);
   p.entries = ctx->d_entries;
   p.groups = ctx->d_groups;
@@ -584,7 +653,11 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   p.per_row = make_fastdiv(grid_x);
   p.n_work = (uint32_t)((uint64_t)n_rows * grid_x);
   const dim3 grid((p.n_work + kWarps - 1) / kWarps);
-  if (e == cudaSuccess) e = launch(ctx->variant, cap, grid, st, ctx->last);
+  if (ctx->time_submit) tp[3] = clk::now();
+  if (e == cudaSuccess)
+    e = ctx->use_driver_launch ? driver_launch(ctx->drv, ctx->variant, cap, grid, st, ctx->last)
+                               : launch(ctx->variant, cap, grid, st, ctx->last);
+  if (ctx->time_submit) tp[4] = clk::now();
   if (e == cudaSuccess) e = cudaEventRecord(s.ev_compute, st);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->side, s.ev_compute, 0);
   if (ctx->copy_out_kernel && out_len <= 0x7fffffffu) {
@@ -607,6 +680,10 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   ctx->last_cap = cap;
   ctx->last_out_len = out_len;
   *ticket = s.ticket;
+  if (ctx->time_submit) {
+    tp[5] = clk::now();
+    for (int i = 0; i < 5; ++i) ctx->submit_us[i] = std::chrono::duration<double, std::micro>(tp[i + 1] - tp[i]).count();
+  }
   return KVC_OK;
 }
 
@@ -717,13 +794,15 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream) {
 }
 
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
-  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8)) return KVC_EINVAL;
+  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 32))
+    return KVC_EINVAL;
   if (variant != ctx->variant) {  // load the variant's module now, not in a timed launch
     DeviceGuard guard(ctx->device);
     KVC_CU(warm_variant(variant, ctx->side, ctx->slots[0].d_out), "warm-up");
     KVC_CU(KVC_SYNC(cudaStreamSynchronize(ctx->side)), "warm-up");
   }
   ctx->variant = variant;
+  if (ctx->use_driver_launch) KVC_CU(driver_prepare(ctx->drv, variant), "resolving the driver launch");
   return KVC_OK;
 }
 
@@ -732,5 +811,22 @@ int kvc_cuda_debug_set_submit(kvc_cuda_ctx* ctx, uint32_t inline_limit, uint32_t
   ctx->inline_limit = inline_limit;
   ctx->min_tier = min_tier;
   ctx->copy_out_kernel = copy_out_kernel != 0;
+  return KVC_OK;
+}
+
+int kvc_cuda_debug_set_launch(kvc_cuda_ctx* ctx, int driver) {
+  if (!ctx) return KVC_EINVAL;
+  if (driver) {
+    DeviceGuard guard(ctx->device);
+    KVC_CU(driver_prepare(ctx->drv, ctx->variant), "resolving the driver launch");
+  }
+  ctx->use_driver_launch = driver != 0;
+  return KVC_OK;
+}
+
+int kvc_cuda_debug_submit_times(kvc_cuda_ctx* ctx, int enable, double us[5]) {
+  if (!ctx) return KVC_EINVAL;
+  ctx->time_submit = enable != 0;
+  if (us) std::memcpy(us, ctx->submit_us, sizeof ctx->submit_us);
   return KVC_OK;
 }

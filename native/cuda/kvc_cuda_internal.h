@@ -18,7 +18,8 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream);
 /**
  * Selects the kernel variant of the ATTN vector paths (kvc_checksum_cuda.cu, launch()): 1 or 2 =
  * pairs inner where the layout suits it (4 pairs, 80 registers / 2 pairs x 2 tokens, 64 registers),
- * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane.
+ * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane; 32 (the default) = 2 with its 16-byte
+ * ATTN loads hinted L1::no_allocate / L2::256B.
  */
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
 
@@ -31,5 +32,21 @@ int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
  * device-to-host copy and a memset.
  */
 int kvc_cuda_debug_set_submit(kvc_cuda_ctx* ctx, uint32_t inline_limit, uint32_t min_tier, int copy_out_kernel);
+
+/**
+ * driver != 0 (the default when it resolved at create): submit() launches through the driver's
+ * cuLaunchKernel (resolved with cudaGetDriverEntryPointByVersion, each tier's CUfunction cached);
+ * 0: through cudaLaunchKernel (the benchmark's A/B of the isolated step's launch, issue 16 part 4).
+ * Returns KVC_ECUDA when the driver entry point cannot be resolved.
+ */
+int kvc_cuda_debug_set_launch(kvc_cuda_ctx* ctx, int driver);
+
+/**
+ * enable != 0: each later submit() records its host time by phase; us (may be NULL) gets the
+ * last timed submit's phases in microseconds: [0] row checks, [1] device guard + slot drain +
+ * buffer growth, [2] parameter fill (inline rows or the rows' copy enqueue), [3] the kernel
+ * launch call, [4] the event record, stream wait and the results' copy-out enqueue.
+ */
+int kvc_cuda_debug_submit_times(kvc_cuda_ctx* ctx, int enable, double us[5]);
 
 #endif  // KVC_CUDA_INTERNAL_H

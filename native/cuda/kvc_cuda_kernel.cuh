@@ -112,6 +112,20 @@ KVC_HD uint64_t u64of(uint32_t lo, uint32_t hi) { return ((uint64_t)hi << 32) | 
 __device__ __forceinline__ uint4 ld16(uint64_t a) { return __ldg(reinterpret_cast<const uint4*>(a)); }
 __device__ __forceinline__ uint2 ld8(uint64_t a) { return __ldg(reinterpret_cast<const uint2*>(a)); }
 __device__ __forceinline__ uint64_t ldb(uint64_t a) { return __ldg(reinterpret_cast<const unsigned char*>(a)); }
+/**
+ * LH = 1: the 16-byte load with the L1::no_allocate and L2::256B hints (the default kernel's ATTN
+ * loads: on an H200 the 128 MiB step's kernel 38.1 us against 39.0-39.2 us unhinted, same run;
+ * bench/cuda/README.md, 2026-12-02 session 5).
+ */
+template <int LH>
+__device__ __forceinline__ uint4 ld16h(uint64_t a) {
+  if (LH == 0) return ld16(a);
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(a));
+  return v;
+}
 #else  // host emulation (test_cuda --emulate): the same code over host memory
 inline uint4 ld16(uint64_t a) {
   uint4 v;
@@ -124,6 +138,10 @@ inline uint2 ld8(uint64_t a) {
   return v;
 }
 inline uint64_t ldb(uint64_t a) { return *reinterpret_cast<const unsigned char*>(a); }
+template <int LH>
+inline uint4 ld16h(uint64_t a) {
+  return ld16(a);
+}
 #endif
 
 /** Bytes of a line at `line` (its byte 0 is byte bs of the piece stream) that fall in piece p. */
@@ -143,7 +161,7 @@ KVC_HD uint64_t gather_piece(uint64_t line, uint32_t bs, uint32_t bc, uint64_t p
  * Lane `lane`'s partial of ATTN work item `c` for row r (block base blk): pairs of the item's pair
  * chunk, tokens of its token chunk below the row's valid tokens.
  */
-template <int P, int UNROLL>
+template <int P, int UNROLL, int LH = 0>
 KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uint32_t c, uint32_t lane) {
   const uint32_t pc = fdiv(e.d_ic, c), tcn = c - pc * e.d_ic.d;
   const uint32_t t0 = tcn * e.tc;
@@ -182,7 +200,7 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
         if (t < t1) {
           const uint64_t line = hbase + off;
           if (P == kV16) {
-            v[q] = ld16(line + 16u * k);
+            v[q] = ld16h<LH>(line + 16u * k);
           } else if (P == kV8) {
             const uint2 x = ld8(line + 8u * k);
             v[q] = make_uint4(x.x, x.y, 0, 0);
@@ -228,7 +246,7 @@ KVC_HD uint64_t attn_lane(const DevEntry& e, const kvc_row& r, uint64_t blk, uin
  * pairs and TU tokens in flight together, so a warp reads each token's heads as contiguous runs,
  * like a plain sequential read. Accumulators per pair.
  */
-template <int P, int NP, int TU>
+template <int P, int NP, int TU, int LH = 0>
 KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, uint32_t c, uint32_t lane) {
   const uint32_t pc = fdiv(e.d_ic, c), tcn = c - pc * e.d_ic.d;
   const uint32_t t0 = tcn * e.tc;
@@ -266,7 +284,7 @@ KVC_HD uint64_t attn_lane_pi(const DevEntry& e, const kvc_row& r, uint64_t blk, 
           v[q][i] = make_uint4(0, 0, 0, 0);
           if (t + q < t1 && p0 + lane + kLanes * (pass + i) < p1) {
             if (P == kV16) {
-              v[q][i] = ld16(base[i] + off);
+              v[q][i] = ld16h<LH>(base[i] + off);
             } else {
               const uint2 x = ld8(base[i] + off);
               v[q][i] = make_uint4(x.x, x.y, 0, 0);
@@ -511,15 +529,16 @@ KVC_HD bool item_of(const DevEntry* entries, const DevGroup* groups, const uint2
  * Lane `lane`'s partial sum of chunk `c` of entry e for row r (one warp's work item). AU: loads in
  * flight per lane on the ATTN tokens-inner paths; AU = 1 / 2: the pairs-inner path where it
  * applies (4 pairs x 1 token / 2 pairs x 2 tokens in flight per lane; else tokens inner, kUnroll).
+ * LH = 1: the ATTN 16-byte loads carry the L1::no_allocate / L2::256B hints (ld16h).
  */
-template <int AU = 1>
+template <int AU = 1, int LH = 0>
 KVC_HD uint64_t lane_partial(const DevEntry& e, uint64_t blk, const kvc_row& r, uint32_t c, uint32_t lane) {
   switch (e.mode) {
     case kAttn:
       if (e.path == kV16) {
-        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV16, 4, 1>(e, r, blk, c, lane);
-        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV16, 2, 2>(e, r, blk, c, lane);
-        return attn_lane<kV16, AU <= 2 ? kUnroll : AU>(e, r, blk, c, lane);
+        if (AU == 1 && e.pair_inner) return attn_lane_pi<kV16, 4, 1, LH>(e, r, blk, c, lane);
+        if (AU == 2 && e.pair_inner) return attn_lane_pi<kV16, 2, 2, LH>(e, r, blk, c, lane);
+        return attn_lane<kV16, AU <= 2 ? kUnroll : AU, LH>(e, r, blk, c, lane);
       }
       if (e.path == kV8) {
         if (AU == 1 && e.pair_inner) return attn_lane_pi<kV8, 4, 1>(e, r, blk, c, lane);

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <thread>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -1221,6 +1222,50 @@ void sync_calls_case(cudaStream_t st) {
   report(ok && steps_with_sync == 0 && wait_delta == 1, "sync calls: zero per steady-state step", std::string(buf) + (detail.empty() ? "" : "; " + detail));
 }
 
+/**
+ * submit() from a thread that has made no CUDA call yet: the launch goes through the driver's
+ * cuLaunchKernel, which needs the device's context current on that thread; the sums of that step
+ * and of a second one from the same thread equal the CPU kernel's. Inline rows, so the launch is the
+ * step's first call that needs a context. (On CUDA 13 / driver 580 the context is already current
+ * there: DeviceGuard's cudaGetDevice binds it, and a build without driver_launch's
+ * CUDA_ERROR_INVALID_CONTEXT fallback passed this case too; the fallback is defensive.)
+ */
+void fresh_thread_case(cudaStream_t st) {
+  Rng rng(77);
+  Case c;
+  AttnCache a = random_attn(rng, 8, 0);
+  AttnLayout L = identity_layout();
+  add_attn(c, a, L, rng);
+  c.end_group();
+  random_rows(c, rng, 0, 8, a.B, 1, 16);
+  std::vector<uint64_t> cpu;
+  if (cpu_sum(c, cpu) != KVC_OK) return report(false, "submit from a fresh thread", "cpu sum failed");
+  kvc_cuda_ctx* ctx = nullptr;
+  if (kvc_cuda_create(0, nullptr, &ctx) != KVC_OK) return report(false, "submit from a fresh thread", "create failed");
+  DevRegions dr(c);
+  kvc_tables t{c.entries.data(), c.group_start.data(), c.n_groups()};
+  if (kvc_cuda_set_tables(ctx, &t, dr.addr.data(), dr.bytes.data(), (uint32_t)dr.addr.size()) != KVC_OK) {
+    kvc_cuda_destroy(ctx);
+    return report(false, "submit from a fresh thread", "set_tables failed");
+  }
+  std::string detail;
+  bool ok = true;
+  std::thread th([&] {
+    for (int step = 0; step < 2 && ok; ++step) {
+      uint64_t tk = 0;
+      std::vector<uint64_t> g(c.out_len, 0);
+      int rc = kvc_cuda_submit(ctx, c.rows.data(), c.rows.size(), c.out_len, st, &tk);
+      if (rc == KVC_OK) rc = kvc_cuda_collect(ctx, tk, g.data(), g.size());
+      if (rc != KVC_OK) detail = "step " + std::to_string(step) + ": " + kvc_cuda_last_error(ctx);
+      else detail = first_diff(g, cpu, "gpu", "cpu");
+      ok = rc == KVC_OK && detail.empty();
+    }
+  });
+  th.join();
+  report(ok, "submit from a fresh thread (launch through the driver): 2 steps equal the CPU's", detail);
+  kvc_cuda_destroy(ctx);
+}
+
 int main(int argc, char** argv) {
   std::string vectors = "../shared/vectors/checksum-v1.json";
   bool quick = false;
@@ -1319,8 +1364,10 @@ int main(int argc, char** argv) {
       report(false, "create with chunk_bytes 1024");
     }
   }
-  // the other kernel variants (ATTN paths: pairs inner with 80 registers; tokens inner, 4 or 8 loads)
-  for (int variant : {1, 4, 8}) {
+  fresh_thread_case(st);
+  // the other kernel variants (ATTN paths: pairs inner with 80 registers; 2 pairs x 2 tokens without
+  // the default's load hints; tokens inner, 4 or 8 loads)
+  for (int variant : {1, 2, 4, 8}) {
     kvc_cuda_ctx* v = nullptr;
     if (kvc_cuda_create(0, nullptr, &v) == KVC_OK && kvc_cuda_debug_set_variant(v, variant) == KVC_OK) {
       random_attention_cases(v, st, quick ? 10 : 80, 30 + variant);
