@@ -252,6 +252,7 @@ async function topology(name, checksums) {
   const proxy = await launchProxyProcess({ config: { prefill: [p.url], decode: [d.url], mode: 'sequential', timeoutMs: 1_800_000 } });
   children.push(proxy);
   if (PIN) [p, d, proxy].forEach((x, i) => pin(x.pid, PIN[i]));
+  if (ENGINE_ARGS.length) console.log(`topology ${name}: producer pid ${p.pid}, consumer pid ${d.pid}, proxy pid ${proxy.pid} (for the engine flags' output, e.g. --cpu-prof files named by pid)`);
   return { name, checksums, p, d, proxy, cfg };
 }
 
