@@ -32,14 +32,23 @@
 //  - throughput: generated tokens per second of the whole run (all requests);
 //  - CPU: the producer's and the consumer's CPU time (user + system, /proc/PID/stat) per request
 //    over all runs of a mode: what checksums cost the engines, far less noisy than wall time.
-// Overheads: TTFT(on)/TTFT(off) - 1 and throughput(off)/throughput(on) - 1, from the medians over
-// runs; the spread printed with them is every run's figure per mode, the overhead of each ABBA
-// pair of runs and of each block. Targets: <= 2% at concurrency 1, <= 1% at concurrency 32.
+// Overheads (bench/lib/stats.mjs): each ABBA pair (the off run and the on run next to it in time)
+// gives a ratio, TTFT(on)/TTFT(off) and throughput(off)/throughput(on); the overhead is the
+// Hodges-Lehmann estimate of the pairs' log ratios (median of the Walsh averages),
+// back-transformed (exp - 1), with a 95% percentile moving-block bootstrap interval (blocks of
+// KVC_BENCH_BOOT_BLOCK=3 consecutive pairs, KVC_BENCH_RESAMPLES=4000, KVC_BENCH_SEED=16, printed).
+// Verdict: met only if the whole interval <= target, MISSED if the whole interval > target, else
+// MISSED (undecided). Also printed: every run's figure per mode, the overhead of each pair and of
+// each block, and the medians per mode. Targets: <= 2% at concurrency 1, <= 1% at concurrency 32.
+// CPU per request per run (10 ms ticks) is paired the same way.
 // Blocks: the runs are spread over blocks, each with both topologies launched afresh (in
 // alternating order) and warmed up: a topology keeps its own speed for its processes' lifetime
 // (2-core VM: one pair of topologies ran 20-30% apart for a whole session, the faster being "off"
 // in one session and "on" in the next), so one pair of topologies measures that, not checksums.
-// Defaults: 8 runs per mode at c = 1 and at c = 32, in 4 blocks (KVC_BENCH_QUICK=1: 3 and 2 runs, 1 block).
+// Defaults: 24 pairs of runs at c = 1 and 12 at c = 32, in 4 blocks (KVC_BENCH_QUICK=1: 4 and 2, 1 block):
+// about 80 s on the GPU machine's 16-core host, estimated from its run of 2026-12-02 (8 + 8 pairs in
+// 4 blocks: 52 s; split by the 16-run log of that day: a c = 1 pair ~0.7 s, a c = 32 pair ~3.5 s,
+// a block's launch and warm-up ~4.7 s: 4 x 4.7 + 24 x 0.7 + 12 x 3.5 = 78 s).
 // Knobs: KVC_BENCH_RUNS (runs per mode, both concurrencies), KVC_BENCH_BLOCKS, KVC_BENCH_CONCURRENCY=1,32,
 // KVC_BENCH_PROMPT_TOKENS=1024, KVC_BENCH_PIN=auto|off|P/D/X, KVC_BENCH_WARMUP=16 (requests per topology and block),
 // KVC_BENCH_ENGINE_ARGS (Node flags for the engine processes, space-separated, e.g.
@@ -49,6 +58,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { result } from './lib/results.mjs';
+import { pairedOverhead, verdict } from './lib/stats.mjs';
 
 // The built packages (dist/), resolved like any dependency: from the monorepo's node_modules, or
 // from a folder where the packed packages are installed (copy this file next to its node_modules).
@@ -90,7 +100,14 @@ const runRequests = (c) => {
   return out;
 };
 /** Runs per mode: more at concurrency 1 (a run is 5 requests) than at 32 (a run is a 32-request wave). */
-const runsFor = (c) => Number(process.env.KVC_BENCH_RUNS ?? (c === 1 ? (QUICK ? 3 : 8) : QUICK ? 2 : 8));
+const runsFor = (c) => Number(process.env.KVC_BENCH_RUNS ?? (c === 1 ? (QUICK ? 4 : 24) : QUICK ? 2 : 12));
+/** The overheads' interval (bench/lib/stats.mjs): moving-block bootstrap of the pairs, seeded. */
+const BOOT = {
+  level: 0.95,
+  blockLength: Number(process.env.KVC_BENCH_BOOT_BLOCK ?? 3),
+  resamples: Number(process.env.KVC_BENCH_RESAMPLES ?? 4000),
+  seed: Number(process.env.KVC_BENCH_SEED ?? 16),
+};
 const TARGET = (c) => (c === 1 ? 0.02 : 0.01);
 
 const median = (t) => {
@@ -235,6 +252,7 @@ async function topology(name, checksums) {
   const proxy = await launchProxyProcess({ config: { prefill: [p.url], decode: [d.url], mode: 'sequential', timeoutMs: 1_800_000 } });
   children.push(proxy);
   if (PIN) [p, d, proxy].forEach((x, i) => pin(x.pid, PIN[i]));
+  if (ENGINE_ARGS.length) console.log(`topology ${name}: producer pid ${p.pid}, consumer pid ${d.pid}, proxy pid ${proxy.pid} (for the engine flags' output, e.g. --cpu-prof files named by pid)`);
   return { name, checksums, p, d, proxy, cfg };
 }
 
@@ -264,8 +282,8 @@ async function launchBlock(order) {
 }
 
 const rows = [];
-const line = (cols) => console.log(`${cols[0].padEnd(34)} ${cols[1].padStart(12)} ${cols[2].padStart(12)} ${cols[3].padStart(9)}  ${cols[4].padEnd(8)} ${cols[5]}`);
-const newRuns = () => ({ ttft: [], tput: [], cpuP: 0, cpuD: 0, requests: 0 });
+const line = (cols) => console.log(`${cols[0].padEnd(34)} ${cols[1].padStart(12)} ${cols[2].padStart(12)} ${cols[3].padStart(9)} ${cols[4].padStart(17)} ${cols[5].padStart(5)}  ${cols[6].padEnd(8)} ${cols[7]}`);
+const newRuns = () => ({ ttft: [], tput: [], cpuP: 0, cpuD: 0, cpuPRun: [], cpuDRun: [], requests: 0 });
 /** Per concurrency: runs per mode (over all blocks), each block's run indices, and seconds measured. */
 const byC = new Map(CONCURRENCY.map((c) => [c, { runs: { off: newRuns(), on: newRuns() }, blocks: [], secs: 0 }]));
 // Verdict counts and consumer metrics of every "on" / "off" topology (they are stopped block by block).
@@ -297,8 +315,11 @@ for (let b = 0; b < BLOCKS; b++) {
         const m = e.runs[mode];
         m.ttft.push(median(a.lat.get(1)));
         m.tput.push((a.tokens / a.wall) * 1000);
-        m.cpuP += cpuMs(t.p.pid) - cp;
-        m.cpuD += cpuMs(t.d.pid) - cd;
+        const [dp, dd] = [cpuMs(t.p.pid) - cp, cpuMs(t.d.pid) - cd];
+        m.cpuP += dp;
+        m.cpuD += dd;
+        m.cpuPRun.push(dp / reqs.length);
+        m.cpuDRun.push(dd / reqs.length);
         m.requests += reqs.length;
       }
     }
@@ -311,6 +332,10 @@ for (let b = 0; b < BLOCKS; b++) {
 }
 
 const results = [];
+/** An overhead as a signed percentage, and an interval of pairedOverhead's result. */
+const ov = (x, d = 2) => `${x >= 0 ? '+' : ''}${(x * 100).toFixed(d)}%`;
+const ci = (o) => `${Math.round(o.level * 100)}% CI ${ov(o.lo)}..${ov(o.hi)}`;
+console.log(`\noverheads: Hodges-Lehmann estimate of the within-pair ratios (each pair: the off and the on run next to each other in time), ${Math.round(BOOT.level * 100)}% interval from a percentile moving-block bootstrap (blocks of ${BOOT.blockLength} consecutive pairs, ${BOOT.resamples} resamples, seed ${BOOT.seed}: KVC_BENCH_BOOT_BLOCK, KVC_BENCH_RESAMPLES, KVC_BENCH_SEED); verdict met only if the whole interval <= target, MISSED if wholly above, else MISSED (undecided)`);
 for (const c of CONCURRENCY) {
   const { runs, blocks, secs } = byC.get(c);
   const reqs = runRequests(c);
@@ -333,17 +358,26 @@ for (const c of CONCURRENCY) {
     tputBlocks: ofBlock('tput', (off, on) => off / on - 1),
     runs,
   };
-  fig.ttftOverhead = fig.ttftOn / fig.ttftOff - 1;
-  fig.tputOverhead = fig.tputOff / fig.tputOn - 1;
+  // The overheads (bench/lib/stats.mjs): Hodges-Lehmann of the within-pair log ratios, percentile
+  // moving-block bootstrap interval; TTFT on / off, throughput off / on (both: above 0 is a cost).
+  fig.ttft = pairedOverhead(runs.on.ttft, runs.off.ttft, BOOT);
+  fig.tput = pairedOverhead(runs.off.tput, runs.on.tput, BOOT);
+  // CPU per request of each run (10 ms ticks over the run's requests), paired the same way; none when a run got no tick.
+  const cpuPair = (k) => (runs.on[k].every((x) => x > 0) && runs.off[k].every((x) => x > 0) ? pairedOverhead(runs.on[k], runs.off[k], BOOT) : null);
+  fig.cpuP = cpuPair('cpuPRun');
+  fig.cpuD = cpuPair('cpuDRun');
   results.push(fig);
   const cpu = (m, k) => (runs[m][k] / runs[m].requests).toFixed(2);
   const pc = (xs) => xs.map((x) => `${(x * 100).toFixed(1)}%`).join(' ');
+  const est = (o) => `${ov(o.estimate)} (${ci(o)}, ${o.n} pairs)`;
   console.log(
     `\nconcurrency ${c}: ${RUNS} runs per mode in ${blocks.length} blocks, each ${reqs.filter((m) => m === 1).length} one-token + ${reqs.filter((m) => m !== 1).length} ${GEN_TOKENS}-token requests with ${c} in flight; ${secs.toFixed(1)} s for both modes\n` +
       `  per run TTFT ms    off ${runs.off.ttft.map((x) => x.toFixed(1)).join(' ')} | on ${runs.on.ttft.map((x) => x.toFixed(1)).join(' ')}\n` +
       `  per run tok/s      off ${runs.off.tput.map((x) => x.toFixed(1)).join(' ')} | on ${runs.on.tput.map((x) => x.toFixed(1)).join(' ')}\n` +
       `  overhead per pair  TTFT ${pc(fig.ttftPairs)} | throughput ${pc(fig.tputPairs)}\n` +
       `  overhead per block TTFT ${pc(fig.ttftBlocks)} | throughput ${pc(fig.tputBlocks)}\n` +
+      `  overhead (Hodges-Lehmann of the pairs) TTFT ${est(fig.ttft)} | throughput ${est(fig.tput)}\n` +
+      (fig.cpuP && fig.cpuD ? `  CPU per request on/off (pairs, same statistics) producer ${est(fig.cpuP)} | consumer ${est(fig.cpuD)}\n` : '') +
       `  CPU ms per request producer off ${cpu('off', 'cpuP')} on ${cpu('on', 'cpuP')}, consumer off ${cpu('off', 'cpuD')} on ${cpu('on', 'cpuD')} (/proc, 10 ms ticks over ${runs.off.requests} requests per mode)`,
   );
 }
@@ -382,30 +416,37 @@ if (loadsOn > 0) {
   result('e2e', { name: `checksum computation in the workers per verified load (kvconnect_kv_checksum_seconds, producer + consumer, ${loadsText})`, figure: `${perLoadMs.toFixed(3)} ms`, baseline: c1 ? `${c1.ttftOff.toFixed(1)} ms TTFT off (c=1)` : '-', ratio: c1 ? `${((perLoadMs / c1.ttftOff) * 100).toFixed(2)}%` : '-' });
 }
 console.log('');
-line(['benchmark', 'off', 'on', 'overhead', 'target', 'verdict']);
+line(['benchmark', 'off', 'on', 'overhead', 'interval', 'pairs', 'target', 'verdict']);
 const pct = (x) => `${(x * 100).toFixed(1)}%`;
 const spread = (xs, d = 1) => `${Math.min(...xs).toFixed(d)}..${Math.max(...xs).toFixed(d)}`;
 for (const f of results) {
   const t = TARGET(f.c);
-  for (const [name, off, on, ov, unit, key, pairsOv] of [
-    [`TTFT median, concurrency ${f.c}`, f.ttftOff, f.ttftOn, f.ttftOverhead, 'ms', 'ttft', f.ttftPairs],
-    [`throughput median, concurrency ${f.c}`, f.tputOff, f.tputOn, f.tputOverhead, 'tok/s', 'tput', f.tputPairs],
+  for (const [name, off, on, o, unit, key, pairsOv] of [
+    [`TTFT, concurrency ${f.c}`, f.ttftOff, f.ttftOn, f.ttft, 'ms', 'ttft', f.ttftPairs],
+    [`throughput, concurrency ${f.c}`, f.tputOff, f.tputOn, f.tput, 'tok/s', 'tput', f.tputPairs],
   ]) {
-    const met = ov <= t;
-    rows.push({ name, met });
+    const v = verdict(o, t);
+    rows.push({ name, met: v === 'met', v });
     const blocksOv = key === 'ttft' ? f.ttftBlocks : f.tputBlocks;
-    const pairText = `pairs ${pct(Math.min(...pairsOv))}..${pct(Math.max(...pairsOv))}, median ${pct(median(pairsOv))}; blocks ${blocksOv.map(pct).join(' ')}`;
-    result('e2e', { name: `${name}, ${f.RUNS} runs per mode in ${f.nBlocks} blocks (runs: off ${spread(f.runs.off[key])}, on ${spread(f.runs.on[key])} ${unit}; ${pairText})`, figure: `${on.toFixed(1)} ${unit} on`, baseline: `${off.toFixed(1)} ${unit} off`, ratio: `${(ov * 100).toFixed(2)}% overhead`, target: `<= ${t * 100}%`, met });
-    line([name, `${off.toFixed(1)} ${unit}`, `${on.toFixed(1)} ${unit}`, `${(ov * 100).toFixed(2)}%`, `<= ${t * 100}%`, met ? 'met' : 'MISSED']);
+    const pairText = `pairs ${pct(Math.min(...pairsOv))}..${pct(Math.max(...pairsOv))}; blocks ${blocksOv.map(pct).join(' ')}`;
+    result('e2e', {
+      name: `${name} overhead, Hodges-Lehmann of ${o.n} within-pair ratios in ${f.nBlocks} blocks, ${ci(o).replace('CI', 'block-bootstrap interval')} (blocks of ${o.blockLength} pairs, ${o.resamples} resamples, seed ${o.seed}); medians off/on in figure/baseline (runs: off ${spread(f.runs.off[key])}, on ${spread(f.runs.on[key])} ${unit}; ${pairText})`,
+      figure: `${on.toFixed(1)} ${unit} on`,
+      baseline: `${off.toFixed(1)} ${unit} off`,
+      ratio: `${ov(o.estimate)} overhead (${ci(o)}${v === 'MISSED (undecided)' ? ', undecided' : ''})`,
+      target: `<= ${t * 100}%`,
+      met: v === 'met',
+    });
+    line([name, `${off.toFixed(1)} ${unit}`, `${on.toFixed(1)} ${unit}`, ov(o.estimate), `${ov(o.lo)}..${ov(o.hi)}`, String(o.n), `<= ${t * 100}%`, v]);
   }
-  for (const [side, k] of [['producer', 'cpuP'], ['consumer', 'cpuD']]) {
+  for (const [side, k, o] of [['producer', 'cpuP', f.cpuP], ['consumer', 'cpuD', f.cpuD]]) {
     const off = f.runs.off[k] / f.runs.off.requests;
     const on = f.runs.on[k] / f.runs.on.requests;
-    result('e2e', { name: `${side} CPU per request, concurrency ${f.c} (/proc utime+stime over ${f.runs.on.requests} requests per mode)`, figure: `${on.toFixed(2)} ms on`, baseline: `${off.toFixed(2)} ms off`, ratio: `${((on / off - 1) * 100).toFixed(2)}%` });
-    line([`${side} CPU/request, c=${f.c}`, `${off.toFixed(2)} ms`, `${on.toFixed(2)} ms`, `${((on / off - 1) * 100).toFixed(2)}%`, '-', 'figure']);
+    result('e2e', { name: `${side} CPU per request, concurrency ${f.c} (/proc utime+stime over ${f.runs.on.requests} requests per mode; ratio: Hodges-Lehmann of the runs' on/off ratios${o ? `, ${ci(o)}` : ''})`, figure: `${on.toFixed(2)} ms on`, baseline: `${off.toFixed(2)} ms off`, ratio: o ? ov(o.estimate) : `${((on / off - 1) * 100).toFixed(2)}%` });
+    line([`${side} CPU/request, c=${f.c}`, `${off.toFixed(2)} ms`, `${on.toFixed(2)} ms`, o ? ov(o.estimate) : ov(on / off - 1), o ? `${ov(o.lo)}..${ov(o.hi)}` : '-', o ? String(o.n) : '-', '-', 'figure']);
   }
 }
 console.log(
-  `\n${rows.filter((r) => r.met).length} of ${rows.length} targets met in ${((performance.now() - t0) / 1000).toFixed(0)} s (overheads compare medians of interleaved runs; a negative overhead is noise: compare it with the per-run and per-pair spread above)`,
+  `\n${rows.filter((r) => r.met).length} of ${rows.length} targets met, ${rows.filter((r) => r.v === 'MISSED (undecided)').length} undecided, in ${((performance.now() - t0) / 1000).toFixed(0)} s (overheads: Hodges-Lehmann of the within-pair ratios with a ${Math.round(BOOT.level * 100)}% block-bootstrap interval; the off/on columns are medians of all runs)`,
 );
 await Promise.all(children.map((c) => c.stop())); // all stopped already; idempotent

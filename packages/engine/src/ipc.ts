@@ -45,6 +45,15 @@ function describe(v: unknown): string {
   return `an instance of ${typeof c === 'function' && c.name ? c.name : 'a class'}`;
 }
 
+/** A Map key as a path names it: JSON where it has one, else `String(k)` (a bigint inside a key, a cycle, undefined). */
+function keyText(k: unknown): string {
+  try {
+    return JSON.stringify(typeof k === 'bigint' ? String(k) : k) ?? String(k);
+  } catch {
+    return String(k);
+  }
+}
+
 /**
  * Checks that `value` is plain data (connector.ts `PlainData`): `undefined`, `null`, booleans,
  * numbers, bigints, strings, `ArrayBuffer` views (typed arrays, `Buffer`), arrays, objects whose
@@ -66,7 +75,7 @@ export function assertPlainData(value: unknown, path: string): void {
     if (Array.isArray(o)) o.forEach((x, i) => walk(x, `${p}[${i}]`));
     else if (o instanceof Map) for (const [k, x] of o) {
       walk(k, `${p}.<key>`);
-      walk(x, `${p}.get(${JSON.stringify(typeof k === 'bigint' ? String(k) : k) ?? String(k)})`);
+      walk(x, `${p}.get(${keyText(k)})`);
     }
     else if (o instanceof Set) for (const x of o) walk(x, `${p}.<element>`);
     else {
@@ -83,6 +92,22 @@ const OPTIONS = { structuredClone: true, mapsAsObjects: false, moreTypes: true }
 const packr = new Packr(OPTIONS);
 const unpackr = new Unpackr(OPTIONS);
 
+/** A key of a fixed shape (a field name), not data used as a key (request ids, block numbers). */
+const FIELD_NAME = /^[A-Za-z_$][A-Za-z0-9_$]*$/;
+/** Most shapes {@link roundTrip} keeps between messages (msgpackr allows 8160). */
+export const ROUND_TRIP_SHARED_SHAPES = 256;
+/**
+ * {@link roundTrip}'s codec: the same options, plus record shapes shared between messages. Its
+ * bytes never leave the process, so a shape is written once and later messages refer to it,
+ * instead of every message defining every shape it holds again (msgpackr's default without
+ * shared structures). Decoding a fresh definition was most of a round trip's cost: on the 2-core
+ * VM, a worker output carrying a checksum report took 95 us per round trip with per-message
+ * definitions and 21 us with shared ones (bench/e2e-README.md). Only shapes whose keys are all
+ * field names are shared (objects keyed by request id or block number stay per message), at most
+ * {@link ROUND_TRIP_SHARED_SHAPES}; further shapes are defined per message, as before.
+ */
+const inProcess = new Packr({ ...OPTIONS, structures: [], maxSharedStructures: ROUND_TRIP_SHARED_SHAPES, shouldShareStructure: (keys: string[]) => keys.every((k) => FIELD_NAME.test(k)) });
+
 /** Encodes one message (msgpackr, structured clone). The caller checks plainness where it matters. */
 export function encodeMessage(value: unknown): Uint8Array {
   return packr.pack(value);
@@ -95,12 +120,13 @@ export function decodeMessage(bytes: Uint8Array): unknown {
 
 /**
  * Checks `value` ({@link assertPlainData}) and returns its copy through the IPC serializer: what the
- * other process would receive.
+ * other process would receive (the same msgpackr options as {@link encodeMessage}; record shapes
+ * are shared between round trips, which changes the bytes, not the value).
  * @throws NotPlainDataError
  */
 export function roundTrip<T>(value: T, path: string): T {
   assertPlainData(value, path);
-  return decodeMessage(encodeMessage(value)) as T;
+  return inProcess.unpack(inProcess.pack(value)) as T;
 }
 
 /**

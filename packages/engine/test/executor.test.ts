@@ -16,7 +16,8 @@ import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { KVConnectorRegistry, type KVConnectorFactory, type KVConnectorOutput } from '@kvconnect/core';
 import { Engine, type EngineOptions } from '../src/engine.js';
-import { FrameDecoder, FrameError, NotPlainDataError, assertPlainData, decodeMessage, encodeMessage, frame, roundTrip } from '../src/ipc.js';
+import fc from 'fast-check';
+import { FrameDecoder, FrameError, NotPlainDataError, ROUND_TRIP_SHARED_SHAPES, assertPlainData, decodeMessage, encodeMessage, frame, roundTrip } from '../src/ipc.js';
 import { startEngineServer } from '../src/server/engine-server.js';
 import { launchEngineProcess } from '../src/server/launcher.js';
 import { parseEngineArgs, engineOptionsOf } from '../src/server/main.js';
@@ -261,12 +262,41 @@ describe('ipc', () => {
     expect(Object.getPrototypeOf(r.o)).toBe(Object.prototype);
   });
 
+  it('round trip (shapes shared between messages) gives what the IPC serializer gives, message after message', () => {
+    // The reference is encodeMessage + decodeMessage (per-message shapes, what a worker process receives).
+    const plain = fc.anything({ withBigInt: true, withMap: true, withSet: true, withTypedArray: true, maxDepth: 3 });
+    fc.assert(
+      fc.property(fc.array(plain, { minLength: 1, maxLength: 8 }), (values) => {
+        for (const v of values) expect(roundTrip(v, 'v')).toEqual(decodeMessage(encodeMessage(v)));
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it('round trip past the shared-shape limit, and of objects keyed by data (request ids, block numbers)', () => {
+    // More distinct field-name shapes than are shared: the later ones are defined per message; every
+    // shape seen before still decodes.
+    const shape = (i: number) => ({ [`field${i}`]: i, nested: { requestId: `r${i}`, blocks: [i, i + 1] } });
+    for (let round = 0; round < 2; round++) {
+      for (let i = 0; i < ROUND_TRIP_SHARED_SHAPES + 50; i++) expect(roundTrip(shape(i), 'v')).toEqual(shape(i));
+    }
+    // Objects whose keys are data: a new shape per message, never shared, always decoded.
+    for (let i = 0; i < 2000; i++) {
+      const v = { numScheduledTokens: { [`pd-${i}-d`]: i, [String(i)]: 1 }, stepId: i };
+      expect(roundTrip(v, 'v')).toEqual(v);
+    }
+    expect(roundTrip(shape(3), 'v')).toEqual(shape(3));
+  });
+
   it('assertPlainData names the offending path; cycles and symbols are refused', () => {
     expect(() => assertPlainData({ a: [{ b: new Map([['k', new Date()]]) }] }, 'x')).toThrow('x.a[0].b.get("k"): not plain data (an instance of Date)');
     const c: Record<string, unknown> = {};
     c.self = c;
     expect(() => assertPlainData(c, 'c')).toThrow('c.self: not plain data (a cycle)');
     expect(() => assertPlainData({ s: Symbol('s') }, 'o')).toThrow('o.s: not plain data (a symbol)');
+    // A Map key holding a bigint is plain data (its path text cannot be JSON).
+    expect(() => assertPlainData(new Map([[[0n], 1]]), 'm')).not.toThrow();
+    expect(() => assertPlainData(new Map([[[0n], new Date()]]), 'm')).toThrow('m.get(0): not plain data (an instance of Date)');
     const shared = { k: 1 };
     expect(() => assertPlainData({ a: shared, b: shared }, 'o')).not.toThrow();
   });
