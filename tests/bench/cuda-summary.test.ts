@@ -16,7 +16,7 @@ const IPC = read('bench/cuda/ipc-h200.txt');
 function call(n: number): string {
   const start = RESULTS.indexOf(`######## call ${n}\n`);
   expect(start).toBeGreaterThanOrEqual(0);
-  const next = RESULTS.indexOf('######## call ', start + 1);
+  const next = RESULTS.indexOf('\n########', start + 1); // the next call, or the session-5 block after call 1
   return RESULTS.slice(start, next < 0 ? undefined : next);
 }
 
@@ -146,7 +146,7 @@ describe('kvc_bench_cuda output -> rows', () => {
   it('malformed output is a CudaOutputError naming what is missing', () => {
     expect(reason(() => kernelRows(''))).toBe('kvc_bench_cuda output: expected one "summary (...)" line, found 0');
     expect(reason(() => kernelRows('no GPU: cudaErrorNoDevice\n'))).toBe('kvc_bench_cuda output: expected one "summary (...)" line, found 0');
-    expect(reason(() => kernelRows(RESULTS))).toBe('kvc_bench_cuda output: expected one "summary (...)" line, found 3');
+    expect(reason(() => kernelRows(call(3) + call(2) + call(1)))).toBe('kvc_bench_cuda output: expected one "summary (...)" line, found 3');
     const noAttn = NOW.split('\n').filter((l) => !l.includes('attn128')).join('\n');
     expect(reason(() => kernelRows(noAttn))).toBe('kvc_bench_cuda summary: no "attn128 (best: ...): step X us ... = R of the plain read Y us" line');
     const cut = NOW.slice(0, NOW.indexOf('  step28 H=2'));

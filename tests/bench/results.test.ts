@@ -60,7 +60,8 @@ describe('bench/lib/results.mjs', () => {
   it('the CUDA rows bench/all.mjs checks (bench/cuda/ captured runs) comply', () => {
     const read = (p: string) => readFileSync(new URL(`../../${p}`, import.meta.url), 'utf8');
     const results = read('bench/cuda/results-h200.txt');
-    const last = results.slice(results.lastIndexOf('######## call '));
+    const from = results.lastIndexOf('######## call ');
+    const last = results.slice(from, results.indexOf('\n########', from + 1)); // to the session-5 block
     const ipc = read('bench/cuda/ipc-h200.txt');
     const ipcRun = ipc.slice(ipc.indexOf('== kvc_bench_ipc '), ipc.indexOf('\n== ', ipc.indexOf('== kvc_bench_ipc ') + 1));
     const rows = [...kernelRows(last).map((r) => ({ bench: 'cuda-kernel', ...r })), ...ipcRows(ipcRun).map((r) => ({ bench: 'cuda-ipc', ...r }))];
