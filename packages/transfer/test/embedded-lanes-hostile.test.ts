@@ -115,6 +115,29 @@ describe('lanes against a hostile target', () => {
     expect(s.local.every((b) => b === 7)).toBe(true);
   });
 
+  it('READ read in place: a lane closed mid-answer of another lane lands no byte of the rest of that answer', async () => {
+    // Default 4 MiB frames: a segment of 256 KiB or more is received straight into local memory.
+    const s = await warmed(2, 8 << 20, { chunkBytes: 4 << 20 });
+    s.local.fill(7);
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(req);
+    await until(() => s.first.frames.length === 1 && s.extra[0]!.frames.length === 1, 'one frame on each lane');
+    const h = io(s.first.frames[0]!);
+    const reads = (s.a as unknown as { conns: Map<string, { lanes: Array<{ reads: { directReads: number } }> }> }).conns.get(s.name)!.lanes[0]!.reads;
+    const before = reads.directReads;
+    s.first.socket.write(encodeFrame([F.RDATA, h.id], h.bytes));
+    s.first.socket.write(new Uint8Array(1 << 20).fill(1));
+    await until(() => s.local.filter((b) => b === 1).length === 1 << 20, 'the first MiB');
+    expect(reads.directReads).toBeGreaterThan(before); // received in place
+    s.extra[0]!.socket.destroy();
+    expect(await s.a.wait(req)).toBe('remote-disconnect');
+    s.first.socket.write(new Uint8Array(h.bytes - (1 << 20)).fill(2));
+    await sleep(100);
+    expect(s.local.filter((b) => b === 1).length).toBe(1 << 20);
+    expect(s.local.some((b) => b === 2)).toBe(false);
+    expect(s.a.laneStats(s.name)[0]!.ready).toBe(true);
+  });
+
   it('WRITE: a lane closed while another lane holds unacknowledged frames fails only once those are acknowledged; its unsent frames are never sent', async () => {
     // Two 64 KiB frames outstanding per lane: the rest of the 16 frames wait in the lanes' queues.
     const s = await warmed(2, 1 << 20, { maxInflightBytes: 128 * 1024 });
