@@ -58,12 +58,22 @@ export interface OutFrame {
   dev?: DevSeg[];
   /** Staging buffer of the device segments (at frame byte offsets), while the frame holds it. */
   stage?: { buf: Uint8Array; pool: StagingPool } | null;
+  /** Handed to a socket and not yet answered, refused or failed with its connection (counted in `EmbeddedRequest.onWire`). */
+  wire?: boolean;
 }
 
 /** A request of the embedded agent: its descriptor pairs, its notif and the frames of the current post not yet landed. */
 export class EmbeddedRequest extends RequestState {
   /** Frames of the current post not yet done. */
   pending = 0;
+  /** Frames of the current post on the wire: handed to a socket, not yet answered, refused or failed with their connection. */
+  onWire = 0;
+  /**
+   * A WRITE one of whose lanes closed while frames of it were on the wire on other lanes: the
+   * error it ends with once those are answered or failed (or at its deadline); its frames not yet
+   * handed to a socket are never sent. Null otherwise. See `EmbeddedAgent.frameFailed`.
+   */
+  failing: { readonly kind: TransferErrorKind; readonly message: string } | null = null;
   constructor(
     owner: EmbeddedAgent,
     op: XferOp,
@@ -320,8 +330,8 @@ export class OutConn {
     let corked = false;
     while (this.qHead < this.queue.length && !this.blocked && !this.staging) {
       const f = this.queue[this.qHead]!;
-      if (!isCurrent(f.req, f.gen)) {
-        this.qHead++; // canceled or timed out before it was sent
+      if (!isCurrent(f.req, f.gen) || f.req.failing !== null) {
+        this.qHead++; // canceled, timed out or failing (another lane closed) before it was sent
         this.queuedBytes -= f.bytes;
         continue;
       }
@@ -345,6 +355,8 @@ export class OutConn {
       this.nextId = this.nextId === 0xffffffff ? 1 : this.nextId + 1;
       this.inflight.set(f.id, f);
       this.inflightBytes += f.bytes;
+      f.wire = true;
+      f.req.onWire++;
       if (!corked) {
         s.cork();
         corked = true;
@@ -526,7 +538,7 @@ export class OutConn {
     this.qHead = 0;
     this.inflightBytes = 0;
     this.queuedBytes = 0;
-    for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage);
+    for (const f of frames) this.agent.frameFailed(f, this.failKind, this.failMessage, true);
     for (const e of this.early.splice(0)) e.reject(new TransferError(this.failKind, this.failMessage));
     for (const w of this.readyWaiters.splice(0)) w.reject(new TransferError(this.failKind, this.failMessage));
   }

@@ -23,7 +23,8 @@
  *   first's (the lane HELLO of `wire.ts`: a target accepts a lane only into an open session it
  *   authenticated, and closes it with that session). A transfer's frames are spread over the
  *   ready lanes and it completes once every frame on every lane is done; a lane that closes fails
- *   only the transfers with frames on it (`remote-disconnect`, as a closed connection). Bounds are
+ *   only the transfers with frames on it (`remote-disconnect`, as a closed connection; a WRITE
+ *   once its frames on the other lanes were answered, `frameFailed`). Bounds are
  *   checked per frame at the target as on one connection.
  * - A transfer's notif is sent after the last frame was acknowledged (WRITE: after the target
  *   copied the bytes into its memory; READ: after the initiator received every byte).
@@ -498,6 +499,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
       }
     }
     req.pending = frames.length;
+    req.onWire = 0;
+    req.failing = null;
     this.active.add(req);
     req.timer = setTimeout(() => this.finish(req, 'timeout', `transfer did not finish within ${timeoutMs} ms`), timeoutMs);
     req.timer.unref();
@@ -595,14 +598,19 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.inConns.delete(c);
   }
 
-  /** @internal */
+  /** @internal A frame was answered (RDATA received, WACK), or its staging copy after that finished. */
   frameDone(f: OutFrame, conn: OutConn): void {
+    offWire(f);
     if (f.stage) {
       this.landFrame(f, conn);
       return;
     }
     const req = f.req;
     if (!isCurrent(req, f.gen)) return;
+    if (req.failing !== null) {
+      if (req.onWire === 0) this.finish(req, req.failing.kind, req.failing.message);
+      return;
+    }
     if (--req.pending > 0) return;
     // Every frame landed: now the notif (on the link's first connection; with one lane it travels
     // behind the data).
@@ -610,11 +618,26 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     this.finish(req, 'done', null);
   }
 
-  /** @internal */
-  frameFailed(f: OutFrame, kind: TransferErrorKind, message: string): void {
+  /**
+   * @internal A frame failed: refused (ERR), a device copy failed, or its connection closed
+   * (`connClosed`). The transfer fails with that error at once, except a WRITE whose connection
+   * closed while frames of it are still on the wire on other lanes: the target may still be
+   * copying those into its memory, so it fails once they are answered or failed too (or at its
+   * deadline), and its frames not yet sent are dropped (`EmbeddedRequest.failing`). So, as with
+   * one connection, no byte of a WRITE that failed with `remote-disconnect` lands at the target
+   * after it returned (a `timeout`, `canceled` or refused WRITE may still land what was on the wire).
+   */
+  frameFailed(f: OutFrame, kind: TransferErrorKind, message: string, connClosed = false): void {
     if (f.stage) f.stage = null; // not reused: a copy or a socket write may still hold it
-    if (!isCurrent(f.req, f.gen)) return;
-    this.finish(f.req, kind, message);
+    offWire(f);
+    const req = f.req;
+    if (!isCurrent(req, f.gen)) return;
+    if (req.failing === null && !(connClosed && req.op === 'WRITE')) {
+      this.finish(req, kind, message);
+      return;
+    }
+    req.failing ??= { kind, message };
+    if (req.onWire === 0) this.finish(req, req.failing.kind, req.failing.message);
   }
 
   private finish(req: EmbeddedRequest, state: XferStatus, message: string | null): XferStatus {
@@ -963,6 +986,13 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
 
 const EMPTY = new Uint8Array(0);
+
+/** A frame left the wire (answered, refused, or its connection closed): no longer counted in its post's `onWire`. */
+function offWire(f: OutFrame): void {
+  if (!f.wire) return;
+  f.wire = false;
+  if (f.gen === f.req.gen) f.req.onWire--;
+}
 
 /**
  * Bytes of the host staging buffers of the TCP path of device regions (`StagingPool` of

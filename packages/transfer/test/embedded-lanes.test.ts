@@ -176,6 +176,42 @@ describe('lanes: a lane that dies', () => {
     });
   }
 
+  it('WRITE: when a lane dies, the failure is reported only once the frames on the other lanes were acknowledged (no byte lands at the target after it returned, as with one connection)', async () => {
+    const a = await agent({ lanes: 2 });
+    const b = await agent();
+    const n = 64 << 20;
+    const local = pattern(n, 6);
+    const remote = new Uint8Array(n);
+    const rl = await a.registerMemory([{ bytes: local }]);
+    const rr = await b.registerMemory([{ bytes: remote }]);
+    const name = await a.loadRemoteMetadata(await b.getLocalMetadata());
+    const l = await a.prepDescList(null, 'DRAM', [{ addr: rl.regions[0]!.addr, length: n }]);
+    const r = await a.prepDescList(name, 'DRAM', [{ addr: rr.regions[0]!.addr, length: n }]);
+    const t = await a.makeTransfer({ op: 'WRITE', local: l, remote: r });
+    await a.post(t);
+    expect(await a.wait(t)).toBe('done');
+    await warm(a, name, 2);
+    remote.fill(0);
+    // 16 frames of 4 MiB over both lanes; the target closes the second lane while the first
+    // still has frames on the wire (without the wait, up to 16 MiB of them landed after the
+    // transfer returned). Closed at the target: bytes the initiator's kernel still holds for
+    // the closed lane never land (a socket closed at the initiator may still deliver them).
+    await a.post(t);
+    expect(a.laneStats(name)[0]!.framesSent).toBeGreaterThan(0);
+    const lanesAtB = [...(b as unknown as { inConns: Set<{ socket: net.Socket; lanes: number; session: unknown }> }).inConns].filter((c) => c.session !== null);
+    expect(lanesAtB.length).toBe(1);
+    lanesAtB[0]!.socket.destroy();
+    expect(await a.wait(t)).toBe('remote-disconnect');
+    const atReturn = Buffer.from(remote);
+    await sleep(300);
+    expect(Buffer.from(remote).equals(atReturn)).toBe(true);
+    // The session lives on and the next WRITE lands whole.
+    await a.post(t);
+    expect(await a.wait(t)).toBe('done');
+    expect(Buffer.from(remote).equals(Buffer.from(local))).toBe(true);
+    expect(a.protocolErrors + b.protocolErrors).toBe(0);
+  });
+
   it('the first connection dying ends the session: every lane closes at both ends, the next transfer opens a new session', async () => {
     const a = await agent({ lanes: 3, chunkBytes: 64 * 1024 });
     const b = await agent();

@@ -1,0 +1,343 @@
+/**
+ * Lanes (`lanes`, `embedded.ts` module note; `OutLink` of `embedded-conn.ts`) against a hostile
+ * or broken target ({@link FakeTarget}, which speaks the wire by hand): a target that answers on
+ * one lane for frames sent on another, a lane that stalls, a lane that closes while other lanes
+ * still carry frames of the same transfer, late answers after a transfer failed; and a target
+ * against hostile lanes ({@link RawPeer}): replayed lane HELLOs, a peer with the cluster secret
+ * but not the agent secret, lanes for a session that is closing, floods of lanes; and peers of
+ * other `lanes` values or without lanes.
+ */
+import { randomBytes } from 'node:crypto';
+import { afterEach, describe, expect, it } from 'vitest';
+import { EmbeddedAgent, makeNonce, makeProof, type EmbeddedAgentOptions } from '../src/index.js';
+import { encodeFrame, F, HANDSHAKE_CONTEXT, WIRE_VERSION, type Header } from '../src/wire.js';
+import { FakeTarget, rdata, wack, type FakeConn } from './fake-target.js';
+import { pattern } from './patterns.js';
+import { RawPeer } from './raw-peer.js';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+let seq = 0;
+const uniq = (p: string) => `${p}-${process.pid}-${++seq}`;
+const cleanup: Array<() => Promise<void>> = [];
+afterEach(async () => {
+  for (const c of cleanup.splice(0)) await c();
+});
+async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(2);
+  }
+}
+type Io = Extract<Header, { t: typeof F.READ | typeof F.WRITE }>;
+const io = (f: { h: Header }) => f.h as Io;
+
+/**
+ * An initiator with `lanes` lanes and 64 KiB frames, `n` bytes of local memory, descriptor lists
+ * of all of it at both ends, and a fake target; a first READ (answered with zeros) opens the lanes
+ * and the test waits until every one is ready at both ends. Frames seen so far are cleared.
+ */
+async function warmed(lanes: number, n: number, o: Partial<EmbeddedAgentOptions> = {}) {
+  const t = await FakeTarget.listen(uniq('fake'));
+  const a = await EmbeddedAgent.create({ name: uniq('init'), lanes, chunkBytes: 64 * 1024, ...o });
+  cleanup.push(
+    () => a.close(),
+    () => t.close(),
+  );
+  const local = new Uint8Array(n);
+  const rl = await a.registerMemory([{ bytes: local }]);
+  const name = await a.loadRemoteMetadata(t.metadata());
+  const l = await a.prepDescList(null, 'DRAM', [{ addr: rl.regions[0]!.addr, length: n }]);
+  const r = await a.prepDescList(name, 'DRAM', [{ addr: t.region.addr, length: n }]);
+  const w = await a.makeTransfer({ op: 'READ', local: l, remote: r });
+  await a.post(w);
+  const answered = new Set<unknown>();
+  const answer = setInterval(() => {
+    for (const c of t.conns) for (const f of c.frames) if (!answered.has(f) && f.h.t === F.READ) (answered.add(f), rdata(c, io(f).id, new Uint8Array(io(f).bytes)));
+  }, 2);
+  try {
+    expect(await a.wait(w)).toBe('done');
+    await until(() => t.ready.length === lanes && a.laneStats(name).length === lanes && a.laneStats(name).every((s) => s.ready), `${lanes} ready lanes`);
+  } finally {
+    clearInterval(answer);
+  }
+  for (const c of t.conns) c.frames.length = 0;
+  const [first, ...extra] = t.ready;
+  return { t, a, local, l, r, name, first: first!, extra: extra as FakeConn[] };
+}
+
+describe('lanes against a hostile target', () => {
+  it('a lane that never answers: the transfer fails at its deadline (timeout), the session goes on', async () => {
+    const s = await warmed(2, 1 << 20, { transferTimeoutMs: 300 });
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    const t0 = Date.now();
+    await s.a.post(req);
+    await until(() => s.first.frames.length + s.extra[0]!.frames.length === 16, 'the 16 frames');
+    expect(s.extra[0]!.frames.length).toBeGreaterThan(0);
+    for (const f of s.first.frames) rdata(s.first, io(f).id, new Uint8Array(io(f).bytes));
+    expect(await s.a.wait(req)).toBe('timeout');
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(290);
+    expect(Date.now() - t0).toBeLessThan(2000);
+    expect(s.a.laneStats(s.name)[0]!.ready).toBe(true);
+  });
+
+  it('RDATA on a lane for an id only another lane sent closes that lane (invalid) and lands nothing; the first connection lives on', async () => {
+    const s = await warmed(2, 1 << 20);
+    s.local.fill(7);
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(req);
+    await until(() => s.first.frames.length + s.extra[0]!.frames.length === 16, 'the 16 frames');
+    const laneIds = new Set(s.extra[0]!.frames.map((f) => io(f).id));
+    const foreign = s.first.frames.map((f) => io(f)).find((h) => !laneIds.has(h.id))!;
+    expect(foreign).toBeDefined();
+    rdata(s.extra[0]!, foreign.id, new Uint8Array(foreign.bytes).fill(1));
+    expect(await s.a.wait(req)).toBe('invalid');
+    expect(String(req.error)).toContain(`RDATA for unknown frame ${foreign.id}`);
+    await until(() => s.extra[0]!.closed, 'the lane to close');
+    // The first connection's late answers land nothing either: the transfer is over.
+    for (const f of s.first.frames) rdata(s.first, io(f).id, new Uint8Array(io(f).bytes).fill(2));
+    await sleep(100);
+    expect(s.local.every((b) => b === 7)).toBe(true);
+    expect(s.first.closed).toBe(false);
+    expect(s.a.laneStats(s.name)[0]!.ready).toBe(true);
+  });
+
+  it('READ: a lane closed by the target fails the transfer at once; answers arriving later on the other lane land nothing', async () => {
+    const s = await warmed(2, 1 << 20);
+    s.local.fill(7);
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(req);
+    await until(() => s.first.frames.length + s.extra[0]!.frames.length === 16, 'the 16 frames');
+    s.extra[0]!.socket.destroy();
+    expect(await s.a.wait(req)).toBe('remote-disconnect');
+    for (const f of s.first.frames) rdata(s.first, io(f).id, new Uint8Array(io(f).bytes).fill(1));
+    await sleep(100);
+    expect(s.local.every((b) => b === 7)).toBe(true);
+  });
+
+  it('READ read in place: a lane closed mid-answer of another lane lands no byte of the rest of that answer', async () => {
+    // Default 4 MiB frames: a segment of 256 KiB or more is received straight into local memory.
+    const s = await warmed(2, 8 << 20, { chunkBytes: 4 << 20 });
+    s.local.fill(7);
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(req);
+    await until(() => s.first.frames.length === 1 && s.extra[0]!.frames.length === 1, 'one frame on each lane');
+    const h = io(s.first.frames[0]!);
+    const reads = (s.a as unknown as { conns: Map<string, { lanes: Array<{ reads: { directReads: number } }> }> }).conns.get(s.name)!.lanes[0]!.reads;
+    const before = reads.directReads;
+    s.first.socket.write(encodeFrame([F.RDATA, h.id], h.bytes));
+    s.first.socket.write(new Uint8Array(1 << 20).fill(1));
+    await until(() => s.local.filter((b) => b === 1).length === 1 << 20, 'the first MiB');
+    expect(reads.directReads).toBeGreaterThan(before); // received in place
+    s.extra[0]!.socket.destroy();
+    expect(await s.a.wait(req)).toBe('remote-disconnect');
+    s.first.socket.write(new Uint8Array(h.bytes - (1 << 20)).fill(2));
+    await sleep(100);
+    expect(s.local.filter((b) => b === 1).length).toBe(1 << 20);
+    expect(s.local.some((b) => b === 2)).toBe(false);
+    expect(s.a.laneStats(s.name)[0]!.ready).toBe(true);
+  });
+
+  it('WRITE: a lane closed while another lane holds unacknowledged frames fails only once those are acknowledged; its unsent frames are never sent', async () => {
+    // Two 64 KiB frames outstanding per lane: the rest of the 16 frames wait in the lanes' queues.
+    const s = await warmed(2, 1 << 20, { maxInflightBytes: 128 * 1024 });
+    const req = await s.a.makeTransfer({ op: 'WRITE', local: s.l, remote: s.r });
+    await s.a.post(req);
+    await until(() => s.first.frames.length === 2 && s.extra[0]!.frames.length === 2, 'two frames on each lane');
+    s.extra[0]!.socket.destroy();
+    await sleep(100);
+    // The first connection's frames are still on the wire: the target may still copy them.
+    expect(s.a.status(req)).toBe('in-progress');
+    wack(s.first, io(s.first.frames[0]!).id);
+    await sleep(100);
+    expect(s.a.status(req)).toBe('in-progress');
+    expect(s.first.frames.length).toBe(2); // the acknowledgement opened the window: still nothing more of it sent
+    wack(s.first, io(s.first.frames[1]!).id);
+    expect(await s.a.wait(req)).toBe('remote-disconnect');
+    await sleep(100);
+    expect(s.first.frames.length).toBe(2);
+  });
+
+  it('WRITE: a lane closed while another lane never answers its frames fails at the deadline (timeout), not later', async () => {
+    const s = await warmed(2, 1 << 20, { transferTimeoutMs: 300 });
+    const req = await s.a.makeTransfer({ op: 'WRITE', local: s.l, remote: s.r });
+    const t0 = Date.now();
+    await s.a.post(req);
+    await until(() => s.first.frames.length + s.extra[0]!.frames.length === 16, 'the 16 frames');
+    s.extra[0]!.socket.destroy();
+    expect(await s.a.wait(req)).toBe('timeout');
+    expect(Date.now() - t0).toBeLessThan(2000);
+  });
+});
+
+describe('a target against hostile lanes', () => {
+  const cluster = randomBytes(32);
+  /** A target with a cluster secret and a region, a raw first connection authenticated as `raw` (the session), and its protocol errors. */
+  async function session() {
+    const b = await EmbeddedAgent.create({ name: uniq('target'), clusterSecret: cluster });
+    const src = pattern(4096, 4);
+    const reg = await b.registerMemory([{ bytes: src }]);
+    const peers: RawPeer[] = [];
+    cleanup.push(async () => {
+      for (const p of peers) p.socket.destroy();
+      await b.close();
+    });
+    const raw = async () => {
+      const p = await RawPeer.connect(b);
+      peers.push(p);
+      return p;
+    };
+    const first = await raw();
+    const sn = await first.challenge();
+    await first.hello(b, { cluster });
+    const errors: string[] = [];
+    b.on('protocol-error', (e) => errors.push(e.message));
+    const readOn = (p: RawPeer, id: number) => p.write(encodeFrame([F.READ, id, [reg.regions[0]!.addr, 4096]]));
+    const secret = (await import('msgpackr')).unpack(await b.getLocalMetadata())[5] as Uint8Array;
+    return { b, src, first, sn, errors, readOn, raw, secret };
+  }
+  async function refused(p: RawPeer): Promise<void> {
+    await until(() => p.closed, 'the target to close the lane');
+    expect(p.frames.some((f) => f.h.t === F.FATAL)).toBe(true);
+    expect(p.frames.some((f) => f.h.t === F.RDATA || f.h.t === F.OK)).toBe(false);
+  }
+
+  it('a lane with the cluster secret but a wrong agent secret is refused; the control with both is admitted', async () => {
+    const s = await session();
+    const wrong = await s.raw();
+    await wrong.sendHello(s.b, { session: s.sn, cluster, secret: randomBytes(32) });
+    await s.readOn(wrong, 1);
+    await refused(wrong);
+    expect(s.errors).toEqual([expect.stringContaining('presented a wrong secret')]);
+    const noCluster = await s.raw();
+    await noCluster.sendHello(s.b, { session: s.sn });
+    await s.readOn(noCluster, 2);
+    await refused(noCluster);
+    expect(s.errors[1]).toContain('did not prove the cluster secret');
+    const good = await s.raw();
+    await good.hello(s.b, { session: s.sn, cluster });
+    await s.readOn(good, 3);
+    expect((await good.until((f) => f.h.t === F.RDATA)).payload.equals(Buffer.from(s.src))).toBe(true);
+  });
+
+  it('a lane HELLO replayed on another connection, into the same or another open session, is refused', async () => {
+    const s = await session();
+    // A lane HELLO recorded on one connection (its challenge `sn1`), admitted there.
+    const lane = await s.raw();
+    const sn1 = await lane.challenge();
+    const cn = makeNonce();
+    const hello = (sn: Uint8Array, session: Uint8Array) =>
+      encodeFrame([F.HELLO, WIRE_VERSION, 'raw', cn, makeProof(s.secret, HANDSHAKE_CONTEXT.helloLane, sn, cn, 'raw', session), makeProof(cluster, HANDSHAKE_CONTEXT.helloCluster, sn, cn, 'raw', s.b.name), session]);
+    const recorded = hello(sn1, s.sn);
+    await lane.write(recorded);
+    await lane.until((f) => f.h.t === F.OK);
+    // Replayed as is on a new connection (same session), and on one into a second session of `raw`.
+    const again = await s.raw();
+    await again.challenge();
+    await again.write(recorded);
+    await s.readOn(again, 1);
+    await refused(again);
+    const second = await s.raw();
+    const sn2 = await second.challenge();
+    await second.hello(s.b, { cluster });
+    const other = await s.raw();
+    await other.challenge();
+    await other.write(hello(sn1, sn2)); // the recorded nonces, the other session: no proof over this connection's challenge
+    await s.readOn(other, 2);
+    await refused(other);
+    expect(s.errors.length).toBe(2);
+    expect(s.errors.every((m) => m.includes('did not prove the cluster secret'))).toBe(true);
+    expect(s.b.incomingLanes).toBe(1);
+  });
+
+  it('a lane for a session that is closing (its first connection broke the protocol) is refused', async () => {
+    const s = await session();
+    const lane = await s.raw();
+    await lane.challenge();
+    await s.first.write(encodeFrame([F.OK, 'x', new Uint8Array(32), null])); // not a frame a target takes: the session ends
+    await s.first.until((f) => f.h.t === F.FATAL);
+    await lane.sendHello(s.b, { session: s.sn, cluster });
+    await s.readOn(lane, 1);
+    await refused(lane);
+    expect(s.errors.filter((m) => m.includes('no open session')).length).toBe(1);
+  });
+
+  it('a flood of 60 lane connects for one session: 7 admitted, the rest refused and closed, the session still answers', async () => {
+    const s = await session();
+    const lanes = await Promise.all(Array.from({ length: 60 }, () => s.raw()));
+    await Promise.all(lanes.map((p) => p.sendHello(s.b, { session: s.sn, cluster })));
+    await until(() => lanes.filter((p) => p.closed).length === 53, '53 lanes refused');
+    expect(s.b.incomingLanes).toBe(7);
+    expect(lanes.filter((p) => p.frames.some((f) => f.h.t === F.OK)).length).toBe(7);
+    await until(() => s.b.incomingConnections === 8, 'the refused connections gone');
+    await s.readOn(s.first, 9);
+    expect((await s.first.until((f) => f.h.t === F.RDATA)).payload.equals(Buffer.from(s.src))).toBe(true);
+  });
+});
+
+describe('lanes between peers of other lanes values, or without lanes', () => {
+  it('an agent with lanes 4 and one with lanes 1 transfer both ways; the lanes 1 side opens no lane', async () => {
+    const a = await EmbeddedAgent.create({ name: uniq('four'), lanes: 4, chunkBytes: 64 * 1024 });
+    const b = await EmbeddedAgent.create({ name: uniq('one'), lanes: 1, chunkBytes: 64 * 1024 });
+    cleanup.push(
+      () => a.close(),
+      () => b.close(),
+    );
+    const n = 1 << 20;
+    const ma = pattern(n, 1);
+    const mb = pattern(n, 2);
+    const ra = await a.registerMemory([{ bytes: ma }]);
+    const rb = await b.registerMemory([{ bytes: mb }]);
+    const bn = await a.loadRemoteMetadata(await b.getLocalMetadata());
+    const an = await b.loadRemoteMetadata(await a.getLocalMetadata());
+    const half = n / 2;
+    const run = async (x: EmbeddedAgent, peer: string, mine: number, theirs: number, op: 'READ' | 'WRITE', at: number) => {
+      const l = await x.prepDescList(null, 'DRAM', [{ addr: mine + at, length: half }]);
+      const r = await x.prepDescList(peer, 'DRAM', [{ addr: theirs + at, length: half }]);
+      const t = await x.makeTransfer({ op, local: l, remote: r });
+      for (let i = 0; i < 3; i++) {
+        await x.post(t);
+        expect(await x.wait(t)).toBe('done');
+      }
+    };
+    // a READs b's first half into its own, b READs a's second half into its own.
+    await run(a, bn, ra.regions[0]!.addr, rb.regions[0]!.addr, 'READ', 0);
+    await run(b, an, rb.regions[0]!.addr, ra.regions[0]!.addr, 'READ', half);
+    expect(Buffer.from(ma.subarray(0, half)).equals(Buffer.from(pattern(n, 2).subarray(0, half)))).toBe(true);
+    expect(Buffer.from(mb.subarray(half)).equals(Buffer.from(pattern(n, 1).subarray(half)))).toBe(true);
+    await until(() => a.laneStats(bn).filter((l) => l.ready).length === 4, "a's 4 lanes");
+    expect(b.laneStats(an).length).toBe(1);
+    expect(b.incomingLanes).toBe(3);
+    expect(a.incomingLanes).toBe(0);
+    expect(a.protocolErrors + b.protocolErrors).toBe(0);
+  });
+
+  it('a target that refuses lane HELLOs (an agent from before lanes): transfers go over the first connection, the refused lanes are not opened again', async () => {
+    const t = await FakeTarget.listen(uniq('old'), undefined, (c) => {
+      if (c.hello!.session === null) return true;
+      c.socket.end(encodeFrame([F.FATAL, 'invalid', 'HELLO must be [0, 2, name, nonce, agentProof, clusterProof]']));
+      return false;
+    });
+    const a = await EmbeddedAgent.create({ name: uniq('new'), lanes: 4, chunkBytes: 64 * 1024 });
+    cleanup.push(
+      () => a.close(),
+      () => t.close(),
+    );
+    const n = 256 * 1024;
+    const local = new Uint8Array(n);
+    const rl = await a.registerMemory([{ bytes: local }]);
+    const name = await a.loadRemoteMetadata(t.metadata());
+    const l = await a.prepDescList(null, 'DRAM', [{ addr: rl.regions[0]!.addr, length: n }]);
+    const r = await a.prepDescList(name, 'DRAM', [{ addr: t.region.addr, length: n }]);
+    const req = await a.makeTransfer({ op: 'READ', local: l, remote: r });
+    for (let i = 0; i < 3; i++) {
+      await a.post(req);
+      await until(() => t.conns[0]?.frames.length === 4 * (i + 1), 'four frames on the first connection');
+      for (const f of t.conns[0]!.frames.slice(4 * i)) rdata(t.conns[0]!, io(f).id, pattern(io(f).bytes, i));
+      expect(await a.wait(req)).toBe('done');
+      await until(() => a.laneStats(name).filter((x) => !x.ready).length === 3, 'three lanes refused');
+    }
+    expect(t.conns.length).toBe(4);
+    expect(a.laneStats(name).map((x) => x.ready)).toEqual([true, false, false, false]);
+  });
+});
