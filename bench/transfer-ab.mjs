@@ -11,7 +11,7 @@
 // resolve), optionally with `:reuse` (every descriptor on one buffer of its size at each end, as
 // ucx_perftest moves its messages) and `@{...}` (JSON options of the initiator's agent).
 // Environment: SIZE (descriptor bytes, default 1 MiB), TOTAL_MB (per transfer, default 256),
-// REPS (rounds, default 5), OP (default READ,WRITE). Each initiator prints `PIDS initiator,target`
+// REPS (rounds, default 5; odd for a true median: with an even count the median is the slower middle round), OP (default READ,WRITE). Each initiator prints `PIDS initiator,target`
 // on stderr once warm, for `perf record -p`, and, with the agent option `lanes` (striping over n TCP
 // connections per peer, e.g. 'packages/transfer/dist@{"lanes":2}'), once its lanes are ready and at
 // the end the frames each lane sent (so that a build that ignores the option shows).

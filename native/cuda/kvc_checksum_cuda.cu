@@ -216,7 +216,11 @@ cudaError_t driver_prepare(DriverLaunch& d, int variant) {
 /**
  * The launch through the driver. A thread on which the runtime has not yet made the device's primary
  * context current (CUDA_ERROR_INVALID_CONTEXT) launches through cudaLaunchKernel, which makes it
- * current, so that thread's later launches take the driver path.
+ * current, so that thread's later launches take the driver path. In submit() the runtime calls
+ * before the launch (event query and record, the rows copy) already make it current, so on CUDA 13
+ * this fallback was not reached: test_cuda.cc's fresh-thread test passes without it too; it is kept
+ * for runtimes that leave the context unset. Any other driver error is reported as
+ * cudaErrorLaunchFailure (the driver's CUresult is not carried further).
  */
 cudaError_t driver_launch(const DriverLaunch& d, int variant, int cap, dim3 grid, cudaStream_t st, const void* params) {
   void* args[1] = {const_cast<void*>(params)};
