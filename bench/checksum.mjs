@@ -121,6 +121,48 @@ for (const layout of ['HND', 'NHD']) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 2b. The e2e benchmark's shape (bench/lib/e2e-geometry.mjs: dense-gqa, 4 layers, 2 KV heads x 16
+// bf16, 16-token blocks, 8192-block regions): one BlockChecksummer.compute of a request's 64
+// blocks x 4 layers (512 KiB), rotating over 8 requests, against the same run's plainSum64 of as
+// many bytes. A figure (no target: the time is per-call overhead more than bandwidth, so the ratio
+// depends on the machine; on the 2-core VM of 2026-12-02 it went from ~100/45 us NHD/HND to ~20 us).
+// ---------------------------------------------------------------------------------------------
+if (native) {
+  const { e2eShape, E2E_BYTES } = await import('./lib/e2e-geometry.mjs');
+  for (const layout of ['NHD', 'HND']) {
+    const { ck, runs, flat } = e2eShape(layout, native);
+    for (const isa of isas) {
+      addon.setCpuIsa(isa);
+      let i = 0;
+      const call = () => ck.compute(runs[i++ % runs.length]);
+      const base = () => addon.plainSum64(flat);
+      for (let w = 0; w < 200; w++) {
+        call();
+        base();
+      }
+      const reps = 50;
+      const [msR, baseR] = timePair(
+        () => {
+          for (let k = 0; k < reps; k++) call();
+        },
+        () => {
+          for (let k = 0; k < reps; k++) base();
+        },
+        QUICK ? 9 : 31,
+      );
+      const us = (msR / reps) * 1e3;
+      const baseUs = (baseR / reps) * 1e3;
+      const name = `native ${isa}${isa === best ? ' (auto)' : ''}, e2e shape 64 blk x 4 layers, ${layout}`;
+      const figure = `${fmt(us, 1)} us ${fmt(E2E_BYTES / (us * 1e3))} GB/s`;
+      const baseline = `${fmt(baseUs, 1)} us sum`;
+      result('checksum', { name, figure, baseline, ratio: fmt(us / baseUs), target: '-' });
+      console.log(`${name.padEnd(58)} ${figure.padStart(14)} ${baseline.padStart(16)} ${fmt(us / baseUs).padStart(8)}  ${'-'.padEnd(12)} figure (x of sum)`);
+    }
+  }
+  addon.setCpuIsa('auto');
+}
+
+// ---------------------------------------------------------------------------------------------
 // 3. One step's rows: 8192 blocks (128K-token prompt, 16-token blocks).
 // ---------------------------------------------------------------------------------------------
 {
