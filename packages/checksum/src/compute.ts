@@ -190,8 +190,13 @@ function recordOf(plan: GroupPlan, s: RunSlot, out: BigUint64Array): WorkerGroup
   const partials = new Map<string, BigUint64Array>();
   if (plan.skipReason === null) {
     plan.columns.forEach((key, c) => {
-      const v = new BigUint64Array(s.nBlocks);
-      for (let b = 0; b < s.nBlocks; b++) v[b] = out[s.outOffset + b * s.columns + c];
+      // One column: a plain copy (no BigInt per block); else every columns-th value.
+      let v: BigUint64Array;
+      if (s.columns === 1) v = out.slice(s.outOffset, s.outOffset + s.nBlocks);
+      else {
+        v = new BigUint64Array(s.nBlocks);
+        for (let b = 0; b < s.nBlocks; b++) v[b] = out[s.outOffset + b * s.columns + c];
+      }
       partials.set(replicaKeyString(key), v);
     });
   }
