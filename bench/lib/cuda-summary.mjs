@@ -45,14 +45,15 @@ function nameAndFigure(line) {
  * The rows of one run of `kvc_bench_cuda` (its whole stdout): one `figure` row per summary line
  * (the lines after `summary (...)`, up to the first empty line), then the verdict rows of issue 16
  * part 4: the 128 MiB step (attn128) >= 0.93 of the same run's plain read, and the isolated
- * 28-layer step (2 KV heads, the default kernel variant V2 at 32 KiB items) <= 15 us including
- * launch, beside the fastest plain read of the step's own scattered chunks launched alone from idle
+ * 28-layer step (2 KV heads, 32 KiB items, the kernel variant the output names in its
+ * `kernel variant by default: V<n>` line; outputs without it, before 2026-12-02 session 6: V2) <= 15 us
+ * including launch, beside the fastest plain read of the step's own scattered chunks launched alone from idle
  * (`step28 floor` lines; the wording of bench/cuda/results-h200.txt's runs is read too; without
  * such a line the baseline is `-`). A summary that does not say `all exact` (a GPU sum differed
  * from the CPU kernel's) makes both verdicts `missed`.
  * @param {string} stdout
  * @returns {CudaRow[]}
- * @throws {CudaOutputError} no summary, more than one, or no attn128 or 2-head V2 32 KiB step28 line
+ * @throws {CudaOutputError} no summary, more than one, or no attn128 or 2-head 32 KiB step28 line of that variant
  */
 export function kernelRows(stdout) {
   const lines = stdout.split('\n');
@@ -73,8 +74,10 @@ export function kernelRows(stdout) {
   const a = /attn128 \(best: ([^)]*)\): step ([0-9.]+) us.*?= ([0-9.]+) of the plain read ([0-9.]+) us/.exec(text);
   if (!a) throw new CudaOutputError('kvc_bench_cuda summary: no "attn128 (best: ...): step X us ... = R of the plain read Y us" line');
   out.push({ name: `128 MiB step (attn128, ${a[1]}) vs the plain read`, figure: `${a[2]} us`, baseline: `${a[4]} us plain read`, ratio: a[3], target: '>= 0.93', verdict: exact && Number(a[3]) >= 0.93 ? 'met' : 'missed' });
-  const s = /step28 H=2 \(([0-9.]+) MiB\) V2 items 32768 B: queued step ([0-9.]+) us, isolated step ([0-9.]+) us/.exec(text);
-  if (!s) throw new CudaOutputError('kvc_bench_cuda summary: no "step28 H=2 (N MiB) V2 items 32768 B: queued step X us, isolated step Y us" line');
+  const dv = /^kernel variant by default: V([0-9]+)\b/m.exec(text);
+  const v = dv ? dv[1] : '2';
+  const s = new RegExp(`step28 H=2 \\(([0-9.]+) MiB\\) V${v} items 32768 B: queued step ([0-9.]+) us, isolated step ([0-9.]+) us`).exec(text);
+  if (!s) throw new CudaOutputError(`kvc_bench_cuda summary: no "step28 H=2 (N MiB) V${v} items 32768 B: queued step X us, isolated step Y us" line`);
   const floorLine = /step28 floor(?:, the step's own scattered chunks read plainly|: plain read of the step's own scattered chunks)[^\n]*alone from idle ([0-9.]+) us/g;
   const floors = [...text.matchAll(floorLine)].map((m) => Number(m[1]));
   const floor = floors.length ? Math.min(...floors) : undefined;

@@ -12,12 +12,18 @@
  *  3. mamba: 256 rows of 1 MiB states (ROWS fp32 [32,64,128], bf16 [32,64,256], STREAM 1 MiB);
  *     target >= 0.8 of the plain read.
  * Every benchmark first checks its sums against the CPU kernel (kvc_sum_rows_cpu), bit for bit.
- * Kernel variants (kvc_cuda_internal.h): V32 (default) = V2 with hinted 16-byte loads; V2 pairs
+ * Kernel variants (kvc_cuda_internal.h): V35 (default) = V32 in a kernel with only the ATTN V16
+ * paths where the tables are all ATTN V16; V32 = V2 with hinted 16-byte loads; V2 pairs
  * inner, 64 registers; V1 pairs inner, 80 registers; V8 tokens inner with 8 loads in flight per lane
  * (see kvc_checksum_cuda.cu). The isolated 28-layer step also runs with the launch through
  * cudaLaunchKernel against the default driver cuLaunchKernel, and prints submit()'s host time by phase.
  * The plain read is the best of two kernels (4 or 8 loads in flight per thread) x 4 grid sizes.
  * Usage: kvc_bench_cuda [--quick]. Prints a table; the last lines summarize the targets.
+ * kvc_bench_cuda --ab [V ...]: only the A/B of kernel variants (default 35 32 1035 1032 2 33 37;
+ * V + 1000: the context with its own side and upload streams, as before session 6), each
+ * context checked bit-exact first, interleaved in two rounds: attn128 NHD and HND (step and kernel
+ * alone, each twice), step28 at 2 and 8 KV heads (pipelined, kernel alone, queued, isolated twice),
+ * and the 2-head step's floor (its own chunks read plainly from idle) with 24-byte and 1 KiB parameters.
  */
 #include "kvc_checksum.h"
 #include "kvc_checksum_cuda.h"
@@ -29,6 +35,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -143,6 +150,33 @@ __global__ void __launch_bounds__(256) scatter_sum(const uint64_t* __restrict__ 
   }
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
   if (lane == 0 && acc) atomicAdd(out, (unsigned long long)acc);
+}
+
+/** scatter_sum's arguments in a parameter block the size of the step's (1 KiB: 64 inline rows). */
+struct ScatterArgs1K {
+  const uint64_t* chunk_addr;
+  unsigned long long* out;
+  uint32_t n_chunks, chunk16;
+  unsigned char pad[1024 - 24];
+};
+/**
+ * scatter_sum<4> with its arguments in a 1 KiB parameter block: the floor of the isolated step with
+ * the step's own parameter size (the plain floor launches with 24 bytes of parameters).
+ */
+__global__ void __launch_bounds__(256) scatter_sum_1k(const __grid_constant__ ScatterArgs1K a) {
+  const uint32_t w = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (w >= a.n_chunks) return;
+  const uint4* p = reinterpret_cast<const uint4*>(a.chunk_addr[w]);
+  uint64_t acc = 0;
+  for (uint32_t i = lane; i < a.chunk16; i += 32 * 4) {
+    uint4 v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = i + 32 * q < a.chunk16 ? __ldg(p + i + 32 * q) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc += ((uint64_t)v[q].y << 32 | v[q].x) + ((uint64_t)v[q].w << 32 | v[q].z);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+  if (lane == 0 && acc) atomicAdd(a.out, (unsigned long long)acc);
 }
 
 double median(std::vector<double> v) {
@@ -313,11 +347,11 @@ void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
     // (variant, items): V32 (the default: V2 with hinted loads) at every item size, V2 (unhinted, as
     // before 2026-12-02 session 5), V1 / V8, then V32 and V2 again (drift within the run)
     struct VC { int variant; uint32_t chunk; };
-    for (VC vc : {VC{32, 8192u}, VC{32, 16384u}, VC{32, 32768u}, VC{2, 32768u}, VC{1, 32768u}, VC{8, 32768u},
-                  VC{32, 32768u}, VC{2, 32768u}}) {
+    for (VC vc : {VC{35, 8192u}, VC{35, 16384u}, VC{35, 32768u}, VC{32, 32768u}, VC{2, 32768u}, VC{1, 32768u},
+                  VC{8, 32768u}, VC{35, 32768u}, VC{32, 32768u}}) {
       const int variant = vc.variant;
       const uint32_t chunk = vc.chunk;
-      if (quick && (chunk != 32768u || variant != 32)) continue;
+      if (quick && (chunk != 32768u || variant != 35)) continue;
       if (L.hnd && (chunk != 32768u || variant == 1)) continue;
       kvc_cuda_options o{};
       o.chunk_bytes = chunk;
@@ -337,7 +371,7 @@ void bench_attn128(cudaStream_t st, unsigned long long* d_out, bool quick) {
       const double kus = kernel_only_us(ctx, st);
       line((std::string(name) + ": step").c_str(), bytes, us, plain);
       line((std::string(name) + ": kernel only").c_str(), bytes, kus, plain);
-      if (variant == 32 && chunk == 32768u) {  // the previous path: rows copied, results by copy + memset
+      if (variant == 35 && chunk == 32768u) {  // the previous path: rows copied, results by copy + memset
         kvc_cuda_debug_set_submit(ctx, 128, 0, 0);
         line((std::string(name) + ": step, results by copy + memset (previous)").c_str(), bytes, checksum_us(ctx, {rows}, nb, st), plain);
         kvc_cuda_debug_set_submit(ctx, 128, 0, 1);
@@ -483,13 +517,14 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
     // work-item size sweep (issue 16 part 4): smaller items put more loads in flight at once for a
     // small step; 0 = the default (32 KiB). Each line: the default kernel variant, the default submit.
     // (2 and 1 KiB items, 22.9 and 32.4 us isolated on the H200, are no longer swept: README.)
-    // V32 (the default) and V2 (unhinted loads, as before 2026-12-02 session 5) A/B, twice each
+    // V35 (the default), V32 (the general kernel, hinted) and V2 (unhinted loads, as before
+    // 2026-12-02 session 5) A/B, twice each
     for (uint32_t chunk : {0u, 4096u})
-    for (int variant : {32, 2, 8, 1, 32, 2}) {
-    if (quick && variant != 32) continue;
-    if (chunk != 0 && (variant != 32 || H != 2u)) continue;
+    for (int variant : {35, 32, 2, 8, 1, 35, 32, 2}) {
+    if (quick && variant != 35) continue;
+    if (chunk != 0 && (variant != 35 || H != 2u)) continue;
     if (H != 2u && variant == 1) continue;
-    std::printf("  kernel variant V%d%s, work items of %u bytes\n", variant, variant == 32 ? " (default)" : "", chunk ? chunk : 32768u);
+    std::printf("  kernel variant V%d%s, work items of %u bytes\n", variant, variant == 35 ? " (default)" : "", chunk ? chunk : 32768u);
     kvc_cuda_ctx* ctx = nullptr;
     kvc_cuda_options copt{};
     copt.chunk_bytes = chunk;
@@ -540,7 +575,7 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
       *d = median(dev), *hs = median(host_submit), *w = median(wall);
     };
     static int enq_done = 0;
-    if (variant == 32 && H == 2u && chunk == 0 && !enq_done++) {  // the enqueueing options, isolated step (the default last)
+    if (variant == 35 && H == 2u && chunk == 0 && !enq_done++) {  // the enqueueing options, isolated step (the default last)
       struct Opt { uint32_t lim, tier; int ck; const char* what; };
       for (Opt o : {Opt{0, 0, 0, "rows copied, results by copy + memset"},
                     Opt{128, 128, 0, "rows inline (1.9 KiB parameters), results by copy + memset"},
@@ -694,10 +729,254 @@ void bench_mamba(cudaStream_t st, unsigned long long* d_out, bool quick) {
   CK(cudaFree(buf));
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// --ab: the kernel variants side by side, interleaved, two rounds (issue 16 part 4, session 6)
+
+/** The step28 tables (64 blocks x 28 layers, H KV heads, NHD) and 32 disjoint row sets. */
+struct Step28 {
+  Tables Tb;
+  std::vector<void*> bufs;
+  std::vector<std::vector<kvc_row>> sets;
+  uint64_t bytes = 0;
+};
+
+Step28 make_step28(cudaStream_t st, uint32_t H) {
+  const uint32_t layers = 28, nb = 2048, T = 16, D = 128, row_b = D * 2, n_rows = 64;
+  Step28 S;
+  const uint64_t half = (uint64_t)nb * T * H * row_b, per_layer = 2 * half;
+  for (uint32_t l = 0; l < layers; ++l) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, per_layer));
+    fill_kernel<<<g_sms * 4, 256, 0, st>>>((uint4*)p, per_layer / 16, 1000 + l);
+    S.bufs.push_back(p);
+    S.Tb.addr.push_back((uint64_t)p);
+    S.Tb.bytes.push_back(per_layer);
+    const int64_t bstride = (int64_t)T * H * row_b;
+    S.Tb.entries.push_back(attn_entry(0, (uint64_t)l * 65536u, bstride, row_b, (int64_t)H * row_b, H, T, 0, row_b, 2 * row_b, nb, l, 0));
+    S.Tb.entries.push_back(attn_entry(half, (uint64_t)l * 65536u, bstride, row_b, (int64_t)H * row_b, H, T, row_b, row_b, 2 * row_b, nb, l, 0));
+  }
+  S.Tb.group_start.push_back((uint32_t)S.Tb.entries.size());
+  CK(cudaStreamSynchronize(st));
+  S.sets.resize(nb / n_rows);
+  for (uint32_t k = 0; k < S.sets.size(); ++k)
+    for (uint32_t i = 0; i < n_rows; ++i) S.sets[k].push_back(kvc_row{0, ((k * n_rows + i) * 797u) % nb, i * T, T, i, 0});
+  S.bytes = (uint64_t)n_rows * layers * 2 * T * H * row_b;
+  return S;
+}
+
+/** A context of kernel variant v % 1000; v >= 1000: with its own side and upload streams (as before session 6). */
+kvc_cuda_ctx* ab_ctx(int v, const Tables& Tb, uint32_t max_rows) {
+  kvc_cuda_options o{};
+  o.max_rows = max_rows;
+  kvc_cuda_ctx* ctx = nullptr;
+  const int variant = v % 1000;
+  kvc_cuda_debug_private_streams(v >= 1000);
+  const int rc = kvc_cuda_create(0, &o, &ctx);
+  kvc_cuda_debug_private_streams(0);
+  if (rc != KVC_OK || kvc_cuda_debug_set_variant(ctx, variant) != KVC_OK) {
+    std::fprintf(stderr, "create / variant %d failed\n", variant);
+    std::exit(1);
+  }
+  kvc_tables t = Tb.t();
+  if (kvc_cuda_set_tables(ctx, &t, Tb.addr.data(), Tb.bytes.data(), (uint32_t)Tb.addr.size()) != KVC_OK) {
+    std::fprintf(stderr, "set_tables: %s\n", kvc_cuda_last_error(ctx));
+    std::exit(1);
+  }
+  return ctx;
+}
+
+/** Isolated step from an idle GPU (as bench_step28): medians of device e0 -> e1 and host submit(). */
+void ab_isolated(kvc_cuda_ctx* ctx, const Step28& S, cudaStream_t st, double* dev_us, double* host_us) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const size_t n_rows = S.sets[0].size();
+  std::vector<uint64_t> out(n_rows);
+  std::vector<double> dev, hs;
+  for (int i = 0; i < g_iters * 4; ++i) {
+    CK(cudaStreamSynchronize(st));
+    auto t0 = std::chrono::steady_clock::now();
+    CK(cudaEventRecord(e0, st));
+    uint64_t tk = 0;
+    const std::vector<kvc_row>& rs = S.sets[i % S.sets.size()];
+    if (kvc_cuda_submit(ctx, rs.data(), rs.size(), n_rows, st, &tk) != KVC_OK) std::exit(1);
+    auto t1 = std::chrono::steady_clock::now();
+    CK(cudaEventRecord(e1, st));
+    if (kvc_cuda_collect(ctx, tk, out.data(), n_rows) != KVC_OK) std::exit(1);
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i < 5) continue;
+    dev.push_back(ms * 1000.0);
+    hs.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  *dev_us = median(dev);
+  *host_us = median(hs);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+double ab_queued(kvc_cuda_ctx* ctx, const Step28& S, cudaStream_t st) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const size_t n_rows = S.sets[0].size();
+  std::vector<uint64_t> out(n_rows);
+  std::vector<double> q;
+  for (int i = 0; i < g_iters; ++i) {
+    CK(cudaStreamSynchronize(st));
+    spin_kernel<<<1, 32, 0, st>>>(200000);
+    CK(cudaEventRecord(e0, st));
+    uint64_t tk = 0;
+    const std::vector<kvc_row>& rs = S.sets[i % S.sets.size()];
+    if (kvc_cuda_submit(ctx, rs.data(), rs.size(), n_rows, st, &tk) != KVC_OK) std::exit(1);
+    CK(cudaEventRecord(e1, st));
+    if (kvc_cuda_collect(ctx, tk, out.data(), n_rows) != KVC_OK) std::exit(1);
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    q.push_back(ms * 1000.0);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return median(q);
+}
+
+void bench_ab(cudaStream_t st, unsigned long long* d_out, const std::vector<int>& variants) {
+  std::printf("\n[ab] kernel variants interleaved, two rounds; every context checked bit-exact against the CPU kernel first\n");
+  // attn128, NHD and HND
+  {
+    const uint32_t nb = 2048, H = 8, T = 16, D = 128, row_b = D * 2;
+    const uint64_t half = (uint64_t)nb * T * H * row_b, bytes = 2 * half;
+    void* kv = nullptr;
+    CK(cudaMalloc(&kv, bytes));
+    fill_kernel<<<g_sms * 8, 256, 0, st>>>((uint4*)kv, bytes / 16, 42);
+    CK(cudaStreamSynchronize(st));
+    for (int hnd = 0; hnd < 2; ++hnd) {
+      Tables Tb;
+      Tb.addr = {(uint64_t)kv};
+      Tb.bytes = {bytes};
+      const int64_t bstride = (int64_t)T * H * row_b;
+      const int64_t hs = hnd ? (int64_t)T * row_b : row_b, ts = hnd ? row_b : (int64_t)H * row_b;
+      Tb.entries.push_back(attn_entry(0, 5u * 65536u, bstride, hs, ts, H, T, 0, row_b, 2 * row_b, nb, 0, 0));
+      Tb.entries.push_back(attn_entry(half, 5u * 65536u, bstride, hs, ts, H, T, row_b, row_b, 2 * row_b, nb, 0, 0));
+      Tb.group_start.push_back(2);
+      std::vector<kvc_row> rows;
+      for (uint32_t i = 0; i < nb; ++i) rows.push_back(kvc_row{0, i, i * T, T, i, 0});
+      int pk = 0, pg = 0;
+      const double plain0 = plain_read_us(st, kv, bytes, d_out, 1, &pk, &pg);
+      std::printf("  attn128 %s: plain read %.1f us (%d loads, %d blocks)\n", hnd ? "HND" : "NHD", plain0, pk, pg);
+      for (int round = 1; round <= 2; ++round)
+        for (int v : variants) {
+          kvc_cuda_ctx* ctx = ab_ctx(v, Tb, nb);
+          char name[64];
+          std::snprintf(name, sizeof name, "ab attn128 %s V%d r%d", hnd ? "HND" : "NHD", v, round);
+          verify(ctx, Tb, rows, nb, st, name);
+          const double s1 = checksum_us(ctx, {rows}, nb, st);
+          const double k1 = kernel_only_us(ctx, st);
+          const double s2 = checksum_us(ctx, {rows}, nb, st);
+          const double k2 = kernel_only_us(ctx, st);
+          std::printf("  %s: step %.1f / %.1f us, kernel alone %.1f / %.1f us; plain %.1f: step %.3f, kernel %.3f (spec launches %llu)\n", name,
+                      s1, s2, k1, k2, plain0, plain0 / std::min(s1, s2), plain0 / std::min(k1, k2), kvc_cuda_debug_spec_launches(ctx));
+          kvc_cuda_destroy(ctx);
+        }
+      const double plain1 = plain_read_us(st, kv, bytes, d_out, 1, &pk, &pg);
+      std::printf("  attn128 %s: plain read again %.1f us (%d loads, %d blocks)\n", hnd ? "HND" : "NHD", plain1, pk, pg);
+    }
+    CK(cudaFree(kv));
+  }
+  // step28, 2 and 8 KV heads
+  for (uint32_t H : {2u, 8u}) {
+    Step28 S = make_step28(st, H);
+    const uint32_t n_rows = (uint32_t)S.sets[0].size();
+    void* big = nullptr;
+    CK(cudaMalloc(&big, 8 * S.bytes));
+    fill_kernel<<<g_sms * 4, 256, 0, st>>>((uint4*)big, 8 * S.bytes / 16, 99);
+    int pk = 0, pg = 0;
+    const double plain = plain_read_us(st, big, S.bytes, d_out, 8, &pk, &pg);
+    CK(cudaFree(big));
+    std::printf("  step28 H=%u (%.1f MiB): plain read %.1f us (%d loads, %d blocks)\n", H, S.bytes / 1048576.0, plain, pk, pg);
+    if (H == 2u) {
+      // the floor: the step's own chunks read plainly, launched alone from an idle GPU, with 24 bytes of
+      // parameters and with a 1 KiB parameter block (the step's size), interleaved, two rounds
+      const uint32_t layers = 28, per_row = layers * 2, n_chunks = n_rows * per_row, chunk16 = 8192 / 16;
+      std::vector<uint64_t> ca;
+      for (const auto& set : S.sets)
+        for (uint32_t w = 0; w < n_chunks; ++w) {
+          const kvc_entry& e = S.Tb.entries[w % per_row];
+          ca.push_back(S.Tb.addr[e.region] + e.offset + (uint64_t)set[w / per_row].block_id * (uint64_t)e.block_stride);
+        }
+      uint64_t* d_ca = nullptr;
+      CK(cudaMalloc(&d_ca, ca.size() * 8));
+      CK(cudaMemcpy(d_ca, ca.data(), ca.size() * 8, cudaMemcpyHostToDevice));
+      cudaEvent_t f0, f1;
+      CK(cudaEventCreate(&f0));
+      CK(cudaEventCreate(&f1));
+      auto idle_us = [&](auto&& enqueue) {
+        std::vector<double> v;
+        for (int i = 0; i < g_iters * 4; ++i) {
+          CK(cudaStreamSynchronize(st));
+          CK(cudaEventRecord(f0, st));
+          enqueue(i);
+          CK(cudaEventRecord(f1, st));
+          CK(cudaEventSynchronize(f1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, f0, f1));
+          if (i >= 5) v.push_back(ms * 1000.0);
+        }
+        return median(v);
+      };
+      for (int round = 1; round <= 2; ++round) {
+        const double small = idle_us([&](int i) {
+          scatter_sum<4><<<(n_chunks + 7) / 8, 256, 0, st>>>(d_ca + (size_t)(i % S.sets.size()) * n_chunks, n_chunks, chunk16, d_out);
+        });
+        const double k1 = idle_us([&](int i) {
+          ScatterArgs1K a;
+          std::memset(&a, 0, sizeof a);
+          a.chunk_addr = d_ca + (size_t)(i % S.sets.size()) * n_chunks;
+          a.out = d_out;
+          a.n_chunks = n_chunks;
+          a.chunk16 = chunk16;
+          scatter_sum_1k<<<(n_chunks + 7) / 8, 256, 0, st>>>(a);
+        });
+        std::printf("  ab step28 floor r%d: the step's own chunks read plainly, alone from idle: 24-byte parameters %.1f us, 1 KiB parameters %.1f us\n",
+                    round, small, k1);
+      }
+      cudaEventDestroy(f0);
+      cudaEventDestroy(f1);
+      CK(cudaFree(d_ca));
+    }
+    for (int round = 1; round <= 2; ++round)
+      for (int v : variants) {
+        kvc_cuda_ctx* ctx = ab_ctx(v, S.Tb, 4096);
+        char name[64];
+        std::snprintf(name, sizeof name, "ab step28 H=%u V%d r%d", H, v, round);
+        if (H == 2u || round == 1) verify(ctx, S.Tb, S.sets[0], n_rows, st, name);
+        const double pipe = checksum_us(ctx, S.sets, n_rows, st);
+        const double kern = kernel_only_us(ctx, st);
+        double iso = 0, hs = 0;
+        ab_isolated(ctx, S, st, &iso, &hs);
+        const double q = ab_queued(ctx, S, st);
+        double iso2 = 0, hs2 = 0;
+        ab_isolated(ctx, S, st, &iso2, &hs2);
+        std::printf("  %s: pipelined %.1f us (%.3f of the plain read), kernel alone %.1f us, queued %.1f us, isolated %.1f / %.1f us "
+                    "(submit() %.1f / %.1f us) (spec launches %llu)\n",
+                    name, pipe, plain / pipe, kern, q, iso, iso2, hs, hs2, kvc_cuda_debug_spec_launches(ctx));
+        kvc_cuda_destroy(ctx);
+      }
+    for (void* p : S.bufs) CK(cudaFree(p));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --ab [V ...]: only the variant A/B (default variants 32 2 33 34 35 36)
+  const bool ab = argc > 1 && std::strcmp(argv[1], "--ab") == 0;
+  std::vector<int> ab_variants;
+  for (int i = 2; ab && i < argc; ++i) ab_variants.push_back(std::atoi(argv[i]));
+  if (ab && ab_variants.empty()) ab_variants = {35, 32, 1035, 1032, 2, 33, 37};
   int n = 0;
   if (kvc_cuda_device_count(&n) != KVC_OK) {
     std::printf("no GPU: %s\n", kvc_cuda_probe_error());
@@ -714,6 +993,13 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   unsigned long long* d_out = nullptr;
   CK(cudaMalloc(&d_out, 8));
+  if (ab) {
+    bench_ab(st, d_out, ab_variants);
+    std::printf("\nab: %s\n", g_all_exact ? "all exact" : "MISMATCH");
+    return g_all_exact ? 0 : 1;
+  }
+  g_summary.push_back("kernel variant by default: V35 (V32 in a kernel with only the ATTN V16 paths where the tables allow it); "
+                      "the library's side and upload streams shared by its contexts");
   bench_attn128(st, d_out, quick);
   bench_step28(st, d_out, quick);
   bench_mamba(st, d_out, quick);

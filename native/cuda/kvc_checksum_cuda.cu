@@ -20,7 +20,8 @@
  * not depend on the order, and every byte is read once. Unit numbers are decomposed with
  * multiply-high divisions by divisors fixed per entry.
  *
- * Kernel variants (kvc_cuda_internal.h, for the benchmark; the default is 32 = 2 with hinted loads): on the ATTN vector
+ * Kernel variants (kvc_cuda_internal.h, for the benchmark; the default is 35 = 2 with hinted loads,
+ * and a kernel with only the ATTN V16 paths where the tables allow it): on the ATTN vector
  * paths, for layouts whose heads are closer in memory than tokens (NHD), lanes take their pairs
  * inner so each token's heads are read as contiguous runs (V2: 2 pairs x 2 tokens in flight per
  * lane, 64 registers; V1: 4 pairs, 80 registers); otherwise (HND) tokens inner (V4/V8: 4 or 8
@@ -50,6 +51,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -105,7 +108,7 @@ __device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
  * One launch per step. Warp w of the grid sums work item w % per_row of row w / per_row (warps
  * past their row's group's items exit); warps are independent (no block-wide barrier).
  */
-template <int AU, int MIN_BLOCKS, int CAP, int LH = 0>
+template <int AU, int MIN_BLOCKS, int CAP, int LH = 0, int SPEC = 0>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __grid_constant__ LaunchParams<CAP> p) {
   const uint32_t lane = threadIdx.x & (kLanes - 1);
   for (uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5); w < p.h.n_work; w += gridDim.x * kWarps) {
@@ -125,7 +128,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) kvc_sum_kernel(const __g
     uint64_t blk;
     uint32_t chunk;
     if (!item_of(p.h.entries, p.h.groups, p.h.items, r, bx, &e, &blk, &chunk)) continue;  // uniform per warp
-    const uint64_t s = warp_sum(lane_partial<AU, LH>(*e, blk, r, chunk, lane));
+    uint64_t part;
+    if constexpr (SPEC != 0) part = lane_partial_attn16<SPEC>(*e, blk, r, chunk, lane);
+    else part = lane_partial<AU, LH>(*e, blk, r, chunk, lane);
+    const uint64_t s = warp_sum(part);
     if (lane == 0 && s != 0) atomicAdd(p.h.out + r.out_offset + e->column, (unsigned long long)s);
   }
 }
@@ -146,14 +152,34 @@ __global__ void kvc_copy_out_kernel(unsigned long long* d_out, unsigned long lon
  * The kernel variants (they differ on the ATTN vector paths only): 1 = pairs inner where it applies,
  * 4 pairs in flight per lane, up to 80 registers (3 blocks per SM); 2 = pairs inner, 2 pairs x 2
  * tokens in flight, 64 registers (4 blocks per SM); 4 / 8 = tokens inner with 4 / 8 loads in flight.
- * 32 (the default) = 2 with its 16-byte ATTN loads hinted L1::no_allocate / L2::256B (ld16h): on an
- * H200 the 128 MiB step's kernel 38.1 us against 39.0-39.2 us for 2 (same run; an L2 bulk prefetch
- * of each work item, tried with it, was 12 us slower and was removed: bench/cuda/README.md).
+ * 32 = 2 with its 16-byte ATTN loads hinted L1::no_allocate / L2::256B (ld16h): on an H200 the
+ * 128 MiB step's kernel 38.1 us against 39.0-39.2 us for 2 (same run; an L2 bulk prefetch of each
+ * work item, tried with it, was 12 us slower and was removed: bench/cuda/README.md).
+ * 35 (the default since 2026-12-02 session 6) = 32, but where every entry of the tables is ATTN on
+ * the 16-byte path (the rule, decided at set_tables) a kernel compiled with only those paths
+ * (lane_partial_attn16<3>): 64 registers without spills; on an H200 in one run, kernel alone
+ * 37.1-37.4 us against V32's 37.3-38.3 us (128 MiB NHD), 38.4-38.9 against 40.0-40.1 (HND), 10.0-10.1
+ * against 10.4-10.7 us (28-layer step, 2 heads) (bench/cuda/README.md). 33 = 35 with unhinted
+ * tokens-inner loads, 37 = 35 with an L2 evict_first policy on the loads (A/B only).
  */
-constexpr int kAttnVariantDefault = 32;
+constexpr int kAttnVariantDefault = 35;
+
+/**
+ * Variants 33, 35, 37: where the tables are all ATTN V16 (all_attn_v16, decided at set_tables), a
+ * kernel with only the ATTN V16 paths (lane_partial_attn16<variant - 32>); other tables take V32's
+ * kernel.
+ */
+inline bool is_spec_variant(int variant) { return variant == 33 || variant == 35 || variant == 37; }
 
 template <int CAP>
-const void* kernel_of(int variant) {
+const void* kernel_of(int variant, bool spec) {
+  if (spec && is_spec_variant(variant)) {
+    switch (variant) {
+      case 33: return (const void*)kvc_sum_kernel<2, 4, CAP, 1, 1>;
+      case 37: return (const void*)kvc_sum_kernel<2, 4, CAP, 1, 5>;
+      default: return (const void*)kvc_sum_kernel<2, 4, CAP, 1, 3>;
+    }
+  }
   switch (variant) {
     case 1: return (const void*)kvc_sum_kernel<1, 3, CAP>;
     case 4: return (const void*)kvc_sum_kernel<4, 4, CAP>;
@@ -163,18 +189,18 @@ const void* kernel_of(int variant) {
   }
 }
 
-const void* kernel_fn(int variant, int cap) {
+const void* kernel_fn(int variant, bool spec, int cap) {
   switch (cap) {
-    case 64: return kernel_of<64>(variant);
-    case 128: return kernel_of<128>(variant);
-    default: return kernel_of<1>(variant);
+    case 64: return kernel_of<64>(variant, spec);
+    case 128: return kernel_of<128>(variant, spec);
+    default: return kernel_of<1>(variant, spec);
   }
 }
 
-/** Launches variant `variant` with the parameter block at `params` (a LaunchParams<cap>). */
-cudaError_t launch(int variant, int cap, dim3 grid, cudaStream_t st, const void* params) {
+/** Launches variant `variant` (spec: its specialized kernel) with the parameter block at `params` (a LaunchParams<cap>). */
+cudaError_t launch(int variant, bool spec, int cap, dim3 grid, cudaStream_t st, const void* params) {
   void* args[1] = {const_cast<void*>(params)};
-  return cudaLaunchKernel(kernel_fn(variant, cap), grid, dim3(kThreads), args, 0, st);
+  return cudaLaunchKernel(kernel_fn(variant, spec, cap), grid, dim3(kThreads), args, 0, st);
 }
 
 /**
@@ -187,11 +213,12 @@ struct DriverLaunch {
   PFN_cuLaunchKernel_v4000 fn = nullptr;
   CUfunction f[3] = {nullptr, nullptr, nullptr};  // cap 1, 64, 128
   int variant = -1;
+  bool spec = false;
 };
 
 int tier_index(int cap) { return cap == 64 ? 1 : cap == 128 ? 2 : 0; }
 
-cudaError_t driver_prepare(DriverLaunch& d, int variant) {
+cudaError_t driver_prepare(DriverLaunch& d, int variant, bool spec) {
   if (!d.fn) {
     cudaDriverEntryPointQueryResult q{};
     void* fp = nullptr;
@@ -200,15 +227,16 @@ cudaError_t driver_prepare(DriverLaunch& d, int variant) {
     if (q != cudaDriverEntryPointSuccess || !fp) return cudaErrorSymbolNotFound;
     d.fn = reinterpret_cast<PFN_cuLaunchKernel_v4000>(fp);
   }
-  if (d.variant != variant) {
+  if (d.variant != variant || d.spec != spec) {
     const int caps[3] = {1, 64, 128};
     for (int i = 0; i < 3; ++i) {
       cudaFunction_t f = nullptr;
-      cudaError_t e = cudaGetFuncBySymbol(&f, kernel_fn(variant, caps[i]));
+      cudaError_t e = cudaGetFuncBySymbol(&f, kernel_fn(variant, spec, caps[i]));
       if (e != cudaSuccess) return e;
       d.f[i] = reinterpret_cast<CUfunction>(f);
     }
     d.variant = variant;
+    d.spec = spec;
   }
   return cudaSuccess;
 }
@@ -222,23 +250,24 @@ cudaError_t driver_prepare(DriverLaunch& d, int variant) {
  * for runtimes that leave the context unset. Any other driver error is reported as
  * cudaErrorLaunchFailure (the driver's CUresult is not carried further).
  */
-cudaError_t driver_launch(const DriverLaunch& d, int variant, int cap, dim3 grid, cudaStream_t st, const void* params) {
+cudaError_t driver_launch(const DriverLaunch& d, int variant, bool spec, int cap, dim3 grid, cudaStream_t st, const void* params) {
   void* args[1] = {const_cast<void*>(params)};
   const CUresult r = d.fn(d.f[tier_index(cap)], grid.x, 1, 1, kThreads, 1, 1, 0, reinterpret_cast<CUstream>(st), args, nullptr);
   if (r == CUDA_SUCCESS) return cudaSuccess;
-  if (r == CUDA_ERROR_INVALID_CONTEXT) return launch(variant, cap, grid, st, params);
+  if (r == CUDA_ERROR_INVALID_CONTEXT) return launch(variant, spec, cap, grid, st, params);
   return cudaErrorLaunchFailure;
 }
 
-/** Every kernel instantiation of a variant loaded now (an empty launch each), not in a timed step. */
+/** Every kernel instantiation of a variant (and of its specialized kernel) loaded now (an empty launch each), not in a timed step. */
 cudaError_t warm_variant(int variant, cudaStream_t st, unsigned long long* out) {
   LaunchParams<kInlineMax> p{};  // large enough for every tier's parameter block
   p.h.out = out;
   p.h.per_row = make_fastdiv(1);
-  for (int cap : {1, 64, 128}) {
-    cudaError_t e = launch(variant, cap, dim3(1), st, &p);
-    if (e != cudaSuccess) return e;
-  }
+  for (int spec = 0; spec < (is_spec_variant(variant) ? 2 : 1); ++spec)
+    for (int cap : {1, 64, 128}) {
+      cudaError_t e = launch(variant, spec != 0, cap, dim3(1), st, &p);
+      if (e != cudaSuccess) return e;
+    }
   return cudaSuccess;
 }
 
@@ -266,6 +295,49 @@ struct DeviceGuard {
   }
 };
 
+/**
+ * The side and upload streams, one pair per device for the whole process, shared by its contexts
+ * (created at the first kvc_cuda_create on the device, never destroyed: they live as long as the
+ * process, like the runtime's own). Streams share a few hardware work queues
+ * (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default); with a pair per context, from about the 4th context of
+ * a process on, the pipelined 128 MiB step took 1.5-3 us longer than the kernel alone (H200, same run:
+ * 40.1-40.9 us against 37.7-38.8 us with the shared pair; with CUDA_DEVICE_MAX_CONNECTIONS=32 the own
+ * pair showed no such gap: bench/cuda/README.md, 2026-12-02 session 6), the side or upload stream's
+ * work queued behind the caller's. One pair per device keeps the library at two streams however
+ * many contexts there are. The cost: contexts of one device share the side stream, so one context's
+ * copy-out waits (on the GPU) until the steps submitted before it by other contexts are done.
+ * kvc_cuda_debug_private_streams(1) gives later contexts their own pair (the previous behaviour).
+ */
+struct SharedStreams {
+  cudaStream_t side = nullptr, upload = nullptr;
+};
+std::mutex g_streams_mu;
+std::map<int, SharedStreams> g_streams;  // by device
+std::atomic<bool> g_private_streams{false};
+
+/** The device's shared pair (created on first use, with the device current). */
+cudaError_t shared_streams(int device, cudaStream_t* side, cudaStream_t* upload) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  SharedStreams& p = g_streams[device];
+  if (!p.side) {
+    cudaError_t e = cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      p.side = nullptr;
+      return e;
+    }
+  }
+  if (!p.upload) {
+    cudaError_t e = cudaStreamCreateWithFlags(&p.upload, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      p.upload = nullptr;
+      return e;
+    }
+  }
+  *side = p.side;
+  *upload = p.upload;
+  return cudaSuccess;
+}
+
 /** One submit's buffers and events; the slots form a ring. */
 struct Slot {
   kvc_row* h_rows = nullptr;         // pinned staging of the copied path
@@ -291,6 +363,7 @@ struct kvc_cuda_ctx {
   kvc_cuda_options opt{};
   cudaStream_t side = nullptr;    // copies the results back
   cudaStream_t upload = nullptr;  // copies rows in (the copied path), ahead of the caller's stream
+  bool own_streams = false;       // side and upload are this context's (kvc_cuda_debug_private_streams), else the device's shared pair
   std::vector<Slot> slots;
   uint64_t next_ticket = 1;
   uint32_t next_slot = 0;
@@ -300,6 +373,8 @@ struct kvc_cuda_ctx {
   uint2* d_items = nullptr;
   std::vector<HostGroup> groups;
   bool have_tables = false;
+  bool spec = false;  // the tables are all ATTN V16 (all_attn_v16): variants 33, 35, 37 take their specialized kernel
+  unsigned long long spec_launches = 0;  // submits that launched a specialized kernel (kvc_cuda_debug_spec_launches)
   // The last launch (for kvc_cuda_debug_relaunch).
   int variant = kAttnVariantDefault;
   // How a step is enqueued (kvc_cuda_debug_set_submit): rows inline up to inline_limit, in a
@@ -471,9 +546,15 @@ int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** 
     kvc_cuda_destroy(ctx);
     return rc;
   };
-  if (cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaStreamCreateWithFlags(&ctx->upload, cudaStreamNonBlocking) != cudaSuccess)
+  if (g_private_streams.load()) {
+    ctx->own_streams = true;
+    if (cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&ctx->upload, cudaStreamNonBlocking) != cudaSuccess)
+      return bail(KVC_ECUDA);
+  } else if (shared_streams(device, &ctx->side, &ctx->upload) != cudaSuccess) {
+    ctx->side = ctx->upload = nullptr;
     return bail(KVC_ECUDA);
+  }
   ctx->slots.resize(o.slots);
   for (auto& s : ctx->slots) {
     if (cudaEventCreateWithFlags(&s.ev_rows, cudaEventDisableTiming) != cudaSuccess ||
@@ -496,7 +577,7 @@ int kvc_cuda_create(int device, const kvc_cuda_options* options, kvc_cuda_ctx** 
       cudaMemsetAsync(s.d_out, 0, 8, ctx->side) != cudaSuccess || cudaEventRecord(s.ev_done, ctx->side) != cudaSuccess ||
       KVC_SYNC(cudaEventSynchronize(s.ev_done)) != cudaSuccess)
     return bail(KVC_ECUDA);
-  ctx->use_driver_launch = driver_prepare(ctx->drv, ctx->variant) == cudaSuccess;
+  ctx->use_driver_launch = driver_prepare(ctx->drv, ctx->variant, ctx->spec) == cudaSuccess;
   cudaGetLastError();  // a failed resolution leaves cudaLaunchKernel in use, not an error
   *out = ctx;
   return KVC_OK;
@@ -516,9 +597,9 @@ void kvc_cuda_destroy(kvc_cuda_ctx* ctx) {
     if (s.d_out) KVC_SYNC(cudaFree(s.d_out));
   }
   for (cudaStream_t q : {ctx->side, ctx->upload})
-    if (q) {
+    if (q) {  // a shared stream: also waits for other contexts' work enqueued so far (bounded), then stays
       KVC_SYNC(cudaStreamSynchronize(q));
-      cudaStreamDestroy(q);
+      if (ctx->own_streams) cudaStreamDestroy(q);
     }
   if (ctx->scratch_out) KVC_SYNC(cudaFree(ctx->scratch_out));
   free_tables(ctx);
@@ -577,6 +658,8 @@ int kvc_cuda_set_tables(kvc_cuda_ctx* ctx, const kvc_tables* tables, const uint6
   ctx->d_items = d_items;
   ctx->groups = std::move(prep.host);
   ctx->have_tables = true;
+  ctx->spec = all_attn_v16(prep.entries.data(), prep.entries.size());
+  if (ctx->use_driver_launch) KVC_CU(driver_prepare(ctx->drv, ctx->variant, ctx->spec), "resolving the driver launch");
   return KVC_OK;
 }
 
@@ -659,8 +742,9 @@ int kvc_cuda_submit(kvc_cuda_ctx* ctx, const kvc_row* rows, size_t n_rows, size_
   const dim3 grid((p.n_work + kWarps - 1) / kWarps);
   if (ctx->time_submit) tp[3] = clk::now();
   if (e == cudaSuccess)
-    e = ctx->use_driver_launch ? driver_launch(ctx->drv, ctx->variant, cap, grid, st, ctx->last)
-                               : launch(ctx->variant, cap, grid, st, ctx->last);
+    e = ctx->use_driver_launch ? driver_launch(ctx->drv, ctx->variant, ctx->spec, cap, grid, st, ctx->last)
+                               : launch(ctx->variant, ctx->spec, cap, grid, st, ctx->last);
+  if (e == cudaSuccess && ctx->spec && is_spec_variant(ctx->variant)) ++ctx->spec_launches;
   if (ctx->time_submit) tp[4] = clk::now();
   if (e == cudaSuccess) e = cudaEventRecord(s.ev_compute, st);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->side, s.ev_compute, 0);
@@ -793,12 +877,12 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream) {
   LaunchParams<kInlineMax> p;
   std::memcpy(&p, ctx->last, sizeof p);
   p.h.out = ctx->scratch_out;  // never the slot's output, which must stay zero while the slot is free
-  KVC_CU(launch(ctx->variant, ctx->last_cap, ctx->last_grid, static_cast<cudaStream_t>(stream), &p), "relaunch");
+  KVC_CU(launch(ctx->variant, ctx->spec, ctx->last_cap, ctx->last_grid, static_cast<cudaStream_t>(stream), &p), "relaunch");
   return KVC_OK;
 }
 
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
-  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 32))
+  if (!ctx || (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 32 && !is_spec_variant(variant)))
     return KVC_EINVAL;
   if (variant != ctx->variant) {  // load the variant's module now, not in a timed launch
     DeviceGuard guard(ctx->device);
@@ -806,7 +890,7 @@ int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant) {
     KVC_CU(KVC_SYNC(cudaStreamSynchronize(ctx->side)), "warm-up");
   }
   ctx->variant = variant;
-  if (ctx->use_driver_launch) KVC_CU(driver_prepare(ctx->drv, variant), "resolving the driver launch");
+  if (ctx->use_driver_launch) KVC_CU(driver_prepare(ctx->drv, variant, ctx->spec), "resolving the driver launch");
   return KVC_OK;
 }
 
@@ -822,7 +906,7 @@ int kvc_cuda_debug_set_launch(kvc_cuda_ctx* ctx, int driver) {
   if (!ctx) return KVC_EINVAL;
   if (driver) {
     DeviceGuard guard(ctx->device);
-    KVC_CU(driver_prepare(ctx->drv, ctx->variant), "resolving the driver launch");
+    KVC_CU(driver_prepare(ctx->drv, ctx->variant, ctx->spec), "resolving the driver launch");
   }
   ctx->use_driver_launch = driver != 0;
   return KVC_OK;
@@ -834,3 +918,7 @@ int kvc_cuda_debug_submit_times(kvc_cuda_ctx* ctx, int enable, double us[5]) {
   if (us) std::memcpy(us, ctx->submit_us, sizeof ctx->submit_us);
   return KVC_OK;
 }
+
+unsigned long long kvc_cuda_debug_spec_launches(const kvc_cuda_ctx* ctx) { return ctx ? ctx->spec_launches : 0; }
+
+void kvc_cuda_debug_private_streams(int on) { g_private_streams.store(on != 0); }

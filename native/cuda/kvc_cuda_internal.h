@@ -18,10 +18,14 @@ int kvc_cuda_debug_relaunch(kvc_cuda_ctx* ctx, void* stream);
 /**
  * Selects the kernel variant of the ATTN vector paths (kvc_checksum_cuda.cu, launch()): 1 or 2 =
  * pairs inner where the layout suits it (4 pairs, 80 registers / 2 pairs x 2 tokens, 64 registers),
- * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane; 32 (the default) = 2 with its 16-byte
- * ATTN loads hinted L1::no_allocate / L2::256B.
+ * 4 or 8 = tokens inner with 4 or 8 loads in flight per lane; 32 = 2 with its 16-byte ATTN loads
+ * hinted L1::no_allocate / L2::256B; 33, 35 (the default), 37: where the tables are all ATTN V16, a
+ * kernel with only those paths (kvc_cuda_kernel.cuh lane_partial_attn16<variant - 32>), else V32's.
  */
 int kvc_cuda_debug_set_variant(kvc_cuda_ctx* ctx, int variant);
+
+/** Submits of this context that launched a specialized kernel (variants 33, 35, 37 over all-ATTN-V16 tables). */
+unsigned long long kvc_cuda_debug_spec_launches(const kvc_cuda_ctx* ctx);
 
 /**
  * How submit() enqueues a step (for the benchmark's comparisons and the test's coverage): rows go
@@ -48,5 +52,11 @@ int kvc_cuda_debug_set_launch(kvc_cuda_ctx* ctx, int driver);
  * launch call, [4] the event record, stream wait and the results' copy-out enqueue.
  */
 int kvc_cuda_debug_submit_times(kvc_cuda_ctx* ctx, int enable, double us[5]);
+
+/**
+ * on != 0: contexts created after this call get their own side and upload streams (the behaviour
+ * before 2026-12-02 session 6, for the benchmark's A/B); 0 (the default): the device's shared pair.
+ */
+void kvc_cuda_debug_private_streams(int on);
 
 #endif  // KVC_CUDA_INTERNAL_H

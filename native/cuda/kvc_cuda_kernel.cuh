@@ -121,6 +121,14 @@ template <int LH>
 __device__ __forceinline__ uint4 ld16h(uint64_t a) {
   if (LH == 0) return ld16(a);
   uint4 v;
+  if (LH == 2) {  // also L2 evict_first (a cache policy): the KV bytes do not push the tables, or the engine's data, out of L2
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(a), "l"(pol));
+    return v;
+  }
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(a));
@@ -563,6 +571,33 @@ KVC_HD uint64_t lane_partial(const DevEntry& e, uint64_t blk, const kvc_row& r, 
       if (e.path == kV8) return stream_lane<kV8>(e, blk, c, lane);
       return stream_lane<kGen>(e, blk, c, lane);
   }
+}
+
+/**
+ * The specialized kernels' per-lane code (kvc_checksum_cuda.cu, variants 33, 35, 37): for tables
+ * whose every entry is ATTN on the 16-byte path, only the two ATTN V16 paths are compiled in (no
+ * ROWS, STREAM, V8 or byte paths: less code and fewer registers than lane_partial's whole dispatch;
+ * on sm_90 64 registers without spills, where the general kernel spills 16 bytes).
+ * Both paths as the general V32 (pairs inner 2 pairs x 2 tokens, tokens inner 4 loads), and:
+ * SPEC 3 (variant 35, the default): loads hinted L1::no_allocate / L2::256B on both paths;
+ * SPEC 1 (33): the tokens-inner loads unhinted; SPEC 5 (37): as 3 plus an L2 evict_first policy.
+ * (Tried and removed, 2026-12-02 session 6: 4 pairs x 1 token, which spills at 64 registers, and
+ * 2 pairs x 4 tokens: both slower on the H200, bench/cuda/README.md.)
+ */
+template <int SPEC>
+KVC_HD uint64_t lane_partial_attn16(const DevEntry& e, uint64_t blk, const kvc_row& r, uint32_t c, uint32_t lane) {
+  constexpr int LH = SPEC == 5 ? 2 : 1;
+  constexpr int LHTI = SPEC == 1 ? 0 : LH;
+  if (e.pair_inner) return attn_lane_pi<kV16, 2, 2, LH>(e, r, blk, c, lane);
+  return attn_lane<kV16, kUnroll, LHTI>(e, r, blk, c, lane);
+}
+
+/** True when every entry takes the ATTN V16 path (the specialized kernels apply). */
+inline bool all_attn_v16(const DevEntry* e, size_t n) {
+  if (n == 0) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (e[i].mode != kAttn || e[i].path != kV16) return false;
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------

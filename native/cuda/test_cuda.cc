@@ -45,6 +45,9 @@ bool g_emulate = false;
 uint64_t g_paths[4][3] = {};  // emulation: entries seen per (mode, path)
 uint32_t g_item_bytes = 32768;  // emulation: work item size (the context's chunk_bytes, default)
 int g_emu_unroll = 2;          // emulation: the kernel variant (kvc_cuda_debug_set_variant)
+int g_emu_spec = 0;            // emulation: 1, 3, 5 = variants 33, 35, 37 (lane_partial_attn16 where the tables are all ATTN V16)
+uint64_t g_emu_spec_cases = 0; // emulation: cases that took lane_partial_attn16
+uint64_t g_emu_spec_pi = 0;    // emulation: pairs-inner entries among them
 
 void report(bool ok, const std::string& name, const std::string& detail = "") {
   if (ok) ++g_pass;
@@ -182,6 +185,11 @@ int emu_sum(const Case& c, std::vector<uint64_t>& out, std::string* err) {
     return KVC_EINVAL;
   }
   for (const DevEntry& e : p.entries) ++g_paths[e.mode % 4][e.path % 3];
+  const int spec = g_emu_spec && all_attn_v16(p.entries.data(), p.entries.size()) ? g_emu_spec : 0;
+  if (spec) {
+    ++g_emu_spec_cases;
+    for (const DevEntry& e : p.entries) g_emu_spec_pi += e.pair_inner;
+  }
   out.assign(c.out_len, 0);
   for (const kvc_row& r : c.rows) {
     for (uint32_t bx = 0; bx < p.groups[r.group].n_items; ++bx) {
@@ -191,7 +199,10 @@ int emu_sum(const Case& c, std::vector<uint64_t>& out, std::string* err) {
       if (!item_of(p.entries.data(), p.groups.data(), p.items.data(), r, bx, &e, &blk, &chunk)) continue;
       uint64_t acc = 0;
       for (uint32_t lane = 0; lane < (uint32_t)kLanes; ++lane)
-        acc += g_emu_unroll == 8   ? lane_partial<8>(*e, blk, r, chunk, lane)
+        acc += spec == 1             ? lane_partial_attn16<1>(*e, blk, r, chunk, lane)
+               : spec == 3           ? lane_partial_attn16<3>(*e, blk, r, chunk, lane)
+               : spec == 5           ? lane_partial_attn16<5>(*e, blk, r, chunk, lane)
+               : g_emu_unroll == 8   ? lane_partial<8>(*e, blk, r, chunk, lane)
                : g_emu_unroll == 4 ? lane_partial<4>(*e, blk, r, chunk, lane)
                : g_emu_unroll == 1 ? lane_partial<1>(*e, blk, r, chunk, lane)
                                    : lane_partial<2>(*e, blk, r, chunk, lane);
@@ -815,6 +826,64 @@ void random_attention_cases(kvc_cuda_ctx* ctx, cudaStream_t st, int n_cases, uin
   }
 }
 
+/**
+ * Random attention steps whose every entry takes the ATTN V16 path (cells and parts multiples of
+ * 16 bytes, 16-byte pads and offsets, aligned regions), with enough heads x units for the pairs-inner
+ * path in some of them: the steps the specialized kernels (variants 33, 35, 37) take.
+ */
+void random_attn16_cases(kvc_cuda_ctx* ctx, cudaStream_t st, int n_cases, uint64_t seed) {
+  Rng rng(seed);
+  for (int k = 0; k < n_cases; ++k) {
+    Case c;
+    const uint32_t nb = 1 + rng.below(k % 4 == 0 ? 100 : 12);
+    const uint32_t ncaches = 1 + rng.below(2), ncols = 1 + rng.below(3);
+    const uint32_t B = rng.pick<uint32_t>({1, 4, 16, 32});
+    std::vector<AttnCache> as;
+    std::string desc;
+    for (uint32_t q = 0; q < ncaches; ++q) {
+      AttnCache a;
+      a.nb = nb;
+      a.H = rng.pick<uint32_t>({1, 2, 3, 4, 8, 16});
+      a.B = B;
+      a.cell = rng.pick<uint32_t>({32, 64, 256, 512, 1024});
+      a.data.resize((size_t)a.nb * a.H * a.B * a.cell);
+      rng.fill(a.data.data(), a.data.size());
+      a.factor_base = (uint64_t)rng.below(100) * 65536u + rng.below(64);
+      if (rng.below(8) == 0) a.factor_base = rng.next();
+      a.column = rng.below(ncols);
+      AttnLayout L;
+      int p[4] = {0, 1, 2, 3};
+      if (rng.below(2)) {  // NHD-like [block][kernel block][token][head] or a random order
+        p[1] = 1, p[2] = 2, p[3] = 3;
+      } else {
+        for (int i = 3; i > 0; --i) std::swap(p[i], p[rng.below(i + 1)]);
+      }
+      std::copy(p, p + 4, L.perm);
+      std::vector<uint32_t> divs;
+      for (uint32_t d = 1; d <= a.B; ++d)
+        if (a.B % d == 0) divs.push_back(d);
+      L.kbt = divs[rng.below((uint32_t)divs.size())];
+      if (rng.below(2)) L.cuts = {a.cell / 2};  // K and V parts
+      L.separate = rng.below(2);
+      L.pad_line = rng.pick<uint32_t>({0, 0, 16, 32});
+      for (int i = 0; i < 4; ++i) L.pad_dim[i] = rng.pick<uint32_t>({0, 0, 16, 32});
+      L.base_off = rng.pick<uint32_t>({0, 16, 256});
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " [H%u B%u kbt%u cell%u perm%d%d%d%d parts%zu%s]", a.H, a.B, L.kbt, a.cell, L.perm[0],
+                    L.perm[1], L.perm[2], L.perm[3], L.cuts.size() + 1, L.separate ? " split" : "");
+      desc += buf;
+      add_attn(c, a, L, rng);
+      as.push_back(std::move(a));
+    }
+    c.end_group();
+    random_rows(c, rng, 0, nb, B, ncols, 1 + rng.below(k % 5 == 0 ? 300 : 20));
+    std::vector<uint64_t> nv(c.out_len, 0);
+    for (auto& a : as) naive_attn(a, c.rows, 0, nv);
+    c.expected = nv;
+    check_case(ctx, st, c, "random aligned attention #" + std::to_string(k) + desc);
+  }
+}
+
 StateCache random_state_cache(Rng& rng, uint32_t nb, uint32_t ncols) {
   StateCache s;
   s.nb = nb;
@@ -1287,6 +1356,23 @@ int main(int argc, char** argv) {
     g_emu_unroll = 1;
     random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 25);
     g_emu_unroll = 2;
+    // the specialized ATTN V16 kernels (variants 33, 35, 37), over random attention steps (those whose
+    // tables are all ATTN V16 take them; the count is checked so the path cannot silently go unused)
+    for (int sp : {1, 3, 5}) {
+      g_emu_spec = sp;
+      const uint64_t before = g_emu_spec_cases, pi_before = g_emu_spec_pi;
+      random_attention_cases(nullptr, nullptr, quick ? 20 : 80, 50 + sp);
+      random_attn16_cases(nullptr, nullptr, quick ? 20 : 80, 60 + sp);
+      for (uint32_t ib : {8192u, 1024u}) {  // more items per entry: partial pair and token chunks
+        g_item_bytes = ib;
+        random_attn16_cases(nullptr, nullptr, quick ? 10 : 40, 70 + sp + ib);
+      }
+      g_item_bytes = 32768;
+      report(g_emu_spec_cases > before && g_emu_spec_pi > pi_before,
+             "emulated variant " + std::to_string(32 + sp) + " took the specialized path, pairs inner among them",
+             std::to_string(g_emu_spec_cases - before) + " cases, " + std::to_string(g_emu_spec_pi - pi_before) + " pairs-inner entries");
+    }
+    g_emu_spec = 0;
     g_item_bytes = 8192;
     random_attention_cases(nullptr, nullptr, quick ? 20 : 100, 26);
     random_state_cases(nullptr, nullptr, quick ? 20 : 100, 27);
@@ -1348,6 +1434,22 @@ int main(int argc, char** argv) {
       report(false, "create (copied rows path)");
     }
   }
+  // a context with its own side and upload streams (kvc_cuda_debug_private_streams; the default
+  // contexts above share the device's pair) next to the shared ones, both in use
+  {
+    kvc_cuda_debug_private_streams(1);
+    kvc_cuda_ctx* own = nullptr;
+    const int rc_own = kvc_cuda_create(0, nullptr, &own);
+    kvc_cuda_debug_private_streams(0);
+    if (rc_own == KVC_OK) {
+      random_attention_cases(own, st, quick ? 10 : 40, 44);
+      random_attn16_cases(own, st, quick ? 10 : 40, 45);
+      random_attn16_cases(ctx, st, quick ? 10 : 40, 46);  // the default context (variant 35, shared streams)
+      kvc_cuda_destroy(own);
+    } else {
+      report(false, "create (own streams)");
+    }
+  }
   ticket_and_validation_cases(ctx, st);
   sync_calls_case(st);
   // the same kernel with a different chunk size (more work items per entry)
@@ -1367,11 +1469,15 @@ int main(int argc, char** argv) {
   fresh_thread_case(st);
   // the other kernel variants (ATTN paths: pairs inner with 80 registers; 2 pairs x 2 tokens without
   // the default's load hints; tokens inner, 4 or 8 loads)
-  for (int variant : {1, 2, 4, 8}) {
+  for (int variant : {1, 2, 4, 8, 32, 33, 35, 37}) {
     kvc_cuda_ctx* v = nullptr;
     if (kvc_cuda_create(0, nullptr, &v) == KVC_OK && kvc_cuda_debug_set_variant(v, variant) == KVC_OK) {
       random_attention_cases(v, st, quick ? 10 : 80, 30 + variant);
       mixed_groups_case(v, st);
+      if (variant > 32) random_attn16_cases(v, st, quick ? 20 : 80, 60 + variant);
+      if (variant > 32)  // the specialized kernel ran (over the steps whose tables are all ATTN V16)
+        report(kvc_cuda_debug_spec_launches(v) > 0, "variant " + std::to_string(variant) + " launched its specialized kernel",
+               std::to_string(kvc_cuda_debug_spec_launches(v)) + " submits");
       kvc_cuda_destroy(v);
     } else {
       report(false, "create (kernel variant " + std::to_string(variant) + ")");

@@ -131,6 +131,21 @@ describe('kvc_bench_cuda output -> rows', () => {
     ]);
   });
 
+  it('session 6 (bench/results/h200-2026-12-02-session6-cuda.txt): the isolated row is read from the variant the output names as default', () => {
+    const text = read('bench/results/h200-2026-12-02-session6-cuda.txt');
+    const start = text.indexOf('######## call 2: bench2.txt\n');
+    expect(start).toBeGreaterThanOrEqual(0);
+    const rows = kernelRows(text.slice(start, text.indexOf('\n########', start + 1)));
+    expect(rows[0]).toMatchObject({ name: 'kernel variant by default', verdict: 'figure' });
+    expect(rows.slice(-2)).toEqual([
+      { name: '128 MiB step (attn128, NHD 32K V35) vs the plain read', figure: '37.9 us', baseline: '35.7 us plain read', ratio: '0.943', target: '>= 0.93', verdict: 'met' },
+      // the first V35 32 KiB line (17.2 us; the second, 15.8 us, is not read); floors 16.0, 15.0, 14.7, 14.8 -> 14.7; 14.7 / 17.2 = 0.8547
+      { name: 'isolated 28-layer step (2 KV heads, 28.0 MiB) from an idle GPU, incl. launch', figure: '17.2 us', baseline: '14.7 us plain read of its chunks', ratio: '0.855', target: '<= 15 us', verdict: 'missed' },
+    ]);
+    // without the default-variant line the V2 line is read, as for the outputs before session 6
+    expect(() => kernelRows(NOW.replace('V2 items 32768 B', 'V35 items 32768 B'))).toThrow(/V2 items 32768 B/);
+  });
+
   it('met at the targets, and never met when a GPU sum differed from the CPU kernel', () => {
     const fast = NOW.replace('= 0.887 of the plain read', '= 0.930 of the plain read').replace('isolated step 18.0 us', 'isolated step 15.0 us');
     expect(kernelRows(fast).slice(-2).map((r) => [r.ratio, r.figure, r.verdict])).toEqual([
