@@ -117,6 +117,8 @@ export class SocketReads {
   private socket: net.Socket | null = null;
   /** In-place reads done (tests and metrics). */
   directReads = 0;
+  /** `Date.now()` of the last read that brought bytes (0: none yet): the liveness clock of an outgoing lane (`OutConn`, agent option `stallTimeoutMs`). */
+  lastReadAt = 0;
 
   constructor(
     private readonly agent: EmbeddedAgent,
@@ -155,6 +157,7 @@ export class SocketReads {
 
   private onRead(n: number): boolean {
     const r = this.reader()!;
+    this.lastReadAt = Date.now();
     if (this.armed !== null) {
       this.armed = null;
       this.directReads++;
@@ -221,6 +224,17 @@ export class OutConn {
   private queuedBytes = 0;
   /** Frames handed to the socket (tests and metrics: how a transfer spread over the lanes). */
   framesSent = 0;
+  /**
+   * When the connection last went from no frame outstanding to one (`Date.now()`): with
+   * `reads.lastReadAt`, the start of the quiet time the stall check measures ({@link checkStall}).
+   */
+  private busySince = 0;
+  /** The stall check's timer, set while frames are outstanding and `stallTimeoutMs` is not 0. */
+  private stallTimer: NodeJS.Timeout | null = null;
+  /** The stall check's confirmation, queued after the next poll of the sockets ({@link checkStall}). */
+  private stallConfirm: NodeJS.Immediate | null = null;
+  /** The refusal of the target during this connection's handshake (the text of its FATAL), or null. */
+  refusal: string | null = null;
   /** The handshake was done once (a lane that dies after it is replaced, one refused is not). */
   private wasReady = false;
   private nextId = 1;
@@ -351,6 +365,10 @@ export class OutConn {
       this.qHead++;
       this.queuedBytes -= f.bytes;
       this.framesSent++;
+      if (this.inflight.size === 0) {
+        this.busySince = Date.now();
+        this.armStall();
+      }
       f.id = this.nextId;
       this.nextId = this.nextId === 0xffffffff ? 1 : this.nextId + 1;
       this.inflight.set(f.id, f);
@@ -432,6 +450,7 @@ export class OutConn {
         return null;
       }
       if (h.t === F.FATAL) {
+        this.refusal = h.message;
         this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} refused the connection: ${h.message}`);
         return null;
       }
@@ -517,6 +536,61 @@ export class OutConn {
     this.pump();
   }
 
+  /** Starts the stall check's timer unless it runs or the check is off (`stallTimeoutMs` 0). */
+  private armStall(): void {
+    const bound = this.agent.stallTimeoutMs;
+    if (bound === 0 || this.stallTimer !== null || this.stallConfirm !== null) return;
+    this.stallTimer = setTimeout(() => this.checkStall(false), bound);
+    this.stallTimer.unref();
+  }
+
+  /**
+   * The stall check (agent option `stallTimeoutMs`): while frames are outstanding, the time since
+   * the later of the last byte received and the moment frames became outstanding; at the bound or
+   * beyond, the connection stalled ({@link stalled}). A first verdict is confirmed once more after
+   * the event loop's next poll of the sockets (`setImmediate` runs after it): a timer that fires
+   * late because this process's event loop was busy must not mistake bytes that wait unread in
+   * the kernel for silence.
+   */
+  private checkStall(confirming: boolean): void {
+    this.stallTimer = null;
+    if (this.closed || this.inflight.size === 0) return;
+    const bound = this.agent.stallTimeoutMs;
+    const quiet = Date.now() - Math.max(this.reads.lastReadAt, this.busySince);
+    if (quiet < bound) {
+      this.stallTimer = setTimeout(() => this.checkStall(false), bound - quiet);
+      this.stallTimer.unref();
+      return;
+    }
+    if (!confirming) {
+      this.stallConfirm = setImmediate(() => {
+        this.stallConfirm = null;
+        this.checkStall(true);
+      });
+      return;
+    }
+    this.stalled(quiet);
+  }
+
+  /**
+   * No byte came back for `stallTimeoutMs` while frames were outstanding: the connection closes
+   * (`remote-disconnect`) and its frames, taken from it first, go to the agent
+   * (`EmbeddedAgent.laneStalled`), which re-requests the READ ones on the link's other ready
+   * lanes and fails the rest as a closed connection's.
+   */
+  private stalled(quiet: number): void {
+    const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
+    const n = this.inflight.size;
+    this.inflight.clear();
+    this.queue = [];
+    this.qHead = 0;
+    this.inflightBytes = 0;
+    this.queuedBytes = 0;
+    const message = `connection to ${this.peer.name} stalled: no byte received for ${quiet} ms with ${n} frame(s) outstanding (stallTimeoutMs ${this.agent.stallTimeoutMs})`;
+    this.fatal('remote-disconnect', message);
+    this.agent.laneStalled(this, frames, 'remote-disconnect', message);
+  }
+
   /** Fails everything and closes. */
   fatal(kind: TransferErrorKind, message: string): void {
     if (this.closed) return;
@@ -530,6 +604,10 @@ export class OutConn {
     if (this.closed) return;
     this.closed = true;
     clearTimeout(this.connectTimer);
+    if (this.stallTimer !== null) clearTimeout(this.stallTimer);
+    if (this.stallConfirm !== null) clearImmediate(this.stallConfirm);
+    this.stallTimer = null;
+    this.stallConfirm = null;
     this.reader.kill();
     this.agent.connClosed(this, this.failKind, this.failMessage);
     const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
