@@ -24,8 +24,11 @@
  *   authenticated, and closes it with that session). A transfer's frames are spread over the
  *   ready lanes and it completes once every frame on every lane is done; a lane that closes fails
  *   only the transfers with frames on it (`remote-disconnect`, as a closed connection; a WRITE
- *   once its frames on the other lanes were answered, `frameFailed`). Bounds are
- *   checked per frame at the target as on one connection.
+ *   once its frames on the other lanes were answered, `frameFailed`). A lane with frames
+ *   outstanding that receives nothing for `stallTimeoutMs` is closed as dead; its READ frames are
+ *   asked again on the other lanes (`laneStalled`). A closed lane is opened again after a backoff;
+ *   a target that refuses lanes for good (one from before lanes) is asked for none again until its
+ *   metadata changes (`OutLink`). Bounds are checked per frame at the target as on one connection.
  * - A transfer's notif is sent after the last frame was acknowledged (WRITE: after the target
  *   copied the bytes into its memory; READ: after the initiator received every byte).
  * - A connection that closes fails its transfers with `remote-disconnect`; every transfer has
@@ -217,6 +220,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private readonly secret = randomBytes(SECRET_BYTES);
   private readonly peers = new Map<string, PeerInfo>();
   private readonly conns = new Map<string, OutLink>();
+  /** Peers whose target refused a lane for good (one from before lanes), with its refusal: no lane is opened to them until their metadata changes. */
+  private readonly laneRefusals = new Map<string, string>();
   private readonly inConns = new Set<InConn>();
   private readonly registrations = new WeakMap<Registration, HostRegion[]>();
   private readonly lists = new WeakSet<DescList>();
@@ -416,6 +421,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (peer.name === this.name && peer.port === this.address.port && old) return peer.name; // our own
     if (old && (old.host !== peer.host || old.port !== peer.port || !timingSafeEqual(old.secret, peer.secret))) {
       this.conns.get(peer.name)?.fatal('remote-disconnect', `metadata of ${peer.name} was replaced`);
+      this.laneRefusals.delete(peer.name); // another process: it may take lanes
     }
     if (old) {
       this.closeIpc(peer.name); // its device regions may have changed
@@ -428,6 +434,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   async invalidateRemoteMetadata(agent: string): Promise<void> {
     if (agent === this.name) return;
     this.peers.delete(agent);
+    this.laneRefusals.delete(agent);
     this.closeIpc(agent);
     this.closeShm(agent);
     this.conns.get(agent)?.fatal('not-found', `metadata of ${agent} was invalidated`);
@@ -577,7 +584,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private conn(peer: PeerInfo): OutLink {
     let c = this.conns.get(peer.name);
     if (!c || c.isClosed) {
-      c = new OutLink(this, peer, this.lanes, this.maxInflight, this.connectTimeoutMs);
+      c = new OutLink(this, peer, this.laneRefusals.has(peer.name) ? 1 : this.lanes, this.maxInflight, this.connectTimeoutMs);
       this.conns.set(peer.name, c);
     }
     return c;
@@ -585,11 +592,16 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   /**
    * @internal A connection closed: when it was a link's first, the session ended and its extra
-   * lanes close with the same error (an extra lane alone is replaced by its link, `OutLink`).
+   * lanes close with the same error; an extra lane alone is replaced by its link after a backoff,
+   * or, refused for good, marks the target as one that takes no lanes (`OutLink.laneClosed`).
    */
   connClosed(c: OutConn, kind: TransferErrorKind, message: string): void {
     const link = this.conns.get(c.peer.name);
-    if (link?.primary !== c) return;
+    if (link === undefined) return;
+    if (link.primary !== c) {
+      link.laneClosed(c);
+      return;
+    }
     this.conns.delete(c.peer.name);
     link.fatal(kind, message);
   }
@@ -600,6 +612,22 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
    */
   laneStats(agent: string): Array<{ readonly ready: boolean; readonly framesSent: number }> {
     return (this.conns.get(agent)?.lanes ?? []).map((l) => ({ ready: l.isReady, framesSent: l.framesSent }));
+  }
+
+  /**
+   * Why the target `agent` takes no lanes from this agent (the refusal of a lane HELLO by a target
+   * from before lanes, `OutLink`), or null: while set, connections to it open no extra lane; it is
+   * forgotten when `agent`'s metadata changes (another host, port or secret) or is invalidated.
+   */
+  laneRefusal(agent: string): string | null {
+    return this.laneRefusals.get(agent) ?? null;
+  }
+
+  /** @internal The target `agent` refused a lane for good (`OutLink.laneClosed`): no lane is opened to it again. */
+  refuseLanes(agent: string, refusal: string): void {
+    if (this.laneRefusals.has(agent) || !this.peers.has(agent)) return;
+    this.laneRefusals.set(agent, refusal);
+    this.laneEvents.refusedPeers++;
   }
 
   /** @internal The open first connection from `name` whose challenge was `nonce` (a session an extra lane may join), or null. */

@@ -12,6 +12,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EmbeddedAgent, makeNonce, makeProof, type EmbeddedAgentOptions } from '../src/index.js';
 import { encodeFrame, F, HANDSHAKE_CONTEXT, WIRE_VERSION, type Header } from '../src/wire.js';
 import { FakeTarget, rdata, wack, type FakeConn } from './fake-target.js';
+import { laneBackoffMs } from '../src/embedded-conn.js';
 import { pattern } from './patterns.js';
 import { RawPeer } from './raw-peer.js';
 
@@ -479,17 +480,18 @@ describe('lanes between peers of other lanes values, or without lanes', () => {
     expect(a.protocolErrors + b.protocolErrors).toBe(0);
   });
 
-  it('a target that refuses lane HELLOs (an agent from before lanes): transfers go over the first connection, the refused lanes are not opened again', async () => {
-    const t = await FakeTarget.listen(uniq('old'), undefined, (c) => {
-      if (c.hello!.session === null) return true;
-      c.socket.end(encodeFrame([F.FATAL, 'invalid', 'HELLO must be [0, 2, name, nonce, agentProof, clusterProof]']));
-      return false;
-    });
-    const a = await EmbeddedAgent.create({ name: uniq('new'), lanes: 4, chunkBytes: 64 * 1024 });
-    cleanup.push(
-      () => a.close(),
-      () => t.close(),
-    );
+  /** A fake target that answers a lane HELLO with `refuse(c, attempt)` (true: refused, the socket closed by the function; false: admitted). */
+  async function refusing(refuse: (c: FakeConn, attempt: number) => boolean, name = uniq('old')) {
+    let attempts = 0;
+    const t = await FakeTarget.listen(name, undefined, (c) => (c.hello!.session === null ? true : !refuse(c, ++attempts)));
+    cleanup.push(() => t.close());
+    return { t, attempts: () => attempts };
+  }
+  const preLanes = (c: FakeConn) => (c.socket.end(encodeFrame([F.FATAL, 'invalid', 'HELLO must be [0, 2, name, nonce, agentProof, clusterProof]'])), true);
+  /** An initiator with `lanes` lanes and a READ of 256 KiB from `t` (4 frames of 64 KiB), answered on whichever connection gets them. */
+  async function reader(t: FakeTarget, lanes: number) {
+    const a = await EmbeddedAgent.create({ name: uniq('new'), lanes, chunkBytes: 64 * 1024 });
+    cleanup.unshift(() => a.close());
     const n = 256 * 1024;
     const local = new Uint8Array(n);
     const rl = await a.registerMemory([{ bytes: local }]);
@@ -497,14 +499,97 @@ describe('lanes between peers of other lanes values, or without lanes', () => {
     const l = await a.prepDescList(null, 'DRAM', [{ addr: rl.regions[0]!.addr, length: n }]);
     const r = await a.prepDescList(name, 'DRAM', [{ addr: t.region.addr, length: n }]);
     const req = await a.makeTransfer({ op: 'READ', local: l, remote: r });
+    const src = pattern(t.region.length, 21);
+    const run = async (at = t) => {
+      const stop = answering(at, src, () => at.conns);
+      try {
+        await a.post(req);
+        expect(await a.wait(req), String(req.error)).toBe('done');
+      } finally {
+        stop();
+      }
+      expect(Buffer.from(local).equals(Buffer.from(src.subarray(0, n)))).toBe(true);
+    };
+    return { a, name, run };
+  }
+
+  it('a target that refuses lane HELLOs (an agent from before lanes): one lane is asked for, once per target; transfers go over the first connection, later sessions open no lane', async () => {
+    const { t, attempts } = await refusing(preLanes);
+    const { a, name, run } = await reader(t, 4);
     for (let i = 0; i < 3; i++) {
-      await a.post(req);
-      await until(() => t.conns[0]?.frames.length === 4 * (i + 1), 'four frames on the first connection');
-      for (const f of t.conns[0]!.frames.slice(4 * i)) rdata(t.conns[0]!, io(f).id, pattern(io(f).bytes, i));
-      expect(await a.wait(req)).toBe('done');
-      await until(() => a.laneStats(name).filter((x) => !x.ready).length === 3, 'three lanes refused');
+      await run();
+      await until(() => a.laneRefusal(name) !== null, 'the refusal remembered');
     }
-    expect(t.conns.length).toBe(4);
-    expect(a.laneStats(name).map((x) => x.ready)).toEqual([true, false, false, false]);
+    expect(a.laneRefusal(name)).toContain('HELLO must be');
+    expect(attempts()).toBe(1);
+    expect(t.conns.length).toBe(2);
+    expect(a.laneStats(name).map((x) => x.ready)).toEqual([true, false]);
+    expect(a.laneEvents.refusedPeers).toBe(1);
+    // The session ends; the next one opens no lane (and the same metadata loaded again keeps it so).
+    t.conns[0]!.socket.destroy();
+    await until(() => a.laneStats(name).length === 0, 'the session to end');
+    await a.loadRemoteMetadata(t.metadata());
+    await run();
+    await sleep(300);
+    expect(attempts()).toBe(1);
+    expect(t.conns.length).toBe(3);
+    expect(a.laneStats(name).map((x) => x.ready)).toEqual([true]);
+  });
+
+  it('a pre-lanes refusal is forgotten when the target is replaced (new metadata: another port and secret) and that target takes lanes', async () => {
+    const old = await refusing(preLanes);
+    const { a, name, run } = await reader(old.t, 2);
+    await run();
+    await until(() => a.laneRefusal(name) !== null, 'the refusal remembered');
+    const upgraded = await refusing(() => false, old.t.name);
+    await a.loadRemoteMetadata(upgraded.t.metadata());
+    expect(a.laneRefusal(name)).toBeNull();
+    // The same initiator with the target that takes lanes gets its lanes.
+    await run(upgraded.t);
+    await until(() => a.laneStats(name).length === 2 && a.laneStats(name).every((x) => x.ready), 'two ready lanes at the new target');
+    expect(upgraded.attempts()).toBe(1);
+  });
+
+  it('a lane closed in its handshake without a refusal is opened again after a growing delay (100, 200, 400 ms, ...); it is used once admitted', async () => {
+    const started = Date.now();
+    const times: number[] = [];
+    const { t, attempts } = await refusing((c, n) => {
+      times.push(Date.now());
+      if (n >= 4) return false; // the fourth attempt is admitted
+      c.socket.destroy();
+      return true;
+    });
+    const { a, name, run } = await reader(t, 2);
+    await run();
+    await until(() => a.laneStats(name).length === 2 && a.laneStats(name).every((x) => x.ready), 'the lane admitted at last', 10_000);
+    expect(attempts()).toBe(4);
+    expect(a.laneEvents.reopened).toBe(3);
+    expect(a.laneRefusal(name)).toBeNull();
+    // Timers never fire early: the gaps are at least the backoff (a few ms of slack for the clock).
+    const gaps = times.slice(1).map((x, i) => x - times[i]!);
+    expect(gaps[0]).toBeGreaterThanOrEqual(95);
+    expect(gaps[1]).toBeGreaterThanOrEqual(195);
+    expect(gaps[2]).toBeGreaterThanOrEqual(395);
+    expect(times[0]! - started).toBeGreaterThanOrEqual(0);
+    const sent = a.laneStats(name)[1]!.framesSent;
+    await run();
+    expect(a.laneStats(name)[1]!.framesSent).toBeGreaterThan(sent);
+  });
+
+  it('a lane refused by a target that takes lanes (more than 7 extra lanes: it still counts one this side closed) is opened again, not remembered as a refusal', async () => {
+    const { t, attempts } = await refusing((c, n) => {
+      if (n > 1) return false;
+      c.socket.end(encodeFrame([F.FATAL, 'invalid', `agent "x" opened more than 7 extra lanes for one session`]));
+      return true;
+    });
+    const { a, name, run } = await reader(t, 2);
+    await run();
+    await until(() => a.laneStats(name).length === 2 && a.laneStats(name).every((x) => x.ready), 'the lane admitted on the second try');
+    expect(attempts()).toBe(2);
+    expect(a.laneRefusal(name)).toBeNull();
+  });
+
+  it('laneBackoffMs: 100 ms doubled per earlier failure, at most 30 s', () => {
+    expect([0, 1, 2, 3, 8, 9, 40, -1].map(laneBackoffMs)).toEqual([100, 200, 400, 800, 25_600, 30_000, 30_000, 100]);
   });
 });
