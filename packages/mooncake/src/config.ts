@@ -4,7 +4,7 @@
  */
 import { KVTransferConfigError, int, strictObject, z, zodProblems, type ConfigProblem } from '@kvconnect/core';
 import { DEFAULT_LOCALIZE_MAX_INFLIGHT, DEFAULT_LOCALIZE_RANGES_PER_SECOND } from '@kvconnect/nixl-common';
-import { resolveClusterSecret } from '@kvconnect/transfer';
+import { MAX_LANES, resolveClusterSecret } from '@kvconnect/transfer';
 
 /** The transfer backends `MooncakeConnector` can move bytes with. */
 export type MooncakeBackend = 'embedded' | 'mooncake';
@@ -26,6 +26,12 @@ export interface MooncakeOptions {
   remoteBootstrapAddr?: string;
   /** [`side_channel_host`] Where producer workers bind their ROUTER and agents listen (default `127.0.0.1`). */
   host: string;
+  /**
+   * [`transfer_lanes`] `embedded` backend: TCP connections per peer agent (1..8, default 1), the
+   * embedded agent's `lanes` option (striping, `@kvconnect/transfer` README "Striping"). The
+   * `mooncake` backend refuses a value other than 1.
+   */
+  transferLanes: number;
   /**
    * [`abort_timeout_ms`] Producer: how long a consumer's request waits for the prefill, and how long
    * finished blocks are kept for consumers that have not asked (vLLM's abort timeout; default 480 000).
@@ -97,6 +103,7 @@ export const mooncakeExtraConfigSchema = strictObject({
   bootstrap_addr: text().optional(),
   remote_bootstrap_addr: text().optional(),
   side_channel_host: text().optional(),
+  transfer_lanes: int(1, MAX_LANES).optional(),
   abort_timeout_ms: int(1, 86_400_000).optional(),
   transfer_timeout_ms: int(1, 86_400_000).optional(),
   bootstrap_timeout_ms: int(1, 86_400_000).optional(),
@@ -129,6 +136,9 @@ export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS
   } catch (e) {
     problems.push({ path: 'kv_connector_extra_config.cluster_secret', message: e instanceof Error ? e.message : String(e) });
   }
+  if (r.success && r.data.transfer_lanes !== undefined && r.data.transfer_lanes !== 1 && r.data.backend === 'mooncake') {
+    problems.push({ path: 'kv_connector_extra_config.transfer_lanes', message: "applies to backend 'embedded' only (the Mooncake Transfer Engine has its own transports)" });
+  }
   if (!r.success || problems.length) throw new KVTransferConfigError(problems);
   const x = r.data;
   const abortTimeoutMs = x.abort_timeout_ms ?? 480_000;
@@ -139,6 +149,7 @@ export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS
     bootstrapAddr: x.bootstrap_addr,
     remoteBootstrapAddr: x.remote_bootstrap_addr,
     host: x.side_channel_host ?? '127.0.0.1',
+    transferLanes: x.transfer_lanes ?? 1,
     abortTimeoutMs,
     transferTimeoutMs: x.transfer_timeout_ms ?? abortTimeoutMs + 60_000,
     bootstrapTimeoutMs: x.bootstrap_timeout_ms ?? 30_000,

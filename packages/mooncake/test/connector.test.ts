@@ -24,6 +24,7 @@ describe('MooncakeConnector registration and config', () => {
       bootstrapAddr: undefined,
       remoteBootstrapAddr: undefined,
       host: '127.0.0.1',
+      transferLanes: 1,
       abortTimeoutMs: 480_000,
       transferTimeoutMs: 540_000,
       bootstrapTimeoutMs: 30_000,

@@ -3,13 +3,13 @@
  * @module
  */
 import { KVTransferConfigError, int, strictObject, z, zodProblems, type ConfigProblem, type KVTransferConfig } from '@kvconnect/core';
-import { resolveClusterSecret, type TransferAgent } from '@kvconnect/transfer';
+import { MAX_LANES, resolveClusterSecret, type TransferAgent } from '@kvconnect/transfer';
 import type { Registry } from 'prom-client';
 import { DEFAULT_LOCALIZE_MAX_INFLIGHT, DEFAULT_LOCALIZE_RANGES_PER_SECOND } from './consumer-binding.js';
 import { isRegistry } from './metrics.js';
 
 /** Creates a worker's transfer agent (test hook and custom backends). */
-export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string>; nixlBackend?: string; clusterSecret?: Uint8Array | null }) => Promise<TransferAgent>;
+export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string>; nixlBackend?: string; clusterSecret?: Uint8Array | null; lanes?: number }) => Promise<TransferAgent>;
 
 /** The validated options. */
 export interface NixlConfig {
@@ -29,6 +29,12 @@ export interface NixlConfig {
    * knowledge of it (`docs/security.md`).
    */
   clusterSecret: Buffer | null;
+  /**
+   * `embedded` backend: TCP connections per peer agent (`transfer_lanes`, 1..8, default 1), the
+   * embedded agent's `lanes` option (striping, `@kvconnect/transfer` README "Striping"). Other
+   * backends refuse a value other than 1 (NIXL stripes by its own UCX settings).
+   */
+  transferLanes: number;
   /** Producer lease, ms: `lease_ms`, or vLLM's `kv_lease_duration` in seconds (default 30 000). */
   leaseMs: number;
   /** Consumer heartbeat period, ms (default 5 000; 0 = none). */
@@ -95,6 +101,7 @@ export const nixlExtraConfigSchema = strictObject({
   localize_max_inflight_per_peer: int(1, 4096).optional(),
   localize_ranges_per_second_per_peer: int(1, 1 << 30).optional(),
   transfer_timeout_ms: int(1, 3600 * 1000).optional(),
+  transfer_lanes: int(1, MAX_LANES).optional(),
   push_timeout_ms: int(1, 24 * 3600 * 1000).optional(),
   handshake_timeout_ms: int(1, 600 * 1000).optional(),
   lease_check: z.boolean({ error: 'expected a boolean' }).optional(),
@@ -128,6 +135,9 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
   if (r.success && r.data.lease_ms !== undefined && r.data.kv_lease_duration !== undefined) {
     problems.push({ path: p('kv_lease_duration'), message: 'give kv_lease_duration (seconds, vLLM) or lease_ms, not both' });
   }
+  if (r.success && r.data.transfer_lanes !== undefined && r.data.transfer_lanes !== 1 && r.data.backend === 'nixl') {
+    problems.push({ path: p('transfer_lanes'), message: "applies to backend 'embedded' only (NIXL stripes by its UCX settings, nixl_backend_params)" });
+  }
   if (!r.success || problems.length > 0) throw new KVTransferConfigError(problems);
   const x = r.data;
   const host = x.side_channel_host ?? '127.0.0.1';
@@ -137,6 +147,7 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
     sideChannelPort: x.side_channel_port ?? 0,
     agentHost: x.agent_host ?? host,
     clusterSecret,
+    transferLanes: x.transfer_lanes ?? 1,
     leaseMs: x.lease_ms ?? (x.kv_lease_duration !== undefined ? Math.round(x.kv_lease_duration * 1000) : 30_000),
     heartbeatMs: x.heartbeat_ms ?? 5_000,
     localizeHoldMs: x.localize_hold_ms ?? 0,

@@ -124,6 +124,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
       nixlBackendParams: this.config.nixlBackendParams,
       nixlBackend: this.config.nixlBackend,
       clusterSecret: this.config.clusterSecret,
+      lanes: this.config.transferLanes,
     });
     this.agent = agent;
     const reg = await agent.registerMemory(caches.regions.map((r) => toMemoryRegion(r)));

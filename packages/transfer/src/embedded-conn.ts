@@ -117,6 +117,8 @@ export class SocketReads {
   private socket: net.Socket | null = null;
   /** In-place reads done (tests and metrics). */
   directReads = 0;
+  /** `Date.now()` of the last read that brought bytes (0: none yet): the liveness clock of an outgoing lane (`OutConn`, agent option `stallTimeoutMs`). */
+  lastReadAt = 0;
 
   constructor(
     private readonly agent: EmbeddedAgent,
@@ -155,6 +157,7 @@ export class SocketReads {
 
   private onRead(n: number): boolean {
     const r = this.reader()!;
+    this.lastReadAt = Date.now();
     if (this.armed !== null) {
       this.armed = null;
       this.directReads++;
@@ -221,6 +224,21 @@ export class OutConn {
   private queuedBytes = 0;
   /** Frames handed to the socket (tests and metrics: how a transfer spread over the lanes). */
   framesSent = 0;
+  /**
+   * When the connection last went from no frame outstanding to one (`Date.now()`): with
+   * `reads.lastReadAt`, the start of the quiet time the stall check measures ({@link checkStall}).
+   */
+  private busySince = 0;
+  /** The stall check's timer, set while frames are outstanding and `stallTimeoutMs` is not 0. */
+  private stallTimer: NodeJS.Timeout | null = null;
+  /** The stall check's confirmation, queued after the next poll of the sockets ({@link checkStall}). */
+  private stallConfirm: NodeJS.Immediate | null = null;
+  /** The refusal of the target during this connection's handshake (the text of its FATAL), or null. */
+  refusal: string | null = null;
+  /** Frames answered (RDATA received whole, WACK): a lane that answered some was healthy for a while (`OutLink` backoff). */
+  answered = 0;
+  /** Closed by the stall check ({@link stalled}). */
+  stalledOut = false;
   /** The handshake was done once (a lane that dies after it is replaced, one refused is not). */
   private wasReady = false;
   private nextId = 1;
@@ -351,6 +369,10 @@ export class OutConn {
       this.qHead++;
       this.queuedBytes -= f.bytes;
       this.framesSent++;
+      if (this.inflight.size === 0) {
+        this.busySince = Date.now();
+        this.armStall();
+      }
       f.id = this.nextId;
       this.nextId = this.nextId === 0xffffffff ? 1 : this.nextId + 1;
       this.inflight.set(f.id, f);
@@ -432,6 +454,7 @@ export class OutConn {
         return null;
       }
       if (h.t === F.FATAL) {
+        this.refusal = h.message;
         this.fatal(h.kind === 'invalid' ? 'invalid' : 'remote-disconnect', `${this.peer.name} refused the connection: ${h.message}`);
         return null;
       }
@@ -511,10 +534,67 @@ export class OutConn {
   private frameDone(id: number): void {
     const f = this.inflight.get(id);
     if (!f) return;
+    this.answered++;
     this.inflight.delete(id);
     this.inflightBytes -= f.bytes;
     this.agent.frameDone(f, this);
     this.pump();
+  }
+
+  /** Starts the stall check's timer unless it runs or the check is off (`stallTimeoutMs` 0). */
+  private armStall(): void {
+    const bound = this.agent.stallTimeoutMs;
+    if (bound === 0 || this.stallTimer !== null || this.stallConfirm !== null) return;
+    this.stallTimer = setTimeout(() => this.checkStall(false), bound);
+    this.stallTimer.unref();
+  }
+
+  /**
+   * The stall check (agent option `stallTimeoutMs`): while frames are outstanding, the time since
+   * the later of the last byte received and the moment frames became outstanding; at the bound or
+   * beyond, the connection stalled ({@link stalled}). A first verdict is confirmed once more after
+   * the event loop's next poll of the sockets (`setImmediate` runs after it): a timer that fires
+   * late because this process's event loop was busy must not mistake bytes that wait unread in
+   * the kernel for silence.
+   */
+  private checkStall(confirming: boolean): void {
+    this.stallTimer = null;
+    if (this.closed || this.inflight.size === 0) return;
+    const bound = this.agent.stallTimeoutMs;
+    const quiet = Date.now() - Math.max(this.reads.lastReadAt, this.busySince);
+    if (quiet < bound) {
+      this.stallTimer = setTimeout(() => this.checkStall(false), bound - quiet);
+      this.stallTimer.unref();
+      return;
+    }
+    if (!confirming) {
+      this.stallConfirm = setImmediate(() => {
+        this.stallConfirm = null;
+        this.checkStall(true);
+      });
+      return;
+    }
+    this.stalled(quiet);
+  }
+
+  /**
+   * No byte came back for `stallTimeoutMs` while frames were outstanding: the connection closes
+   * (`remote-disconnect`) and its frames, taken from it first, go to the agent
+   * (`EmbeddedAgent.laneStalled`), which re-requests the READ ones on the link's other ready
+   * lanes and fails the rest as a closed connection's.
+   */
+  private stalled(quiet: number): void {
+    const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
+    const n = this.inflight.size;
+    this.inflight.clear();
+    this.queue = [];
+    this.qHead = 0;
+    this.inflightBytes = 0;
+    this.queuedBytes = 0;
+    this.stalledOut = true;
+    const message = `connection to ${this.peer.name} stalled: no byte received for ${quiet} ms with ${n} frame(s) outstanding (stallTimeoutMs ${this.agent.stallTimeoutMs})`;
+    this.fatal('remote-disconnect', message);
+    this.agent.laneStalled(this, frames, 'remote-disconnect', message);
   }
 
   /** Fails everything and closes. */
@@ -530,6 +610,10 @@ export class OutConn {
     if (this.closed) return;
     this.closed = true;
     clearTimeout(this.connectTimer);
+    if (this.stallTimer !== null) clearTimeout(this.stallTimer);
+    if (this.stallConfirm !== null) clearImmediate(this.stallConfirm);
+    this.stallTimer = null;
+    this.stallConfirm = null;
     this.reader.kill();
     this.agent.connClosed(this, this.failKind, this.failMessage);
     const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
@@ -545,30 +629,61 @@ export class OutConn {
 }
 
 /**
+ * Refusals of a lane HELLO by a target that takes lanes but not this one now (`InConn`: its session
+ * is closing, or the target still counts a lane this side already closed): the lane is opened
+ * again after a backoff. Any other refusal in a lane's handshake (a target from before lanes
+ * answers a lane HELLO with `HELLO must be [...]`) means the target takes no lanes.
+ */
+export const TRANSIENT_LANE_REFUSALS: readonly string[] = ['opened a lane for no open session', 'extra lanes for one session'];
+
+/** First delay before a lane that closed is opened again, ms ({@link laneBackoffMs}). */
+export const LANE_RETRY_BASE_MS = 100;
+/** Longest delay before a lane that closed is opened again, ms ({@link laneBackoffMs}). */
+export const LANE_RETRY_MAX_MS = 30_000;
+
+/**
+ * Delay before a lane slot opens a new lane in place of one that closed, when `earlier` lanes
+ * before that one failed in a row in the slot (closed without answering a frame, or stalled; a lane
+ * that answered frames and then closed starts the count again): {@link LANE_RETRY_BASE_MS}
+ * doubled per earlier failure, at most {@link LANE_RETRY_MAX_MS}.
+ */
+export function laneBackoffMs(earlier: number): number {
+  return Math.min(LANE_RETRY_MAX_MS, LANE_RETRY_BASE_MS * 2 ** Math.min(Math.max(0, earlier), 20));
+}
+
+/**
  * The initiator's connections to one remote agent (agent option `lanes`, 1..{@link MAX_LANES}):
- * the first connection, whose handshake is the session, and `lanes - 1` extra lanes opened with
- * it, each authenticated by its own lane HELLO bound to that session (`wire.ts`). A transfer's
- * frames go to the least loaded ready lanes (payload bytes queued and outstanding; the first
- * connection takes them while the others are not ready); the transfer completes once every frame
- * on every lane is done (`EmbeddedRequest.pending`). A lane that closes fails the frames it holds
- * (so the transfers using it) with its error and nothing else; it is replaced at the next
- * transfer if its handshake had been done (one refused, e.g. by a peer without lanes, is not).
- * When the first connection closes, the session ends: every lane closes with its error.
+ * the first connection, whose handshake is the session, and up to `lanes - 1` extra lanes, each
+ * authenticated by its own lane HELLO bound to that session (`wire.ts`). One extra lane opens with
+ * the first connection; the others once one extra lane was ready (a target from before lanes
+ * refuses one lane, not all). A transfer's frames go to the least loaded ready lanes (payload
+ * bytes queued and outstanding; the first connection takes them while the others are not ready);
+ * the transfer completes once every frame on every lane is done (`EmbeddedRequest.pending`). A
+ * lane that closes (the target closed it, it stalled, its handshake failed) fails the frames it
+ * holds (so the transfers using it) with its error and nothing else, except READ frames of a
+ * stalled one (`EmbeddedAgent.laneStalled`), and a new lane takes its place after
+ * {@link laneBackoffMs}. A lane the target refused for good (not one of
+ * {@link TRANSIENT_LANE_REFUSALS}) is not opened again, and the agent opens no lane to that
+ * target until its metadata changes (`EmbeddedAgent.laneRefusal`). When the first connection
+ * closes, the session ends: every lane closes with its error.
  */
 export class OutLink {
-  /** The lanes; `lanes[0]` is the first connection (the session). */
+  /** The lanes opened so far; `lanes[0]` is the first connection (the session). */
   readonly lanes: OutConn[];
+  /** Per lane slot: lanes in a row that closed there without answering a frame, and the timer that opens the next. */
+  private readonly retry: Array<{ failures: number; timer: NodeJS.Timeout | null }> = [];
+  private closed = false;
 
   constructor(
     private readonly agent: EmbeddedAgent,
     readonly peer: PeerInfo,
-    count: number,
+    private readonly count: number,
     private readonly maxInflight: number,
     private readonly connectTimeoutMs: number,
   ) {
     const primary = new OutConn(agent, peer, maxInflight, connectTimeoutMs);
     this.lanes = [primary];
-    for (let i = 1; i < count; i++) this.lanes.push(new OutConn(agent, peer, maxInflight, connectTimeoutMs, primary));
+    if (count > 1) this.open(1);
   }
 
   /** The first connection: handshake of the session, notifs, same-host checks. */
@@ -580,17 +695,49 @@ export class OutLink {
     return this.primary.isClosed;
   }
 
+  /** Opens the extra lane of slot `i` (a new one, or in place of one that closed); once it is ready, the slots not yet opened. */
+  private open(i: number): void {
+    const lane = new OutConn(this.agent, this.peer, this.maxInflight, this.connectTimeoutMs, this.primary);
+    this.lanes[i] = lane;
+    this.retry[i] ??= { failures: 0, timer: null };
+    lane.whenReady().then(
+      () => {
+        if (this.closed || this.agent.laneRefusal(this.peer.name) !== null) return;
+        for (let k = this.lanes.length; k < this.count; k++) this.open(k);
+      },
+      () => {},
+    );
+  }
+
+  /**
+   * @internal An extra lane closed (`EmbeddedAgent.connClosed`): refused for good, the target
+   * takes no lanes (the agent remembers it); else a new lane in its slot after the backoff.
+   */
+  laneClosed(c: OutConn): void {
+    const i = this.lanes.indexOf(c);
+    if (i <= 0 || this.closed || this.primary.isClosed) return;
+    if (!c.wasEverReady && c.refusal !== null && !TRANSIENT_LANE_REFUSALS.some((m) => c.refusal!.includes(m))) {
+      this.agent.refuseLanes(this.peer.name, c.refusal);
+      return;
+    }
+    const r = this.retry[i]!;
+    r.failures = c.answered > 0 && !c.stalledOut ? 0 : r.failures + 1;
+    if (r.timer !== null) return;
+    r.timer = setTimeout(() => {
+      r.timer = null;
+      if (this.closed || this.primary.isClosed || this.agent.laneRefusal(this.peer.name) !== null || !this.lanes[i]!.isClosed) return;
+      this.agent.laneEvents.reopened++;
+      this.open(i);
+    }, laneBackoffMs(r.failures - 1));
+    r.timer.unref();
+  }
+
   /** Spreads `frames` over the lanes (see the class note) and queues them. */
   enqueue(frames: OutFrame[]): void {
     const lanes = this.lanes;
     if (lanes.length === 1 || frames.length === 0) {
       this.primary.enqueue(frames);
       return;
-    }
-    if (this.primary.isReady) {
-      for (let i = 1; i < lanes.length; i++) {
-        if (lanes[i]!.isClosed && lanes[i]!.wasEverReady) lanes[i] = new OutConn(this.agent, this.peer, this.maxInflight, this.connectTimeoutMs, this.primary);
-      }
     }
     const use = lanes.filter((l, i) => i === 0 || l.isReady);
     if (use.length === 1) {
@@ -613,8 +760,10 @@ export class OutLink {
     for (const l of this.lanes) l.reads.disarm();
   }
 
-  /** Closes every lane with this error (their frames fail with it). */
+  /** Closes every lane with this error (their frames fail with it); no lane is opened again. */
   fatal(kind: TransferErrorKind, message: string): void {
+    this.closed = true;
+    for (const r of this.retry) if (r?.timer) clearTimeout(r.timer);
     for (const l of this.lanes) l.fatal(kind, message);
   }
 }

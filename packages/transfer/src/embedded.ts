@@ -24,8 +24,11 @@
  *   authenticated, and closes it with that session). A transfer's frames are spread over the
  *   ready lanes and it completes once every frame on every lane is done; a lane that closes fails
  *   only the transfers with frames on it (`remote-disconnect`, as a closed connection; a WRITE
- *   once its frames on the other lanes were answered, `frameFailed`). Bounds are
- *   checked per frame at the target as on one connection.
+ *   once its frames on the other lanes were answered, `frameFailed`). A lane with frames
+ *   outstanding that receives nothing for `stallTimeoutMs` is closed as dead; its READ frames are
+ *   asked again on the other lanes (`laneStalled`). A closed lane is opened again after a backoff;
+ *   a target that refuses lanes for good (one from before lanes) is asked for none again until its
+ *   metadata changes (`OutLink`). Bounds are checked per frame at the target as on one connection.
  * - A transfer's notif is sent after the last frame was acknowledged (WRITE: after the target
  *   copied the bytes into its memory; READ: after the initiator received every byte).
  * - A connection that closes fails its transfers with `remote-disconnect`; every transfer has
@@ -146,6 +149,19 @@ export interface EmbeddedAgentOptions {
    * @throws TransferError `invalid` from {@link EmbeddedAgent.create} for anything but an integer in 1..8.
    */
   readonly lanes?: number;
+  /**
+   * Stall bound of outgoing connections in ms (0: off; default 5 000 with `lanes` above 1, 0
+   * with one lane): a connection (the first or a lane) with frames outstanding that receives no
+   * byte for this long is closed as dead (`remote-disconnect`), though its socket is open. Its
+   * READ frames are requested again on the link's other ready lanes (safe: the closed socket
+   * lands nothing more, and a READ changes nothing at the target); its WRITE frames fail as on a
+   * lane that closed (the transfer fails once its frames on the other lanes were answered). A
+   * stalled first connection ends the session as its close does. Must exceed the time one frame
+   * (`chunkBytes`) takes over the link plus the target's answer time, including pauses of the
+   * target's event loop (an engine's forward pass on the target's thread).
+   * @throws TransferError `invalid` from {@link EmbeddedAgent.create} for anything but an integer in 0..2^31-1.
+   */
+  readonly stallTimeoutMs?: number;
   /** Most bytes of outstanding frames per outgoing connection, so per lane (default 64 MiB). */
   readonly maxInflightBytes?: number;
   /**
@@ -204,6 +220,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private readonly secret = randomBytes(SECRET_BYTES);
   private readonly peers = new Map<string, PeerInfo>();
   private readonly conns = new Map<string, OutLink>();
+  /** Peers whose target refused a lane for good (one from before lanes), with its refusal: no lane is opened to them until their metadata changes. */
+  private readonly laneRefusals = new Map<string, string>();
   private readonly inConns = new Set<InConn>();
   private readonly registrations = new WeakMap<Registration, HostRegion[]>();
   private readonly lists = new WeakSet<DescList>();
@@ -214,6 +232,14 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private readonly maxInflight: number;
   /** See {@link EmbeddedAgentOptions.lanes}. */
   readonly lanes: number;
+  /** See {@link EmbeddedAgentOptions.stallTimeoutMs} (0: off). */
+  readonly stallTimeoutMs: number;
+  /**
+   * Lane events since creation (tests and metrics): connections closed by the stall check, READ
+   * frames requested again on another lane after a stall, lanes reopened after a backoff, peers
+   * whose target refused a lane for good (`laneRefusals`).
+   */
+  readonly laneEvents = { stalled: 0, rerouted: 0, reopened: 0, refusedPeers: 0 };
   private readonly chunk: number;
   /** Most payload bytes of a frame with device segments: the size of the staging pools' buffers. */
   private readonly stageChunk: number;
@@ -266,6 +292,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     super();
     this.maxInflight = checkPositiveInt('maxInflightBytes', o.maxInflightBytes, 64 * 1024 * 1024);
     this.lanes = checkPositiveInt('lanes', o.lanes, 1, MAX_LANES);
+    this.stallTimeoutMs = checkStallTimeout(o.stallTimeoutMs, this.lanes > 1 ? DEFAULT_STALL_TIMEOUT_MS : 0);
     this.chunk = checkPositiveInt('chunkBytes', o.chunkBytes, 4 * 1024 * 1024, MAX_PAYLOAD_BYTES);
     this.stageChunk = Math.min(this.chunk, STAGING_CHUNK_BYTES);
     this.timeoutMs = checkPositiveInt('transferTimeoutMs', o.transferTimeoutMs, 30_000);
@@ -394,6 +421,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     if (peer.name === this.name && peer.port === this.address.port && old) return peer.name; // our own
     if (old && (old.host !== peer.host || old.port !== peer.port || !timingSafeEqual(old.secret, peer.secret))) {
       this.conns.get(peer.name)?.fatal('remote-disconnect', `metadata of ${peer.name} was replaced`);
+      this.laneRefusals.delete(peer.name); // another process: it may take lanes
     }
     if (old) {
       this.closeIpc(peer.name); // its device regions may have changed
@@ -406,6 +434,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   async invalidateRemoteMetadata(agent: string): Promise<void> {
     if (agent === this.name) return;
     this.peers.delete(agent);
+    this.laneRefusals.delete(agent);
     this.closeIpc(agent);
     this.closeShm(agent);
     this.conns.get(agent)?.fatal('not-found', `metadata of ${agent} was invalidated`);
@@ -555,7 +584,7 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   private conn(peer: PeerInfo): OutLink {
     let c = this.conns.get(peer.name);
     if (!c || c.isClosed) {
-      c = new OutLink(this, peer, this.lanes, this.maxInflight, this.connectTimeoutMs);
+      c = new OutLink(this, peer, this.laneRefusals.has(peer.name) ? 1 : this.lanes, this.maxInflight, this.connectTimeoutMs);
       this.conns.set(peer.name, c);
     }
     return c;
@@ -563,11 +592,16 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
 
   /**
    * @internal A connection closed: when it was a link's first, the session ended and its extra
-   * lanes close with the same error (an extra lane alone is replaced by its link, `OutLink`).
+   * lanes close with the same error; an extra lane alone is replaced by its link after a backoff,
+   * or, refused for good, marks the target as one that takes no lanes (`OutLink.laneClosed`).
    */
   connClosed(c: OutConn, kind: TransferErrorKind, message: string): void {
     const link = this.conns.get(c.peer.name);
-    if (link?.primary !== c) return;
+    if (link === undefined) return;
+    if (link.primary !== c) {
+      link.laneClosed(c);
+      return;
+    }
     this.conns.delete(c.peer.name);
     link.fatal(kind, message);
   }
@@ -578,6 +612,22 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
    */
   laneStats(agent: string): Array<{ readonly ready: boolean; readonly framesSent: number }> {
     return (this.conns.get(agent)?.lanes ?? []).map((l) => ({ ready: l.isReady, framesSent: l.framesSent }));
+  }
+
+  /**
+   * Why the target `agent` takes no lanes from this agent (the refusal of a lane HELLO by a target
+   * from before lanes, `OutLink`), or null: while set, connections to it open no extra lane; it is
+   * forgotten when `agent`'s metadata changes (another host, port or secret) or is invalidated.
+   */
+  laneRefusal(agent: string): string | null {
+    return this.laneRefusals.get(agent) ?? null;
+  }
+
+  /** @internal The target `agent` refused a lane for good (`OutLink.laneClosed`): no lane is opened to it again. */
+  refuseLanes(agent: string, refusal: string): void {
+    if (this.laneRefusals.has(agent) || !this.peers.has(agent)) return;
+    this.laneRefusals.set(agent, refusal);
+    this.laneEvents.refusedPeers++;
   }
 
   /** @internal The open first connection from `name` whose challenge was `nonce` (a session an extra lane may join), or null. */
@@ -596,6 +646,30 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
   /** @internal */
   inClosed(c: InConn): void {
     this.inConns.delete(c);
+  }
+
+  /**
+   * @internal A connection of a link stalled (`OutConn.stalled`, option `stallTimeoutMs`) and
+   * closed; `frames` are the ones it held (outstanding and queued). A READ frame of a current
+   * transfer goes to the link's other ready lanes when there is one: the stalled socket is closed,
+   * so nothing more of its answer can land, and a READ changes nothing at the target, so asking
+   * again is safe. Every other frame fails as a closed connection's ({@link frameFailed}): a WRITE
+   * once its frames on the other lanes were answered.
+   */
+  laneStalled(c: OutConn, frames: readonly OutFrame[], kind: TransferErrorKind, message: string): void {
+    this.laneEvents.stalled++;
+    const link = this.conns.get(c.peer.name);
+    const other = link !== undefined && !link.isClosed && link.lanes.some((l) => l !== c && l.isReady);
+    const again: OutFrame[] = [];
+    for (const f of frames) {
+      if (other && f.t === F.READ && isCurrent(f.req, f.gen)) {
+        offWire(f);
+        if (f.stage) f.stage = undefined; // its staging is dropped (not reused), a new one taken when sent
+        again.push(f);
+      } else this.frameFailed(f, kind, message, true);
+    }
+    this.laneEvents.rerouted += again.length;
+    if (again.length > 0) link!.enqueue(again);
   }
 
   /** @internal A frame was answered (RDATA received, WACK), or its staging copy after that finished. */
@@ -994,6 +1068,11 @@ function offWire(f: OutFrame): void {
   if (f.gen === f.req.gen) f.req.onWire--;
 }
 
+/** Default of {@link EmbeddedAgentOptions.stallTimeoutMs} with more than one lane, ms. */
+export const DEFAULT_STALL_TIMEOUT_MS = 5_000;
+/** Longest delay a Node timer takes (2^31 - 1 ms); longer ones fire at once. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 /**
  * Bytes of the host staging buffers of the TCP path of device regions (`StagingPool` of
  * `device.ts`; pinned for CUDA), and so the most payload of a frame with device segments: 4 MiB,
@@ -1008,6 +1087,13 @@ interface ShmCopy {
   /** Offset in the mapping (header page included). */
   readonly at: number;
   readonly len: number;
+}
+
+/** The `stallTimeoutMs` option: `dflt` when unset, else an integer in 0..{@link MAX_TIMER_MS}. */
+function checkStallTimeout(v: number | undefined, dflt: number): number {
+  if (v === undefined) return dflt;
+  if (!Number.isSafeInteger(v) || v < 0 || v > MAX_TIMER_MS) throw new TransferError('invalid', `stallTimeoutMs must be an integer in 0..${MAX_TIMER_MS}`);
+  return v;
 }
 
 /** A cluster secret option: null when unset; a copy of at least MIN_CLUSTER_SECRET_BYTES bytes. */

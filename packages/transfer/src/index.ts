@@ -11,6 +11,7 @@ export * from './auth.js';
 export * from './http.js';
 export { takeBytes } from './wire.js';
 export { EmbeddedAgent, decodeMetadata as decodeEmbeddedMetadata, type EmbeddedAgentOptions, type PeerInfo as EmbeddedPeerInfo } from './embedded.js';
+export { MAX_LANES } from './embedded-conn.js';
 export { SharedHostArena, sameHostKey, lookupShared } from './shared-memory.js';
 export { NixlAgent, loadNixlLibrary, nixlBackendParams, nixlLibraryCandidates, NIXL_STATUS, type NixlAgentOptions } from './nixl.js';
 export {

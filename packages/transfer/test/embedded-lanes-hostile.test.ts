@@ -12,6 +12,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { EmbeddedAgent, makeNonce, makeProof, type EmbeddedAgentOptions } from '../src/index.js';
 import { encodeFrame, F, HANDSHAKE_CONTEXT, WIRE_VERSION, type Header } from '../src/wire.js';
 import { FakeTarget, rdata, wack, type FakeConn } from './fake-target.js';
+import { laneBackoffMs } from '../src/embedded-conn.js';
 import { pattern } from './patterns.js';
 import { RawPeer } from './raw-peer.js';
 
@@ -170,6 +171,173 @@ describe('lanes against a hostile target', () => {
   });
 });
 
+/** The payload an honest target answers `f` with from its memory `src` (at the fake's region). */
+const answerOf = (t: FakeTarget, src: Uint8Array, f: { h: Header }) => {
+  const segs = io(f).segs;
+  const parts: Uint8Array[] = [];
+  for (let i = 0; i < segs.length; i += 2) parts.push(src.subarray(segs[i]! - t.region.addr, segs[i]! - t.region.addr + segs[i + 1]!));
+  return Buffer.concat(parts);
+};
+
+/**
+ * Answers, every 2 ms until stopped, each frame that arrives from now on on the connections
+ * `on()` returns: READ from `src`, WRITE acknowledged.
+ */
+function answering(t: FakeTarget, src: Uint8Array, on: () => FakeConn[]): () => void {
+  const done = new Set<unknown>(t.conns.flatMap((c) => c.frames));
+  const timer = setInterval(() => {
+    for (const c of on()) {
+      if (c.closed) continue;
+      for (const f of c.frames) {
+        if (done.has(f)) continue;
+        done.add(f);
+        if (f.h.t === F.READ) rdata(c, io(f).id, answerOf(t, src, f));
+        else wack(c, io(f).id);
+      }
+    }
+  }, 2);
+  return () => clearInterval(timer);
+}
+
+describe('a lane that stays connected but goes silent (stallTimeoutMs)', () => {
+  it('READ: the silent lane is closed after the bound, its frames are asked again on the other lane, the transfer completes with every byte', async () => {
+    // A transfer deadline far beyond the bound: only the stall check can end the wait on the silent lane.
+    const s = await warmed(2, 1 << 20, { stallTimeoutMs: 200, transferTimeoutMs: 60_000 });
+    const src = pattern(1 << 20, 11);
+    s.local.fill(7);
+    const stop = answering(s.t, src, () => s.t.conns.filter((c) => c !== s.extra[0]));
+    cleanup.push(async () => stop());
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(req);
+    await until(() => s.extra[0]!.frames.length > 0, 'frames on the lane that goes silent');
+    const silent = s.extra[0]!.frames.length;
+    await until(() => s.a.status(req) !== 'in-progress', 'the transfer to end', 10_000);
+    expect(s.a.status(req)).toBe('done');
+    expect(Buffer.from(s.local).equals(Buffer.from(src))).toBe(true);
+    expect(s.extra[0]!.closed).toBe(true); // closed by the initiator; the fake never closed it
+    expect(s.a.laneEvents.stalled).toBe(1);
+    expect(s.a.laneEvents.rerouted).toBe(silent);
+    expect(s.first.closed).toBe(false);
+    // The silent lane's frames came again on the first connection (no new lane was ready yet) or on a new lane.
+    const asked = s.t.conns.filter((c) => c !== s.extra[0]).reduce((n, c) => n + c.frames.length, 0);
+    expect(asked).toBe(16);
+  });
+
+  it('READ: a second transfer posted while the lane is silent completes too; the session goes on with a new lane', async () => {
+    const s = await warmed(2, 1 << 20, { stallTimeoutMs: 200, transferTimeoutMs: 60_000 });
+    const src = pattern(1 << 20, 12);
+    const stop = answering(s.t, src, () => s.t.conns.filter((c) => c !== s.extra[0]));
+    cleanup.push(async () => stop());
+    const r1 = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(r1);
+    await until(() => s.extra[0]!.frames.length > 0, 'frames on the lane that goes silent');
+    s.local.fill(0);
+    const r2 = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(r2);
+    await until(() => s.a.status(r1) !== 'in-progress' && s.a.status(r2) !== 'in-progress', 'both transfers to end', 10_000);
+    expect([s.a.status(r1), s.a.status(r2)]).toEqual(['done', 'done']);
+    expect(Buffer.from(s.local).equals(Buffer.from(src))).toBe(true);
+    await until(() => s.a.laneStats(s.name).length === 2 && s.a.laneStats(s.name).every((x) => x.ready), 'a new second lane');
+    s.local.fill(0);
+    await s.a.post(r1);
+    expect(await s.a.wait(r1)).toBe('done');
+    expect(Buffer.from(s.local).equals(Buffer.from(src))).toBe(true);
+    expect(s.a.laneEvents.stalled).toBe(1);
+  });
+
+  it('WRITE: the silent lane is closed after the bound; the transfer fails (remote-disconnect) only once the live lane acknowledged its frames; a READ beside it completes; the next WRITE lands every byte', async () => {
+    // The first connection stays live (bytes of a READ answer every few ms) while holding its
+    // WRITE frames unacknowledged; the lane gets both transfers' frames and never answers.
+    const n = 1 << 20;
+    const half = n / 2;
+    const s = await warmed(2, n, { stallTimeoutMs: 300, transferTimeoutMs: 60_000 });
+    const src = pattern(n, 13);
+    s.local.set(pattern(n, 15).subarray(0, half));
+    s.local.fill(7, half);
+    const ll = s.l.descs[0]!.addr;
+    const rr = s.r.descs[0]!.addr;
+    const lw = await s.a.prepDescList(null, 'DRAM', [{ addr: ll, length: half }]);
+    const rw = await s.a.prepDescList(s.name, 'DRAM', [{ addr: rr, length: half }]);
+    const lr = await s.a.prepDescList(null, 'DRAM', [{ addr: ll + half, length: half }]);
+    const rrd = await s.a.prepDescList(s.name, 'DRAM', [{ addr: rr + half, length: half }]);
+    const w = await s.a.makeTransfer({ op: 'WRITE', local: lw, remote: rw });
+    const r = await s.a.makeTransfer({ op: 'READ', local: lr, remote: rrd });
+    let feeding = true;
+    let ackNow = false;
+    const feeder = (async () => {
+      const done = new Set<unknown>();
+      const c = s.first;
+      while (feeding && !c.closed) {
+        if (ackNow) for (const f of c.frames) if (f.h.t === F.WRITE && !done.has(f)) (done.add(f), wack(c, io(f).id));
+        const f = c.frames.find((x) => x.h.t === F.READ && !done.has(x));
+        if (!f) {
+          await sleep(2);
+          continue;
+        }
+        done.add(f);
+        const body = answerOf(s.t, src, f);
+        c.socket.write(encodeFrame([F.RDATA, io(f).id], body.length));
+        for (let o = 0; o < body.length; o += 4096) {
+          c.socket.write(body.subarray(o, o + 4096));
+          await sleep(5);
+        }
+      }
+    })();
+    cleanup.push(async () => {
+      feeding = false;
+      await feeder;
+    });
+    await s.a.post(w);
+    await s.a.post(r);
+    await until(() => s.extra[0]!.frames.some((f) => f.h.t === F.WRITE) && s.first.frames.some((f) => f.h.t === F.WRITE), 'WRITE frames on both');
+    await until(() => s.extra[0]!.closed, 'the silent lane to be closed');
+    expect(s.first.closed).toBe(false);
+    // The first connection's WRITE frames are still unacknowledged: the target may still copy them.
+    expect(s.a.status(w)).toBe('in-progress');
+    ackNow = true;
+    expect(await s.a.wait(w)).toBe('remote-disconnect');
+    expect(String(w.error)).toContain('stalled');
+    expect(await s.a.wait(r)).toBe('done');
+    expect(Buffer.from(s.local.subarray(half)).equals(Buffer.from(src.subarray(half)))).toBe(true);
+    expect(s.a.laneEvents.stalled).toBe(1);
+    expect(s.a.laneEvents.rerouted).toBeGreaterThan(0);
+    feeding = false;
+    await feeder;
+    // The next WRITE: every frame's payload is the source's bytes at its address.
+    const seen = s.t.conns.map((c) => c.frames.length);
+    const stop = answering(s.t, new Uint8Array(0), () => s.t.conns.filter((c) => c !== s.extra[0]));
+    cleanup.push(async () => stop());
+    await s.a.post(w);
+    expect(await s.a.wait(w)).toBe('done');
+    const frames = s.t.conns.flatMap((c, i) => c.frames.slice(seen[i] ?? 0));
+    expect(frames.reduce((k, f) => k + f.payload.length, 0)).toBe(half);
+    for (const f of frames) expect(f.payload.equals(answerOf(s.t, s.local, f))).toBe(true);
+  });
+
+  it('a silent first connection ends the session (its lanes close, the transfer fails remote-disconnect); the next transfer opens a new one', async () => {
+    const s = await warmed(2, 1 << 20, { stallTimeoutMs: 200, transferTimeoutMs: 60_000 });
+    const src = pattern(1 << 20, 14);
+    const stop = answering(s.t, src, () => s.t.conns.filter((c) => c !== s.first));
+    cleanup.push(async () => stop());
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
+    await s.a.post(req);
+    await until(() => s.a.status(req) !== 'in-progress', 'the transfer to end', 10_000);
+    expect(s.a.status(req)).toBe('remote-disconnect');
+    expect(String(req.error)).toContain('stalled');
+    await until(() => s.first.closed && s.extra[0]!.closed, 'both connections closed');
+    await s.a.post(req);
+    expect(await s.a.wait(req)).toBe('done');
+    expect(Buffer.from(s.local).equals(Buffer.from(src))).toBe(true);
+  });
+
+  it('a lane with nothing outstanding is never closed, however long it is quiet', async () => {
+    const s = await warmed(2, 1 << 20, { stallTimeoutMs: 50 });
+    await sleep(400);
+    expect(s.first.closed || s.extra[0]!.closed).toBe(false);
+    expect(s.a.laneEvents.stalled).toBe(0);
+  });
+});
+
 describe('a target against hostile lanes', () => {
   const cluster = randomBytes(32);
   /** A target with a cluster secret and a region, a raw first connection authenticated as `raw` (the session), and its protocol errors. */
@@ -312,17 +480,18 @@ describe('lanes between peers of other lanes values, or without lanes', () => {
     expect(a.protocolErrors + b.protocolErrors).toBe(0);
   });
 
-  it('a target that refuses lane HELLOs (an agent from before lanes): transfers go over the first connection, the refused lanes are not opened again', async () => {
-    const t = await FakeTarget.listen(uniq('old'), undefined, (c) => {
-      if (c.hello!.session === null) return true;
-      c.socket.end(encodeFrame([F.FATAL, 'invalid', 'HELLO must be [0, 2, name, nonce, agentProof, clusterProof]']));
-      return false;
-    });
-    const a = await EmbeddedAgent.create({ name: uniq('new'), lanes: 4, chunkBytes: 64 * 1024 });
-    cleanup.push(
-      () => a.close(),
-      () => t.close(),
-    );
+  /** A fake target that answers a lane HELLO with `refuse(c, attempt)` (true: refused, the socket closed by the function; false: admitted). */
+  async function refusing(refuse: (c: FakeConn, attempt: number) => boolean, name = uniq('old')) {
+    let attempts = 0;
+    const t = await FakeTarget.listen(name, undefined, (c) => (c.hello!.session === null ? true : !refuse(c, ++attempts)));
+    cleanup.push(() => t.close());
+    return { t, attempts: () => attempts };
+  }
+  const preLanes = (c: FakeConn) => (c.socket.end(encodeFrame([F.FATAL, 'invalid', 'HELLO must be [0, 2, name, nonce, agentProof, clusterProof]'])), true);
+  /** An initiator with `lanes` lanes and a READ of 256 KiB from `t` (4 frames of 64 KiB), answered on whichever connection gets them. */
+  async function reader(t: FakeTarget, lanes: number) {
+    const a = await EmbeddedAgent.create({ name: uniq('new'), lanes, chunkBytes: 64 * 1024 });
+    cleanup.unshift(() => a.close());
     const n = 256 * 1024;
     const local = new Uint8Array(n);
     const rl = await a.registerMemory([{ bytes: local }]);
@@ -330,14 +499,97 @@ describe('lanes between peers of other lanes values, or without lanes', () => {
     const l = await a.prepDescList(null, 'DRAM', [{ addr: rl.regions[0]!.addr, length: n }]);
     const r = await a.prepDescList(name, 'DRAM', [{ addr: t.region.addr, length: n }]);
     const req = await a.makeTransfer({ op: 'READ', local: l, remote: r });
+    const src = pattern(t.region.length, 21);
+    const run = async (at = t) => {
+      const stop = answering(at, src, () => at.conns);
+      try {
+        await a.post(req);
+        expect(await a.wait(req), String(req.error)).toBe('done');
+      } finally {
+        stop();
+      }
+      expect(Buffer.from(local).equals(Buffer.from(src.subarray(0, n)))).toBe(true);
+    };
+    return { a, name, run };
+  }
+
+  it('a target that refuses lane HELLOs (an agent from before lanes): one lane is asked for, once per target; transfers go over the first connection, later sessions open no lane', async () => {
+    const { t, attempts } = await refusing(preLanes);
+    const { a, name, run } = await reader(t, 4);
     for (let i = 0; i < 3; i++) {
-      await a.post(req);
-      await until(() => t.conns[0]?.frames.length === 4 * (i + 1), 'four frames on the first connection');
-      for (const f of t.conns[0]!.frames.slice(4 * i)) rdata(t.conns[0]!, io(f).id, pattern(io(f).bytes, i));
-      expect(await a.wait(req)).toBe('done');
-      await until(() => a.laneStats(name).filter((x) => !x.ready).length === 3, 'three lanes refused');
+      await run();
+      await until(() => a.laneRefusal(name) !== null, 'the refusal remembered');
     }
-    expect(t.conns.length).toBe(4);
-    expect(a.laneStats(name).map((x) => x.ready)).toEqual([true, false, false, false]);
+    expect(a.laneRefusal(name)).toContain('HELLO must be');
+    expect(attempts()).toBe(1);
+    expect(t.conns.length).toBe(2);
+    expect(a.laneStats(name).map((x) => x.ready)).toEqual([true, false]);
+    expect(a.laneEvents.refusedPeers).toBe(1);
+    // The session ends; the next one opens no lane (and the same metadata loaded again keeps it so).
+    t.conns[0]!.socket.destroy();
+    await until(() => a.laneStats(name).length === 0, 'the session to end');
+    await a.loadRemoteMetadata(t.metadata());
+    await run();
+    await sleep(300);
+    expect(attempts()).toBe(1);
+    expect(t.conns.length).toBe(3);
+    expect(a.laneStats(name).map((x) => x.ready)).toEqual([true]);
+  });
+
+  it('a pre-lanes refusal is forgotten when the target is replaced (new metadata: another port and secret) and that target takes lanes', async () => {
+    const old = await refusing(preLanes);
+    const { a, name, run } = await reader(old.t, 2);
+    await run();
+    await until(() => a.laneRefusal(name) !== null, 'the refusal remembered');
+    const upgraded = await refusing(() => false, old.t.name);
+    await a.loadRemoteMetadata(upgraded.t.metadata());
+    expect(a.laneRefusal(name)).toBeNull();
+    // The same initiator with the target that takes lanes gets its lanes.
+    await run(upgraded.t);
+    await until(() => a.laneStats(name).length === 2 && a.laneStats(name).every((x) => x.ready), 'two ready lanes at the new target');
+    expect(upgraded.attempts()).toBe(1);
+  });
+
+  it('a lane closed in its handshake without a refusal is opened again after a growing delay (100, 200, 400 ms, ...); it is used once admitted', async () => {
+    const started = Date.now();
+    const times: number[] = [];
+    const { t, attempts } = await refusing((c, n) => {
+      times.push(Date.now());
+      if (n >= 4) return false; // the fourth attempt is admitted
+      c.socket.destroy();
+      return true;
+    });
+    const { a, name, run } = await reader(t, 2);
+    await run();
+    await until(() => a.laneStats(name).length === 2 && a.laneStats(name).every((x) => x.ready), 'the lane admitted at last', 10_000);
+    expect(attempts()).toBe(4);
+    expect(a.laneEvents.reopened).toBe(3);
+    expect(a.laneRefusal(name)).toBeNull();
+    // Timers never fire early: the gaps are at least the backoff (a few ms of slack for the clock).
+    const gaps = times.slice(1).map((x, i) => x - times[i]!);
+    expect(gaps[0]).toBeGreaterThanOrEqual(95);
+    expect(gaps[1]).toBeGreaterThanOrEqual(195);
+    expect(gaps[2]).toBeGreaterThanOrEqual(395);
+    expect(times[0]! - started).toBeGreaterThanOrEqual(0);
+    const sent = a.laneStats(name)[1]!.framesSent;
+    await run();
+    expect(a.laneStats(name)[1]!.framesSent).toBeGreaterThan(sent);
+  });
+
+  it('a lane refused by a target that takes lanes (more than 7 extra lanes: it still counts one this side closed) is opened again, not remembered as a refusal', async () => {
+    const { t, attempts } = await refusing((c, n) => {
+      if (n > 1) return false;
+      c.socket.end(encodeFrame([F.FATAL, 'invalid', `agent "x" opened more than 7 extra lanes for one session`]));
+      return true;
+    });
+    const { a, name, run } = await reader(t, 2);
+    await run();
+    await until(() => a.laneStats(name).length === 2 && a.laneStats(name).every((x) => x.ready), 'the lane admitted on the second try');
+    expect(attempts()).toBe(2);
+    expect(a.laneRefusal(name)).toBeNull();
+  });
+
+  it('laneBackoffMs: 100 ms doubled per earlier failure, at most 30 s', () => {
+    expect([0, 1, 2, 3, 8, 9, 40, -1].map(laneBackoffMs)).toEqual([100, 200, 400, 800, 25_600, 30_000, 30_000, 100]);
   });
 });

@@ -338,4 +338,20 @@ describe('lanes option', () => {
     for (const lanes of [1, 8]) expect((await agent({ lanes })).lanes).toBe(lanes);
     expect((await agent()).lanes).toBe(1);
   });
+
+  it('stallTimeoutMs: an integer 0..2^31-1 (0: off), default 5000 with more than one lane and off with one; anything else is refused with TransferError invalid', async () => {
+    for (const stallTimeoutMs of [-1, 1.5, Number.NaN, '5' as unknown as number, 2 ** 31]) {
+      const e = await EmbeddedAgent.create({ name: uniq('bad'), lanes: 2, stallTimeoutMs }).then(
+        (a) => (open.push(a), null),
+        (x: unknown) => x,
+      );
+      expect(e, `stallTimeoutMs ${String(stallTimeoutMs)}`).toBeInstanceOf(TransferError);
+      expect((e as TransferError).kind).toBe('invalid');
+      expect((e as TransferError).message).toContain('stallTimeoutMs must be an integer in 0..2147483647');
+    }
+    expect((await agent()).stallTimeoutMs).toBe(0);
+    expect((await agent({ lanes: 2 })).stallTimeoutMs).toBe(5000);
+    expect((await agent({ lanes: 2, stallTimeoutMs: 0 })).stallTimeoutMs).toBe(0);
+    expect((await agent({ lanes: 1, stallTimeoutMs: 700 })).stallTimeoutMs).toBe(700);
+  });
 });

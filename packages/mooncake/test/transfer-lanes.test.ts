@@ -1,0 +1,74 @@
+/**
+ * `kv_connector_extra_config.transfer_lanes` of `MooncakeConnector` (`parseMooncakeOptions`): an
+ * integer 1..8, default 1, handed to the embedded agent as its `lanes` option; a bad value, or a
+ * value other than 1 with the `mooncake` backend, is a config error.
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { pagedAttentionBytes, pagedAttentionCache } from '@kvconnect/checksum';
+import { KVTransferConfigError, type WorkerKVCaches } from '@kvconnect/core';
+import { EmbeddedAgent } from '@kvconnect/transfer';
+import { parseMooncakeOptions } from '../src/config.js';
+import { createAgent } from '../src/agent.js';
+import { MooncakeWorker } from '../src/worker.js';
+
+const problems = (extra: Record<string, unknown>) => {
+  try {
+    parseMooncakeOptions(extra, {});
+  } catch (e) {
+    expect(e).toBeInstanceOf(KVTransferConfigError);
+    return (e as KVTransferConfigError).problems;
+  }
+  throw new Error('no error');
+};
+
+function caches(): WorkerKVCaches {
+  const o = { dtype: 'bfloat16' as const, numBlocks: 8, blockSize: 4, numHeads: 2, headSize: 4, layout: 'NHD' as const, kvLayout: 'kv-first' as const };
+  const attn = pagedAttentionCache({ ...o, name: 'model.layers.0.self_attn.attn', at: { region: 0 } });
+  return {
+    rank: { tpRank: 0, tpSize: 1 },
+    ppRank: 0,
+    ppSize: 1,
+    regions: [new Uint8Array(pagedAttentionBytes(o))],
+    groups: [{ groupId: 0, caches: [attn] }],
+    groupConfigs: [{ groupId: 0, kind: 'full-attention', blockSize: 4, layerNames: [attn.name] }],
+  };
+}
+
+const cleanup: Array<() => Promise<void>> = [];
+afterEach(async () => {
+  for (const c of cleanup.splice(0)) await c();
+});
+
+describe('transfer_lanes (MooncakeConnector)', () => {
+  it('default 1; 1..8 taken as given', () => {
+    expect(parseMooncakeOptions({}, {}).transferLanes).toBe(1);
+    for (const n of [1, 4, 8]) expect(parseMooncakeOptions({ transfer_lanes: n }, {}).transferLanes).toBe(n);
+  });
+
+  it('anything else is a config problem at kv_connector_extra_config.transfer_lanes', () => {
+    for (const v of [0, 9, -1, 2.5, '4', null]) {
+      const p = problems({ transfer_lanes: v });
+      expect(p.map((x) => x.path), `transfer_lanes ${JSON.stringify(v)}`).toEqual(['kv_connector_extra_config.transfer_lanes']);
+      expect(p[0]!.message).toBe('expected an integer in 1..8');
+    }
+    const p = problems({ backend: 'mooncake', transfer_lanes: 2 });
+    expect(p.map((x) => x.path)).toEqual(['kv_connector_extra_config.transfer_lanes']);
+    expect(p[0]!.message).toContain("applies to backend 'embedded' only");
+  });
+
+  for (const lanes of [undefined, 4] as const) {
+    it(`the worker's embedded agent gets it as its lanes option (transfer_lanes ${String(lanes)})`, async () => {
+      const w = new MooncakeWorker('kv_consumer', { engineId: `lanes-${String(lanes)}`, tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 }, parseMooncakeOptions(lanes === undefined ? {} : { transfer_lanes: lanes }, {}));
+      cleanup.push(() => w.shutdown());
+      await w.registerKvCaches(caches());
+      expect(w.transferAgent).toBeInstanceOf(EmbeddedAgent);
+      expect((w.transferAgent as EmbeddedAgent).lanes).toBe(lanes ?? 1);
+    });
+  }
+
+  it('createAgent passes lanes to the embedded agent', async () => {
+    const a = await createAgent('embedded', 'lanes-create', '127.0.0.1', null, 3);
+    cleanup.push(() => a.close());
+    expect((a as EmbeddedAgent).lanes).toBe(3);
+  });
+});

@@ -1,0 +1,58 @@
+/**
+ * `kv_connector_extra_config.transfer_lanes` of the NIXL connectors (`parseNixlConfig` of
+ * `@kvconnect/nixl-common`): an integer 1..8, default 1, handed to the embedded agent as its
+ * `lanes` option; a bad value, or a value other than 1 with the `nixl` backend, is a config error.
+ */
+import { afterEach, describe, expect, it } from 'vitest';
+import { KVTransferConfigError, type KVTransferConfig, type WorkerContext } from '@kvconnect/core';
+import { parseNixlConfig } from '@kvconnect/nixl-common';
+import { EmbeddedAgent } from '@kvconnect/transfer';
+import { makeRank } from '../../nixl-common/test/fixtures.js';
+import { NIXL_CONNECTOR, NixlPullWorker } from '../src/index.js';
+
+const cfg = (extra: Record<string, unknown>): KVTransferConfig => ({ kv_connector: NIXL_CONNECTOR, kv_role: 'kv_producer', enable_kv_checksum: false, kv_checksum_fail_closed: false, kv_load_failure_policy: 'recompute', kv_connector_extra_config: extra });
+const problems = (extra: Record<string, unknown>) => {
+  try {
+    parseNixlConfig(cfg(extra));
+  } catch (e) {
+    expect(e).toBeInstanceOf(KVTransferConfigError);
+    return (e as KVTransferConfigError).problems;
+  }
+  throw new Error('no error');
+};
+
+const open: NixlPullWorker[] = [];
+afterEach(async () => {
+  for (const w of open.splice(0)) await w.shutdown();
+});
+
+describe('transfer_lanes (NIXL connectors)', () => {
+  it('default 1; 1..8 taken as given', () => {
+    expect(parseNixlConfig(cfg({})).transferLanes).toBe(1);
+    for (const n of [1, 4, 8]) expect(parseNixlConfig(cfg({ transfer_lanes: n })).transferLanes).toBe(n);
+    expect(parseNixlConfig(cfg({ backend: 'nixl', transfer_lanes: 1 })).transferLanes).toBe(1);
+  });
+
+  it('anything else is a config problem at kv_connector_extra_config.transfer_lanes', () => {
+    for (const v of [0, 9, -1, 2.5, '4', null]) {
+      const p = problems({ transfer_lanes: v });
+      expect(p.map((x) => x.path), `transfer_lanes ${JSON.stringify(v)}`).toEqual(['kv_connector_extra_config.transfer_lanes']);
+      expect(p[0]!.message).toBe('expected an integer in 1..8');
+    }
+    const p = problems({ backend: 'nixl', transfer_lanes: 4 });
+    expect(p.map((x) => x.path)).toEqual(['kv_connector_extra_config.transfer_lanes']);
+    expect(p[0]!.message).toContain("applies to backend 'embedded' only");
+  });
+
+  for (const lanes of [undefined, 4] as const) {
+    it(`the worker's embedded agent gets it as its lanes option (transfer_lanes ${String(lanes)})`, async () => {
+      const r = makeRank({ kind: 'gqa', layers: 2, kvHeads: 2, headDim: 8 }, 0, 1, { numBlocks: 4, blockSize: 16 });
+      const ctx: WorkerContext = { engineId: `lanes-worker-${String(lanes)}`, tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 };
+      const w = new NixlPullWorker(cfg(lanes === undefined ? {} : { transfer_lanes: lanes }), ctx);
+      open.push(w);
+      await w.registerKvCaches(r.caches);
+      expect(w.agent).toBeInstanceOf(EmbeddedAgent);
+      expect((w.agent as EmbeddedAgent).lanes).toBe(lanes ?? 1);
+    });
+  }
+});
