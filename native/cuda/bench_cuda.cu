@@ -184,6 +184,27 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+/**
+ * Median time (us, GPU events f0..f1 on `st`) of `enqueue(i)` launched on an idle stream: each of
+ * g_iters * 4 rounds first waits for `st` to drain, the first 5 rounds are warm-up.
+ */
+template <class F>
+double idle_median_us(cudaStream_t st, cudaEvent_t f0, cudaEvent_t f1, F&& enqueue) {
+  std::vector<double> v;
+  for (int i = 0; i < g_iters * 4; ++i) {
+    CK(cudaStreamSynchronize(st));
+    CK(cudaEventRecord(f0, st));
+    enqueue(i);
+    CK(cudaEventRecord(f1, st));
+    CK(cudaEventSynchronize(f1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, f0, f1));
+    if (i >= 5) v.push_back(ms * 1000.0);
+  }
+  return median(v);
+}
+
+
 /** Median device time (us) of `fn` over g_iters back-to-back runs, one event pair each. */
 template <class F>
 double time_pipelined(cudaStream_t st, F fn) {
@@ -431,20 +452,7 @@ void bench_step28(cudaStream_t st, unsigned long long* d_out, bool quick) {
       cudaEvent_t f0, f1;
       CK(cudaEventCreate(&f0));
       CK(cudaEventCreate(&f1));
-      auto idle_us = [&](auto&& enqueue) {
-        std::vector<double> v;
-        for (int i = 0; i < g_iters * 4; ++i) {
-          CK(cudaStreamSynchronize(st));
-          CK(cudaEventRecord(f0, st));
-          enqueue(i);
-          CK(cudaEventRecord(f1, st));
-          CK(cudaEventSynchronize(f1));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, f0, f1));
-          if (i >= 5) v.push_back(ms * 1000.0);
-        }
-        return median(v);
-      };
+      auto idle_us = [&](auto&& enqueue) { return idle_median_us(st, f0, f1, enqueue); };
       // spin_kernel(0) sleeps once (__nanosleep(1000)): empty_kernel is the real empty launch
       const double spin0 = idle_us([&](int) { spin_kernel<<<1, 32, 0, st>>>(0); });
       const double empty = idle_us([&](int) { empty_kernel<<<1, 32, 0, st>>>(); });
@@ -912,20 +920,7 @@ void bench_ab(cudaStream_t st, unsigned long long* d_out, const std::vector<int>
       cudaEvent_t f0, f1;
       CK(cudaEventCreate(&f0));
       CK(cudaEventCreate(&f1));
-      auto idle_us = [&](auto&& enqueue) {
-        std::vector<double> v;
-        for (int i = 0; i < g_iters * 4; ++i) {
-          CK(cudaStreamSynchronize(st));
-          CK(cudaEventRecord(f0, st));
-          enqueue(i);
-          CK(cudaEventRecord(f1, st));
-          CK(cudaEventSynchronize(f1));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, f0, f1));
-          if (i >= 5) v.push_back(ms * 1000.0);
-        }
-        return median(v);
-      };
+      auto idle_us = [&](auto&& enqueue) { return idle_median_us(st, f0, f1, enqueue); };
       for (int round = 1; round <= 2; ++round) {
         const double small = idle_us([&](int i) {
           scatter_sum<4><<<(n_chunks + 7) / 8, 256, 0, st>>>(d_ca + (size_t)(i % S.sets.size()) * n_chunks, n_chunks, chunk16, d_out);

@@ -8,8 +8,6 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import * as zmq from 'zeromq';
-import { pagedAttentionBytes, pagedAttentionCache } from '@kvconnect/checksum';
-import type { WorkerKVCaches } from '@kvconnect/core';
 import { ClusterSecretError, EmbeddedAgent } from '@kvconnect/transfer';
 import { BootstrapServer } from '../src/bootstrap.js';
 import { ConsumerSession, welcomeProof } from '../src/channel.js';
@@ -27,6 +25,7 @@ import {
   type WireLoad,
 } from '../src/protocol.js';
 import { MooncakeWorker } from '../src/worker.js';
+import { caches } from './fixtures.js';
 
 const SECRET = 'security-test-cluster-secret';
 const OTHER = 'some-other-cluster-secret-00';
@@ -35,18 +34,6 @@ afterEach(async () => {
   for (const f of cleanup.splice(0).reverse()) await f();
 });
 
-function caches(): WorkerKVCaches {
-  const o = { dtype: 'bfloat16' as const, numBlocks: 8, blockSize: 4, numHeads: 2, headSize: 4, layout: 'NHD' as const, kvLayout: 'kv-first' as const };
-  const attn = pagedAttentionCache({ ...o, name: 'model.layers.0.self_attn.attn', at: { region: 0 } });
-  return {
-    rank: { tpRank: 0, tpSize: 1 },
-    ppRank: 0,
-    ppSize: 1,
-    regions: [new Uint8Array(pagedAttentionBytes(o))],
-    groups: [{ groupId: 0, caches: [attn] }],
-    groupConfigs: [{ groupId: 0, kind: 'full-attention', blockSize: 4, layerNames: [attn.name] }],
-  };
-}
 
 async function until(cond: () => boolean, ms = 5000): Promise<void> {
   const t0 = Date.now();

@@ -4,12 +4,12 @@
  * value other than 1 with the `mooncake` backend, is a config error.
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import { pagedAttentionBytes, pagedAttentionCache } from '@kvconnect/checksum';
-import { KVTransferConfigError, type WorkerKVCaches } from '@kvconnect/core';
+import { KVTransferConfigError } from '@kvconnect/core';
 import { EmbeddedAgent } from '@kvconnect/transfer';
 import { parseMooncakeOptions } from '../src/config.js';
 import { createAgent } from '../src/agent.js';
 import { MooncakeWorker } from '../src/worker.js';
+import { caches } from './fixtures.js';
 
 const problems = (extra: Record<string, unknown>) => {
   try {
@@ -21,18 +21,6 @@ const problems = (extra: Record<string, unknown>) => {
   throw new Error('no error');
 };
 
-function caches(): WorkerKVCaches {
-  const o = { dtype: 'bfloat16' as const, numBlocks: 8, blockSize: 4, numHeads: 2, headSize: 4, layout: 'NHD' as const, kvLayout: 'kv-first' as const };
-  const attn = pagedAttentionCache({ ...o, name: 'model.layers.0.self_attn.attn', at: { region: 0 } });
-  return {
-    rank: { tpRank: 0, tpSize: 1 },
-    ppRank: 0,
-    ppSize: 1,
-    regions: [new Uint8Array(pagedAttentionBytes(o))],
-    groups: [{ groupId: 0, caches: [attn] }],
-    groupConfigs: [{ groupId: 0, kind: 'full-attention', blockSize: 4, layerNames: [attn.name] }],
-  };
-}
 
 const cleanup: Array<() => Promise<void>> = [];
 afterEach(async () => {

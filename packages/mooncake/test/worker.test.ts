@@ -6,32 +6,19 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import * as zmq from 'zeromq';
-import { pagedAttentionBytes, pagedAttentionCache } from '@kvconnect/checksum';
-import type { WorkerKVCaches } from '@kvconnect/core';
 import { BootstrapServer } from '../src/bootstrap.js';
 import { parseMooncakeOptions } from '../src/config.js';
 import { ProducerSessions } from '../src/channel.js';
 import { XferStatusCode, decodeEnvelope, decodeTransferMetadata, encodeEnvelope, encodeTransferResponse, type TransferMetadata, type TransferResponse } from '../src/protocol.js';
 import type { MooncakeLoadSpec } from '../src/scheduler.js';
 import { MooncakeWorker } from '../src/worker.js';
+import { caches } from './fixtures.js';
 
 const cleanup: Array<() => unknown> = [];
 afterEach(async () => {
   for (const f of cleanup.splice(0).reverse()) await f();
 });
 
-function caches(): WorkerKVCaches {
-  const o = { dtype: 'bfloat16' as const, numBlocks: 8, blockSize: 4, numHeads: 2, headSize: 4, layout: 'NHD' as const, kvLayout: 'kv-first' as const };
-  const attn = pagedAttentionCache({ ...o, name: 'model.layers.0.self_attn.attn', at: { region: 0 } });
-  return {
-    rank: { tpRank: 0, tpSize: 1 },
-    ppRank: 0,
-    ppSize: 1,
-    regions: [new Uint8Array(pagedAttentionBytes(o))],
-    groups: [{ groupId: 0, caches: [attn] }],
-    groupConfigs: [{ groupId: 0, kind: 'full-attention', blockSize: 4, layerNames: [attn.name] }],
-  };
-}
 
 /** A scripted producer worker (side-channel protocol 2, no cluster secret): records metadata, answers when told. */
 class FakeProducer {
