@@ -157,9 +157,10 @@ describe('late bytes around a stall verdict', () => {
 });
 
 describe('a target that drips bytes to look alive', () => {
-  it('one byte per 20 ms on a lane: no stall verdict, but the transfer still ends at its deadline (timeout); the frame deadline then closes the lane, and the next transfer completes', async () => {
+  it('one byte per 20 ms on a lane: no stall verdict by bytes; the transfer ends at its deadline (timeout), and that closes the lane as stalled (no frame answered), so the next transfers, posted while it still drips, complete', async () => {
     const n = 1 << 20;
-    const s = await warmed(2, n, { stallTimeoutMs: 100, transferTimeoutMs: 500, frameTimeoutMs: 1000 });
+    // The frame deadline (frameTimeoutMs, default 30 s) is far away: only the deadline check can end the drip.
+    const s = await warmed(2, n, { stallTimeoutMs: 100, transferTimeoutMs: 500 });
     const src = pattern(n, 23);
     const lane = s.extra[0]!;
     const stop = answering(s.t, src, () => s.t.conns.filter((c) => c !== lane));
@@ -172,17 +173,32 @@ describe('a target that drips bytes to look alive', () => {
     lane.socket.write(encodeFrame([F.RDATA, h.id], h.bytes));
     const drip = setInterval(() => lane.closed || lane.socket.write(new Uint8Array(1).fill(3)), 20);
     cleanup.push(async () => clearInterval(drip));
+    await sleep(300);
+    expect(s.a.laneEvents.stalled).toBe(0); // bytes keep coming: not a stall by the byte clock
     expect(await s.a.wait(req)).toBe('timeout');
     expect(Date.now() - t0).toBeLessThan(2000);
-    expect(s.a.laneEvents.stalled).toBe(0); // bytes kept coming: not a stall
-    // The frame deadline (frameTimeoutMs) ends the dripped answer: the lane closes.
-    await until(() => lane.closed, 'the frame deadline to close the dripping lane', 5000);
-    clearInterval(drip);
+    expect(s.a.laneEvents.stalled).toBe(1);
+    await until(() => lane.closed, 'the dripping lane closed');
     expect(s.first.closed).toBe(false);
-    s.local.fill(0);
+    for (let k = 0; k < 3; k++) {
+      s.local.fill(0);
+      await s.a.post(req);
+      expect(await s.a.wait(req)).toBe('done');
+      expect(Buffer.from(s.local).equals(Buffer.from(src))).toBe(true);
+    }
+  });
+
+  it('a transfer that times out on a lane that answered a frame within the bound leaves the lane open', async () => {
+    const n = 1 << 20;
+    const s = await warmed(2, n, { stallTimeoutMs: 2000, transferTimeoutMs: 300 });
+    const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
     await s.a.post(req);
-    expect(await s.a.wait(req)).toBe('done');
-    expect(Buffer.from(s.local).equals(Buffer.from(src))).toBe(true);
+    await until(() => s.first.frames.length + s.extra[0]!.frames.length === 16, 'the 16 frames');
+    // Nobody answers: at the deadline (300 ms) the lanes were quiet less than the bound (2 s).
+    expect(await s.a.wait(req)).toBe('timeout');
+    await sleep(50);
+    expect(s.first.closed || s.extra[0]!.closed).toBe(false);
+    expect(s.a.laneEvents.stalled).toBe(0);
   });
 });
 
