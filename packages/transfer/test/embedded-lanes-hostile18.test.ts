@@ -188,7 +188,7 @@ describe('a target that drips bytes to look alive', () => {
     }
   });
 
-  it('a transfer that times out on a lane that answered a frame within the bound leaves the lane open', async () => {
+  it('a transfer that times out while its lanes were quiet for less than the bound leaves them open', async () => {
     const n = 1 << 20;
     const s = await warmed(2, n, { stallTimeoutMs: 2000, transferTimeoutMs: 300 });
     const req = await s.a.makeTransfer({ op: 'READ', local: s.l, remote: s.r });
