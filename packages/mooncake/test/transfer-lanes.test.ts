@@ -33,6 +33,16 @@ describe('transfer_lanes (MooncakeConnector)', () => {
     for (const n of [1, 4, 8]) expect(parseMooncakeOptions({ transfer_lanes: n }, {}).transferLanes).toBe(n);
   });
 
+  it('huge, non-finite and non-number values are a typed config problem too, and lose no other problem of the same config', () => {
+    for (const v of [1e9, 2 ** 53, -(2 ** 31), Number.MAX_VALUE, Infinity, -Infinity, NaN, true, [4], { n: 4 }, '', 8.000001, 1e-9]) {
+      const p = problems({ transfer_lanes: v });
+      expect(p.map((x) => x.path), `transfer_lanes ${String(v)}`).toEqual(['kv_connector_extra_config.transfer_lanes']);
+      expect(p[0]!.message).toBe('expected an integer in 1..8');
+    }
+    const p = problems({ transfer_lanes: 0, bogus_key: 1 });
+    expect(p.map((x) => x.path).sort()).toEqual(['kv_connector_extra_config.bogus_key', 'kv_connector_extra_config.transfer_lanes']);
+  });
+
   it('anything else is a config problem at kv_connector_extra_config.transfer_lanes', () => {
     for (const v of [0, 9, -1, 2.5, '4', null]) {
       const p = problems({ transfer_lanes: v });

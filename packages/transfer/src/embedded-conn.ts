@@ -237,6 +237,8 @@ export class OutConn {
   refusal: string | null = null;
   /** Frames answered (RDATA received whole, WACK): a lane that answered some was healthy for a while (`OutLink` backoff). */
   answered = 0;
+  /** `Date.now()` of the last frame answered (RDATA whole, WACK, ERR; 0: none yet): the progress clock of {@link stallOnDeadline}. */
+  private lastDoneAt = 0;
   /** Closed by the stall check ({@link stalled}). */
   stalledOut = false;
   /** The handshake was done once (a lane that dies after it is replaced, one refused is not). */
@@ -517,6 +519,7 @@ export class OutConn {
         }
         this.inflight.delete(h.id);
         this.inflightBytes -= f.bytes;
+        this.lastDoneAt = Date.now();
         const kind: TransferErrorKind = h.kind === 'invalid' || h.kind === 'backend' || h.kind === 'not-found' ? h.kind : 'backend';
         this.agent.frameFailed(f, kind, `${this.peer.name} refused the transfer: ${h.message}`);
         this.pump();
@@ -535,6 +538,7 @@ export class OutConn {
     const f = this.inflight.get(id);
     if (!f) return;
     this.answered++;
+    this.lastDoneAt = Date.now();
     this.inflight.delete(id);
     this.inflightBytes -= f.bytes;
     this.agent.frameDone(f, this);
@@ -583,7 +587,7 @@ export class OutConn {
    * (`EmbeddedAgent.laneStalled`), which re-requests the READ ones on the link's other ready
    * lanes and fails the rest as a closed connection's.
    */
-  private stalled(quiet: number): void {
+  private stalled(quiet: number, what = 'no byte received'): void {
     const frames = [...this.inflight.values(), ...this.queue.slice(this.qHead)];
     const n = this.inflight.size;
     this.inflight.clear();
@@ -592,9 +596,35 @@ export class OutConn {
     this.inflightBytes = 0;
     this.queuedBytes = 0;
     this.stalledOut = true;
-    const message = `connection to ${this.peer.name} stalled: no byte received for ${quiet} ms with ${n} frame(s) outstanding (stallTimeoutMs ${this.agent.stallTimeoutMs})`;
+    const message = `connection to ${this.peer.name} stalled: ${what} for ${quiet} ms with ${n} frame(s) outstanding (stallTimeoutMs ${this.agent.stallTimeoutMs})`;
     this.fatal('remote-disconnect', message);
     this.agent.laneStalled(this, frames, 'remote-disconnect', message);
+  }
+
+  /**
+   * @internal The transfer `req` ended at its deadline (`timeout`) with frames outstanding here:
+   * when this connection answered no frame for `stallTimeoutMs` (since frames became outstanding
+   * or its last answer), it is closed as stalled ({@link stalled}: READ frames of other transfers
+   * are asked again elsewhere) though bytes may still come. A target that drips a byte at a time
+   * defeats the byte clock of {@link checkStall} and would hold every later frame of the lane
+   * behind the one it drips (until `frameTimeoutMs`). `stallTimeoutMs` must exceed one frame's
+   * time anyway (its option note). Returns true when it closed.
+   */
+  stallOnDeadline(req: EmbeddedRequest): boolean {
+    const bound = this.agent.stallTimeoutMs;
+    if (bound === 0 || this.closed) return false;
+    let holds = false;
+    for (const f of this.inflight.values()) {
+      if (f.req === req) {
+        holds = true;
+        break;
+      }
+    }
+    if (!holds) return false;
+    const quiet = Date.now() - Math.max(this.lastDoneAt, this.busySince);
+    if (quiet < bound) return false;
+    this.stalled(quiet, 'no frame answered');
+    return true;
   }
 
   /** Fails everything and closes. */
@@ -753,6 +783,11 @@ export class OutLink {
       loads[k]! += f.bytes;
     }
     for (let j = 0; j < use.length; j++) if (groups[j]!.length > 0) use[j]!.enqueue(groups[j]!);
+  }
+
+  /** `req` ended at its deadline: each lane holding its frames that answered none for the stall bound closes as stalled ({@link OutConn.stallOnDeadline}); the extra lanes first. */
+  stallOnDeadline(req: EmbeddedRequest): void {
+    for (const l of [...this.lanes.slice(1), this.primary]) l.stallOnDeadline(req);
   }
 
   /** Points every lane's next read back at the agent's buffer ({@link SocketReads.disarm}). */

@@ -156,7 +156,9 @@ export interface EmbeddedAgentOptions {
    * READ frames are requested again on the link's other ready lanes (safe: the closed socket
    * lands nothing more, and a READ changes nothing at the target); its WRITE frames fail as on a
    * lane that closed (the transfer fails once its frames on the other lanes were answered). A
-   * stalled first connection ends the session as its close does. Must exceed the time one frame
+   * stalled first connection ends the session as its close does. A transfer that ends at its
+   * deadline (`timeout`) also closes as stalled each connection holding its frames that answered
+   * no frame for this long (bytes that trickle in do not count: `OutConn.stallOnDeadline`). Must exceed the time one frame
    * (`chunkBytes`) takes over the link plus the target's answer time, including pauses of the
    * target's event loop (an engine's forward pass on the target's thread).
    * @throws TransferError `invalid` from {@link EmbeddedAgent.create} for anything but an integer in 0..2^31-1.
@@ -719,6 +721,8 @@ export class EmbeddedAgent extends EventEmitter<{ 'protocol-error': [ProtocolErr
     // Its local memory is the caller's again: no in-place read of a late answer into it.
     this.conns.get(req.remoteAgent)?.disarm();
     this.active.delete(req);
+    // A lane that held its frames to the deadline answering none is dead or dripping (stallTimeoutMs).
+    if (state === 'timeout' && this.stallTimeoutMs > 0) this.conns.get(req.remoteAgent)?.stallOnDeadline(req);
     return state;
   }
 
