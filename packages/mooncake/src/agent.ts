@@ -39,16 +39,17 @@ export function mooncakeUnavailableReason(): string | null {
  * Creates a worker's agent: an `EmbeddedAgent` listening on `host`, or for `mooncake` a
  * `MooncakeAgent` (one Transfer Engine per worker, P2PHANDSHAKE metadata, `host` as its
  * `local_server_name`: the host of its segment name, which peers connect to). `lanes`: the
- * embedded agent's TCP connections per peer (`transfer_lanes`, default 1). The bind rule
+ * embedded agent's TCP connections per peer (`transfer_lanes`, default 1); `stallTimeoutMs`: its
+ * stalled-connection bound (`transfer_stall_timeout_ms`; undefined: the agent's default). The bind rule
  * applies to `host` first (`checkBindHost`: loopback, or any host with a cluster secret). The real
  * Transfer Engine's handshake and data listeners bind to every interface whatever `host` says
  * (Mooncake has no bind-address setting for them; `docs/security.md (Mooncake)`).
  * @throws ClusterSecretError for a non-loopback `host` without `secret`; MooncakeUnavailableError
  *   for `mooncake` when the library is missing or the engine fails to start.
  */
-export async function createAgent(backend: MooncakeBackend, name: string, host: string, secret: Uint8Array | null = null, lanes = 1): Promise<TransferAgent> {
+export async function createAgent(backend: MooncakeBackend, name: string, host: string, secret: Uint8Array | null = null, lanes = 1, stallTimeoutMs?: number): Promise<TransferAgent> {
   transfer.checkBindHost(host, secret, backend === 'embedded' ? 'Mooncake connector embedded agent' : 'Mooncake Transfer Engine');
-  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host, clusterSecret: secret ?? undefined, lanes });
+  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host, clusterSecret: secret ?? undefined, lanes, ...(stallTimeoutMs !== undefined ? { stallTimeoutMs } : {}) });
   const why = mooncakeUnavailableReason();
   if (why) throw new MooncakeUnavailableError(why);
   try {

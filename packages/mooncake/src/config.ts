@@ -33,6 +33,13 @@ export interface MooncakeOptions {
    */
   transferLanes: number;
   /**
+   * [`transfer_stall_timeout_ms`] `embedded` backend: the agent's stalled-connection bound, ms
+   * (0..2^31-1; 0 = off; unset: the agent's default, 5000 with `transfer_lanes` > 1, off with one
+   * lane), the embedded agent's `stallTimeoutMs` (`@kvconnect/transfer` README "Striping"). The
+   * `mooncake` backend refuses it.
+   */
+  transferStallTimeoutMs: number | undefined;
+  /**
    * [`abort_timeout_ms`] Producer: how long a consumer's request waits for the prefill, and how long
    * finished blocks are kept for consumers that have not asked (vLLM's abort timeout; default 480 000).
    */
@@ -104,6 +111,7 @@ export const mooncakeExtraConfigSchema = strictObject({
   remote_bootstrap_addr: text().optional(),
   side_channel_host: text().optional(),
   transfer_lanes: int(1, MAX_LANES).optional(),
+  transfer_stall_timeout_ms: int(0, 2 ** 31 - 1).optional(),
   abort_timeout_ms: int(1, 86_400_000).optional(),
   transfer_timeout_ms: int(1, 86_400_000).optional(),
   bootstrap_timeout_ms: int(1, 86_400_000).optional(),
@@ -139,6 +147,9 @@ export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS
   if (r.success && r.data.transfer_lanes !== undefined && r.data.transfer_lanes !== 1 && r.data.backend === 'mooncake') {
     problems.push({ path: 'kv_connector_extra_config.transfer_lanes', message: "applies to backend 'embedded' only (the Mooncake Transfer Engine has its own transports)" });
   }
+  if (r.success && r.data.transfer_stall_timeout_ms !== undefined && r.data.backend === 'mooncake') {
+    problems.push({ path: 'kv_connector_extra_config.transfer_stall_timeout_ms', message: "applies to backend 'embedded' only (the Mooncake Transfer Engine has its own timeouts)" });
+  }
   if (!r.success || problems.length) throw new KVTransferConfigError(problems);
   const x = r.data;
   const abortTimeoutMs = x.abort_timeout_ms ?? 480_000;
@@ -150,6 +161,7 @@ export function parseMooncakeOptions(extra: Record<string, unknown>, env: NodeJS
     remoteBootstrapAddr: x.remote_bootstrap_addr,
     host: x.side_channel_host ?? '127.0.0.1',
     transferLanes: x.transfer_lanes ?? 1,
+    transferStallTimeoutMs: x.transfer_stall_timeout_ms,
     abortTimeoutMs,
     transferTimeoutMs: x.transfer_timeout_ms ?? abortTimeoutMs + 60_000,
     bootstrapTimeoutMs: x.bootstrap_timeout_ms ?? 30_000,

@@ -280,7 +280,7 @@ export class MooncakeWorker implements KVConnectorWorker {
   async registerKvCaches(caches: WorkerKVCaches): Promise<void> {
     this.caches = caches;
     const name = `${this.ctx.engineId.slice(0, 200)}/pp${this.ctx.ppRank}/tp${this.ctx.tpRank}/${randomUUID().slice(0, 8)}`;
-    let agent = await createAgent(this.opts.backend, name, this.opts.host, this.opts.clusterSecret, this.opts.transferLanes);
+    let agent = await createAgent(this.opts.backend, name, this.opts.host, this.opts.clusterSecret, this.opts.transferLanes, this.opts.transferStallTimeoutMs);
     if (this.hooks.wrapAgent) agent = this.hooks.wrapAgent(agent, this.ctx);
     this.agent = agent;
     const reg = await agent.registerMemory(caches.regions.map((r) => toMemoryRegion(r)));

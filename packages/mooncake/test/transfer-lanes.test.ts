@@ -1,7 +1,8 @@
 /**
  * `kv_connector_extra_config.transfer_lanes` of `MooncakeConnector` (`parseMooncakeOptions`): an
  * integer 1..8, default 1, handed to the embedded agent as its `lanes` option; a bad value, or a
- * value other than 1 with the `mooncake` backend, is a config error.
+ * value other than 1 with the `mooncake` backend, is a config error. `transfer_stall_timeout_ms`
+ * (0..2^31-1, unset: the agent's default) is handed on as the agent's `stallTimeoutMs`.
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { KVTransferConfigError } from '@kvconnect/core';
@@ -20,7 +21,6 @@ const problems = (extra: Record<string, unknown>) => {
   }
   throw new Error('no error');
 };
-
 
 const cleanup: Array<() => Promise<void>> = [];
 afterEach(async () => {
@@ -69,4 +69,31 @@ describe('transfer_lanes (MooncakeConnector)', () => {
     cleanup.push(() => a.close());
     expect((a as EmbeddedAgent).lanes).toBe(3);
   });
+});
+
+describe('transfer_stall_timeout_ms (MooncakeConnector)', () => {
+  it('unset by default; 0..2^31-1 taken as given; anything else, or with the mooncake backend, a config problem', () => {
+    expect(parseMooncakeOptions({}, {}).transferStallTimeoutMs).toBeUndefined();
+    for (const n of [0, 250, 2 ** 31 - 1]) expect(parseMooncakeOptions({ transfer_stall_timeout_ms: n }, {}).transferStallTimeoutMs).toBe(n);
+    for (const v of [-1, 2.5, '500', null, 2 ** 31, Infinity, NaN]) {
+      expect(problems({ transfer_stall_timeout_ms: v }).map((x) => x.path), `transfer_stall_timeout_ms ${String(v)}`).toEqual(['kv_connector_extra_config.transfer_stall_timeout_ms']);
+    }
+    const p = problems({ backend: 'mooncake', transfer_stall_timeout_ms: 500 });
+    expect(p.map((x) => x.path)).toEqual(['kv_connector_extra_config.transfer_stall_timeout_ms']);
+    expect(p[0]!.message).toContain("applies to backend 'embedded' only");
+  });
+
+  // Expected: the agent's documented default (5000 ms with lanes > 1, packages/transfer/README.md
+  // "Striping") when unset, else the value given.
+  for (const [extra, want] of [
+    [{ transfer_lanes: 4 }, 5000],
+    [{ transfer_lanes: 4, transfer_stall_timeout_ms: 750 }, 750],
+  ] as const) {
+    it(`the worker's embedded agent gets it as stallTimeoutMs (${JSON.stringify(extra)})`, async () => {
+      const w = new MooncakeWorker('kv_consumer', { engineId: `stall-${JSON.stringify(extra)}`, tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 }, parseMooncakeOptions(extra, {}));
+      cleanup.push(() => w.shutdown());
+      await w.registerKvCaches(caches());
+      expect((w.transferAgent as EmbeddedAgent).stallTimeoutMs).toBe(want);
+    });
+  }
 });

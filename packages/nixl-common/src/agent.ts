@@ -16,14 +16,14 @@ export class AgentUnavailableError extends Error {
 /**
  * Creates the agent of `backend` named `name`: the embedded agent listens on `host` (any free
  * port; a non-loopback host needs `clusterSecret`, which its connections then prove) and opens
- * `lanes` TCP connections per peer (default 1; `transfer_lanes`); the NIXL agent loads `nixlLibrary` (default: the transfer package's search, e.g.
+ * `lanes` TCP connections per peer (default 1; `transfer_lanes`) and `stallTimeoutMs` (`transfer_stall_timeout_ms`; unset: the agent's default); the NIXL agent loads `nixlLibrary` (default: the transfer package's search, e.g.
  * `NIXL_LIBRARY` / `NIXL_PREFIX`) with the backend plugin `nixlBackend` (default UCX) and `nixlBackendParams`.
  * @throws AgentUnavailableError for an unknown backend, and for `nixl` when libnixl_capi.so does not
  *   load (one line: what to install, `NIXL_PREFIX`; `transferEngineUnavailable`); the agent's error
  *   when it cannot start.
  */
-export const createAgent: AgentFactory = async ({ backend, name, host, nixlLibrary, nixlBackendParams, nixlBackend, clusterSecret, lanes }) => {
-  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host, clusterSecret: clusterSecret ?? null, lanes: lanes ?? 1 });
+export const createAgent: AgentFactory = async ({ backend, name, host, nixlLibrary, nixlBackendParams, nixlBackend, clusterSecret, lanes, stallTimeoutMs }) => {
+  if (backend === 'embedded') return transfer.EmbeddedAgent.create({ name, host, clusterSecret: clusterSecret ?? null, lanes: lanes ?? 1, ...(stallTimeoutMs !== undefined ? { stallTimeoutMs } : {}) });
   if (backend === 'nixl') {
     const why = transfer.transferEngineUnavailable('nixl', { library: nixlLibrary });
     if (why) throw new AgentUnavailableError(why);

@@ -9,7 +9,7 @@ import { DEFAULT_LOCALIZE_MAX_INFLIGHT, DEFAULT_LOCALIZE_RANGES_PER_SECOND } fro
 import { isRegistry } from './metrics.js';
 
 /** Creates a worker's transfer agent (test hook and custom backends). */
-export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string>; nixlBackend?: string; clusterSecret?: Uint8Array | null; lanes?: number }) => Promise<TransferAgent>;
+export type AgentFactory = (o: { backend: string; name: string; host: string; nixlLibrary?: string; nixlBackendParams?: Record<string, string>; nixlBackend?: string; clusterSecret?: Uint8Array | null; lanes?: number; stallTimeoutMs?: number }) => Promise<TransferAgent>;
 
 /** The validated options. */
 export interface NixlConfig {
@@ -35,6 +35,12 @@ export interface NixlConfig {
    * backends refuse a value other than 1 (NIXL stripes by its own UCX settings).
    */
   transferLanes: number;
+  /**
+   * `embedded` backend: the agent's stalled-connection bound, ms (`transfer_stall_timeout_ms`,
+   * 0..2^31-1; 0 = off; unset: the agent's default, 5000 with `transfer_lanes` > 1, off with one
+   * lane), the embedded agent's `stallTimeoutMs` (`@kvconnect/transfer` README "Striping").
+   */
+  transferStallTimeoutMs: number | undefined;
   /** Producer lease, ms: `lease_ms`, or vLLM's `kv_lease_duration` in seconds (default 30 000). */
   leaseMs: number;
   /** Consumer heartbeat period, ms (default 5 000; 0 = none). */
@@ -102,6 +108,7 @@ export const nixlExtraConfigSchema = strictObject({
   localize_ranges_per_second_per_peer: int(1, 1 << 30).optional(),
   transfer_timeout_ms: int(1, 3600 * 1000).optional(),
   transfer_lanes: int(1, MAX_LANES).optional(),
+  transfer_stall_timeout_ms: int(0, 2 ** 31 - 1).optional(),
   push_timeout_ms: int(1, 24 * 3600 * 1000).optional(),
   handshake_timeout_ms: int(1, 600 * 1000).optional(),
   lease_check: z.boolean({ error: 'expected a boolean' }).optional(),
@@ -138,6 +145,9 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
   if (r.success && r.data.transfer_lanes !== undefined && r.data.transfer_lanes !== 1 && r.data.backend === 'nixl') {
     problems.push({ path: p('transfer_lanes'), message: "applies to backend 'embedded' only (NIXL stripes by its UCX settings, nixl_backend_params)" });
   }
+  if (r.success && r.data.transfer_stall_timeout_ms !== undefined && r.data.backend === 'nixl') {
+    problems.push({ path: p('transfer_stall_timeout_ms'), message: "applies to backend 'embedded' only (NIXL's UCX transports have their own timeouts)" });
+  }
   if (!r.success || problems.length > 0) throw new KVTransferConfigError(problems);
   const x = r.data;
   const host = x.side_channel_host ?? '127.0.0.1';
@@ -148,6 +158,7 @@ export function parseNixlConfig(config: KVTransferConfig): NixlConfig {
     agentHost: x.agent_host ?? host,
     clusterSecret,
     transferLanes: x.transfer_lanes ?? 1,
+    transferStallTimeoutMs: x.transfer_stall_timeout_ms,
     leaseMs: x.lease_ms ?? (x.kv_lease_duration !== undefined ? Math.round(x.kv_lease_duration * 1000) : 30_000),
     heartbeatMs: x.heartbeat_ms ?? 5_000,
     localizeHoldMs: x.localize_hold_ms ?? 0,

@@ -125,6 +125,7 @@ export abstract class NixlWorkerBase implements KVConnectorWorker<NixlMeta, Nixl
       nixlBackend: this.config.nixlBackend,
       clusterSecret: this.config.clusterSecret,
       lanes: this.config.transferLanes,
+      ...(this.config.transferStallTimeoutMs !== undefined ? { stallTimeoutMs: this.config.transferStallTimeoutMs } : {}),
     });
     this.agent = agent;
     const reg = await agent.registerMemory(caches.regions.map((r) => toMemoryRegion(r)));

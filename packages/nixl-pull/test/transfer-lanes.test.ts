@@ -2,6 +2,7 @@
  * `kv_connector_extra_config.transfer_lanes` of the NIXL connectors (`parseNixlConfig` of
  * `@kvconnect/nixl-common`): an integer 1..8, default 1, handed to the embedded agent as its
  * `lanes` option; a bad value, or a value other than 1 with the `nixl` backend, is a config error.
+ * `transfer_stall_timeout_ms` (0..2^31-1, unset: the agent's default) is handed on as `stallTimeoutMs`.
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { KVTransferConfigError, type KVTransferConfig, type WorkerContext } from '@kvconnect/core';
@@ -63,6 +64,37 @@ describe('transfer_lanes (NIXL connectors)', () => {
       await w.registerKvCaches(r.caches);
       expect(w.agent).toBeInstanceOf(EmbeddedAgent);
       expect((w.agent as EmbeddedAgent).lanes).toBe(lanes ?? 1);
+    });
+  }
+});
+
+describe('transfer_stall_timeout_ms (NIXL connectors)', () => {
+  it('unset by default (the agent decides); 0..2^31-1 taken as given; anything else, or with the nixl backend, a config problem', () => {
+    expect(parseNixlConfig(cfg({})).transferStallTimeoutMs).toBeUndefined();
+    for (const n of [0, 250, 2 ** 31 - 1]) expect(parseNixlConfig(cfg({ transfer_stall_timeout_ms: n })).transferStallTimeoutMs).toBe(n);
+    for (const v of [-1, 2.5, '500', null, 2 ** 31, Infinity, NaN]) {
+      expect(problems({ transfer_stall_timeout_ms: v }).map((x) => x.path), `transfer_stall_timeout_ms ${String(v)}`).toEqual(['kv_connector_extra_config.transfer_stall_timeout_ms']);
+    }
+    const p = problems({ backend: 'nixl', transfer_stall_timeout_ms: 500 });
+    expect(p.map((x) => x.path)).toEqual(['kv_connector_extra_config.transfer_stall_timeout_ms']);
+    expect(p[0]!.message).toContain("applies to backend 'embedded' only");
+  });
+
+  // Expected values: the agent's documented default (5000 ms with lanes > 1, off with one lane,
+  // packages/transfer/README.md "Striping") when the key is unset, else the value given.
+  for (const [extra, want] of [
+    [{ transfer_lanes: 4 }, 5000],
+    [{ transfer_lanes: 1 }, 0],
+    [{ transfer_lanes: 4, transfer_stall_timeout_ms: 750 }, 750],
+    [{ transfer_lanes: 4, transfer_stall_timeout_ms: 0 }, 0],
+  ] as const) {
+    it(`the worker's embedded agent gets it as stallTimeoutMs (${JSON.stringify(extra)})`, async () => {
+      const r = makeRank({ kind: 'gqa', layers: 2, kvHeads: 2, headDim: 8 }, 0, 1, { numBlocks: 4, blockSize: 16 });
+      const ctx: WorkerContext = { engineId: `stall-worker-${JSON.stringify(extra)}`, tpRank: 0, tpSize: 1, ppRank: 0, ppSize: 1 };
+      const w = new NixlPullWorker(cfg(extra), ctx);
+      open.push(w);
+      await w.registerKvCaches(r.caches);
+      expect((w.agent as EmbeddedAgent).stallTimeoutMs).toBe(want);
     });
   }
 });
