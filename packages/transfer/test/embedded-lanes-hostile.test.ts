@@ -8,64 +8,16 @@
  * other `lanes` values or without lanes.
  */
 import { randomBytes } from 'node:crypto';
-import { afterEach, describe, expect, it } from 'vitest';
-import { EmbeddedAgent, makeNonce, makeProof, type EmbeddedAgentOptions } from '../src/index.js';
-import { encodeFrame, F, HANDSHAKE_CONTEXT, WIRE_VERSION, type Header } from '../src/wire.js';
+import { describe, expect, it } from 'vitest';
+import { EmbeddedAgent, makeNonce, makeProof } from '../src/index.js';
+import { encodeFrame, F, HANDSHAKE_CONTEXT, WIRE_VERSION } from '../src/wire.js';
 import { FakeTarget, rdata, wack, type FakeConn } from './fake-target.js';
 import { laneBackoffMs } from '../src/embedded-conn.js';
 import { pattern } from './patterns.js';
+import { answerOf, answering, io, lanesRig, sleep, until } from './lanes-rig.js';
 import { RawPeer } from './raw-peer.js';
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-let seq = 0;
-const uniq = (p: string) => `${p}-${process.pid}-${++seq}`;
-const cleanup: Array<() => Promise<void>> = [];
-afterEach(async () => {
-  for (const c of cleanup.splice(0)) await c();
-});
-async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(2);
-  }
-}
-type Io = Extract<Header, { t: typeof F.READ | typeof F.WRITE }>;
-const io = (f: { h: Header }) => f.h as Io;
-
-/**
- * An initiator with `lanes` lanes and 64 KiB frames, `n` bytes of local memory, descriptor lists
- * of all of it at both ends, and a fake target; a first READ (answered with zeros) opens the lanes
- * and the test waits until every one is ready at both ends. Frames seen so far are cleared.
- */
-async function warmed(lanes: number, n: number, o: Partial<EmbeddedAgentOptions> = {}) {
-  const t = await FakeTarget.listen(uniq('fake'));
-  const a = await EmbeddedAgent.create({ name: uniq('init'), lanes, chunkBytes: 64 * 1024, ...o });
-  cleanup.push(
-    () => a.close(),
-    () => t.close(),
-  );
-  const local = new Uint8Array(n);
-  const rl = await a.registerMemory([{ bytes: local }]);
-  const name = await a.loadRemoteMetadata(t.metadata());
-  const l = await a.prepDescList(null, 'DRAM', [{ addr: rl.regions[0]!.addr, length: n }]);
-  const r = await a.prepDescList(name, 'DRAM', [{ addr: t.region.addr, length: n }]);
-  const w = await a.makeTransfer({ op: 'READ', local: l, remote: r });
-  await a.post(w);
-  const answered = new Set<unknown>();
-  const answer = setInterval(() => {
-    for (const c of t.conns) for (const f of c.frames) if (!answered.has(f) && f.h.t === F.READ) (answered.add(f), rdata(c, io(f).id, new Uint8Array(io(f).bytes)));
-  }, 2);
-  try {
-    expect(await a.wait(w)).toBe('done');
-    await until(() => t.ready.length === lanes && a.laneStats(name).length === lanes && a.laneStats(name).every((s) => s.ready), `${lanes} ready lanes`);
-  } finally {
-    clearInterval(answer);
-  }
-  for (const c of t.conns) c.frames.length = 0;
-  const [first, ...extra] = t.ready;
-  return { t, a, local, l, r, name, first: first!, extra: extra as FakeConn[] };
-}
+const { uniq, cleanup, warmed } = lanesRig('h');
 
 describe('lanes against a hostile target', () => {
   it('a lane that never answers: the transfer fails at its deadline (timeout), the session goes on', async () => {
@@ -170,34 +122,6 @@ describe('lanes against a hostile target', () => {
     expect(Date.now() - t0).toBeLessThan(2000);
   });
 });
-
-/** The payload an honest target answers `f` with from its memory `src` (at the fake's region). */
-const answerOf = (t: FakeTarget, src: Uint8Array, f: { h: Header }) => {
-  const segs = io(f).segs;
-  const parts: Uint8Array[] = [];
-  for (let i = 0; i < segs.length; i += 2) parts.push(src.subarray(segs[i]! - t.region.addr, segs[i]! - t.region.addr + segs[i + 1]!));
-  return Buffer.concat(parts);
-};
-
-/**
- * Answers, every 2 ms until stopped, each frame that arrives from now on on the connections
- * `on()` returns: READ from `src`, WRITE acknowledged.
- */
-function answering(t: FakeTarget, src: Uint8Array, on: () => FakeConn[]): () => void {
-  const done = new Set<unknown>(t.conns.flatMap((c) => c.frames));
-  const timer = setInterval(() => {
-    for (const c of on()) {
-      if (c.closed) continue;
-      for (const f of c.frames) {
-        if (done.has(f)) continue;
-        done.add(f);
-        if (f.h.t === F.READ) rdata(c, io(f).id, answerOf(t, src, f));
-        else wack(c, io(f).id);
-      }
-    }
-  }, 2);
-  return () => clearInterval(timer);
-}
 
 describe('a lane that stays connected but goes silent (stallTimeoutMs)', () => {
   it('READ: the silent lane is closed after the bound, its frames are asked again on the other lane, the transfer completes with every byte', async () => {

@@ -4,82 +4,14 @@
  * that drips one byte at a time to keep a lane "alive", every lane silent at once, and a target
  * that admits lanes and closes them at once (reopen storm), then the agent's close.
  */
-import { afterEach, describe, expect, it } from 'vitest';
-import { EmbeddedAgent, type EmbeddedAgentOptions } from '../src/index.js';
-import { encodeFrame, F, type Header } from '../src/wire.js';
-import { FakeTarget, rdata, wack, type FakeConn } from './fake-target.js';
+import { describe, expect, it } from 'vitest';
+import { EmbeddedAgent } from '../src/index.js';
+import { encodeFrame, F } from '../src/wire.js';
+import { FakeTarget, rdata } from './fake-target.js';
 import { pattern } from './patterns.js';
+import { answerOf, answering, io, lanesRig, sleep, until } from './lanes-rig.js';
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-let seq = 0;
-const uniq = (p: string) => `${p}-${process.pid}-h18-${++seq}`;
-const cleanup: Array<() => Promise<void>> = [];
-afterEach(async () => {
-  for (const c of cleanup.splice(0)) await c();
-});
-async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await sleep(2);
-  }
-}
-type Io = Extract<Header, { t: typeof F.READ | typeof F.WRITE }>;
-const io = (f: { h: Header }) => f.h as Io;
-
-/** As `warmed` of embedded-lanes-hostile.test.ts: an initiator with ready lanes to a fake target, frames seen so far cleared. */
-async function warmed(lanes: number, n: number, o: Partial<EmbeddedAgentOptions> = {}) {
-  const t = await FakeTarget.listen(uniq('fake'));
-  const a = await EmbeddedAgent.create({ name: uniq('init'), lanes, chunkBytes: 64 * 1024, ...o });
-  cleanup.push(
-    () => a.close(),
-    () => t.close(),
-  );
-  const local = new Uint8Array(n);
-  const rl = await a.registerMemory([{ bytes: local }]);
-  const name = await a.loadRemoteMetadata(t.metadata());
-  const l = await a.prepDescList(null, 'DRAM', [{ addr: rl.regions[0]!.addr, length: n }]);
-  const r = await a.prepDescList(name, 'DRAM', [{ addr: t.region.addr, length: n }]);
-  const w = await a.makeTransfer({ op: 'READ', local: l, remote: r });
-  await a.post(w);
-  const answered = new Set<unknown>();
-  const answer = setInterval(() => {
-    for (const c of t.conns) for (const f of c.frames) if (!answered.has(f) && f.h.t === F.READ) (answered.add(f), rdata(c, io(f).id, new Uint8Array(io(f).bytes)));
-  }, 2);
-  try {
-    expect(await a.wait(w)).toBe('done');
-    await until(() => t.ready.length === lanes && a.laneStats(name).length === lanes && a.laneStats(name).every((s) => s.ready), `${lanes} ready lanes`);
-  } finally {
-    clearInterval(answer);
-  }
-  for (const c of t.conns) c.frames.length = 0;
-  const [first, ...extra] = t.ready;
-  return { t, a, local, l, r, name, first: first!, extra: extra as FakeConn[] };
-}
-
-const answerOf = (t: FakeTarget, src: Uint8Array, f: { h: Header }) => {
-  const segs = io(f).segs;
-  const parts: Uint8Array[] = [];
-  for (let i = 0; i < segs.length; i += 2) parts.push(src.subarray(segs[i]! - t.region.addr, segs[i]! - t.region.addr + segs[i + 1]!));
-  return Buffer.concat(parts);
-};
-
-/** Answers every 2 ms each new frame on the connections `on()` returns: READ from `src`, WRITE acknowledged. */
-function answering(t: FakeTarget, src: Uint8Array, on: () => FakeConn[]): () => void {
-  const done = new Set<unknown>(t.conns.flatMap((c) => c.frames));
-  const timer = setInterval(() => {
-    for (const c of on()) {
-      if (c.closed) continue;
-      for (const f of c.frames) {
-        if (done.has(f)) continue;
-        done.add(f);
-        if (f.h.t === F.READ) rdata(c, io(f).id, answerOf(t, src, f));
-        else wack(c, io(f).id);
-      }
-    }
-  }, 2);
-  return () => clearInterval(timer);
-}
+const { uniq, cleanup, warmed } = lanesRig('h18');
 
 const busy = (ms: number) => {
   const end = Date.now() + ms;
